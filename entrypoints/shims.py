@@ -1,0 +1,46 @@
+"""`kubetune install-tune`: put our `tune` in a bin directory, keeping torchtune's reachable.
+
+torchtune's distribution owns the `tune` console script, and two distributions writing
+the same script clobber each other on install. So ours is written by this command after
+install: in the image into a directory placed first on PATH; in `make`'s .venv into
+.venv/bin, where torchtune's script is kept as `tune-torchtune`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+SCRIPT = """#!{python}
+# kubetune's `tune`: `tune run` goes through kubetune, other subcommands to torchtune.
+import sys
+from entrypoints.tune import main
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+MARKER = "from entrypoints.tune import main"
+
+
+def install_tune(bin_dir: Path, python: str = sys.executable) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    target = bin_dir / "tune"
+    if target.exists() and MARKER not in target.read_text(errors="replace"):
+        os.replace(target, bin_dir / "tune-torchtune")
+    tmp = bin_dir / ".tune.tmp"
+    tmp.write_text(SCRIPT.format(python=python))
+    tmp.chmod(0o755)
+    os.replace(tmp, target)
+    return target
+
+
+@click.command("install-tune")
+@click.option("--bin-dir", type=click.Path(path_type=Path), required=True,
+              help="Directory to write `tune` into (first on PATH in the image).")
+def install_tune_command(bin_dir: Path) -> None:
+    """Install kubetune's `tune` (torchtune's own is kept as tune-torchtune if present)."""
+    target = install_tune(bin_dir)
+    click.echo(f"installed {target}")

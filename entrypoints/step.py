@@ -1,0 +1,50 @@
+"""What every step's entrypoint shares: logging, and turning failures into one line.
+
+Configuration is resolved the same way everywhere, by click: a command-line option wins,
+then its environment variable (``envvar=``), then the default.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from typing import Callable, TypeVar
+
+from kubetune import logs
+from kubetune.errors import EXIT_INTERNAL, KubetuneError
+from kubetune.termination import report_failure
+
+F = TypeVar("F", bound=Callable)
+
+
+def run_step(step: str, func: Callable[[], int | None]) -> int:
+    """Run ``func`` as step ``step``; map failures to a one-line report and an exit code."""
+    logs.setup(step)
+    try:
+        return func() or 0
+    except KubetuneError as exc:
+        report_failure(f"{step}: {exc.message}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        report_failure(f"{step}: interrupted")
+        return 130
+    except Exception as exc:  # a bug: keep the traceback for the report, one line for the user
+        traceback.print_exc(file=sys.stderr)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        report_failure(f"{step}: internal error: {type(exc).__name__}: {first}")
+        return EXIT_INTERNAL
+
+
+def step_command(step: str) -> Callable[[F], F]:
+    """Decorate a click command body so it runs as ``step`` and exits with its code."""
+
+    def wrap(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            code = run_step(step, lambda: func(*args, **kwargs))
+            sys.exit(code)
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap

@@ -1,0 +1,37 @@
+"""The `tune` command of our images: `tune run` goes through kubetune's launcher, every
+other subcommand (ls, cp, cat, validate, download) goes to torchtune's own CLI.
+
+This file is installed as ``tune`` by ``kubetune install-tune`` (see entrypoints/shims.py),
+not declared as a console script: torchtune already owns that name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def torchtune_cli(argv: list[str]) -> None:
+    """Hand the call to torchtune's CLI unchanged (replaces this process)."""
+    os.execv(sys.executable, [sys.executable, "-m", "torchtune._cli.tune", *argv])
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"] and not ({"-h", "--help"} & set(argv[1:2])):
+        from entrypoints.step import run_step
+        from entrypoints.train import run_tune
+
+        dry_run = "--kubetune-dry-run" in argv
+        argv = [a for a in argv if a != "--kubetune-dry-run"]
+        sys.exit(run_step("trainer", lambda: run_tune(argv[1:], dry_run=dry_run)))
+    if argv[:1] == ["--kubetune-version"]:
+        from kubetune import __version__
+
+        print(f"kubetune {__version__}")
+        return
+    torchtune_cli(argv)
+
+
+if __name__ == "__main__":
+    main()

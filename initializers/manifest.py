@@ -1,0 +1,56 @@
+"""The completion manifest: written last, it says the tree is whole and what it holds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from kubetune.workspace import MANIFEST_NAME
+
+HASH_CHUNK = 8 * 1024 * 1024
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build(identity: dict, resolved_revision: str | None, tree: Path,
+          files: list[tuple[str, int, str]]) -> dict:
+    return {
+        "version": 1,
+        **identity,
+        "resolved_revision": resolved_revision,
+        "files": [{"path": p, "size": s, "sha256": h} for p, s, h in sorted(files)],
+        "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write(tree: Path, manifest: dict) -> None:
+    tmp = tree / (MANIFEST_NAME + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(tree / MANIFEST_NAME)
+
+
+def read(tree: Path) -> dict | None:
+    try:
+        return json.loads((tree / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def satisfies(tree: Path, identity: dict) -> bool:
+    """True when ``tree`` is a complete earlier result of the same request."""
+    found = read(tree)
+    if not found or any(found.get(k) != v for k, v in identity.items()):
+        return False
+    for entry in found.get("files", []):
+        path = tree / entry["path"]
+        if not path.is_file() or path.stat().st_size != entry["size"]:
+            return False
+    return True

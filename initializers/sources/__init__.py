@@ -1,0 +1,1 @@
+"""Storage sources, one class per URI scheme (registered as ``kubetune.storage`` entry points)."""

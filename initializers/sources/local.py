@@ -1,0 +1,49 @@
+"""``file://`` and absolute paths: an already-mounted volume (a PVC, a hostPath)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from initializers.filters import keep
+from initializers.request import InitRequest
+from initializers.sources.base import RemoteFile
+from kubetune.errors import BadInputError
+
+
+class LocalSource:
+    def __init__(self, request: InitRequest) -> None:
+        self.request = request
+        self.root = Path(request.uri.location)
+        if not self.root.exists():
+            raise BadInputError(f"{request.kind} source {self.root} does not exist")
+        if not os.access(self.root, os.R_OK):
+            raise BadInputError(f"{request.kind} source {self.root} is not readable")
+
+    def resolved_revision(self) -> str | None:
+        return None
+
+    def list_files(self) -> list[RemoteFile]:
+        if self.root.is_file():
+            return [RemoteFile(path=self.root.name, size=self.root.stat().st_size)]
+        files = []
+        for path in sorted(self.root.rglob("*")):
+            if path.is_symlink() and not path.resolve().is_relative_to(self.root.resolve()):
+                continue  # never follow a link out of the source tree
+            if not path.is_file():
+                continue
+            rel = path.relative_to(self.root).as_posix()
+            if rel.startswith(".kubetune") or "/.kubetune" in rel:
+                continue  # our own bookkeeping from a tree that was itself initialized
+            if keep(rel, self.request.allow_patterns, self.request.ignore_patterns):
+                files.append(RemoteFile(path=rel, size=path.stat().st_size))
+        return files
+
+    def fetch(self, remote: RemoteFile, destination: Path) -> None:
+        source = self.root if self.root.is_file() else self.root / remote.path
+        try:
+            # A hard link costs nothing on the same volume; a copy otherwise.
+            os.link(source, destination)
+        except OSError:
+            shutil.copyfile(source, destination)

@@ -1,0 +1,64 @@
+"""Download into a sibling directory on the same volume, then swap it into place.
+
+A reader of ``OUTPUT_PATH`` sees either nothing or a complete, verified tree: files are
+fetched into ``.kubetune-staging-<name>`` next to it (``*.part`` until whole), the
+manifest is written last, and the staged tree replaces the output by rename. A killed
+pod leaves only the staging directory, which the next run resumes from.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from kubetune.workspace import MANIFEST_NAME, STAGING_PREFIX
+
+PART_SUFFIX = ".part"
+
+
+def staging_dir_for(output_path: Path) -> Path:
+    return output_path.parent / f"{STAGING_PREFIX}{output_path.name}"
+
+
+def prepare(output_path: Path) -> Path:
+    staging = staging_dir_for(output_path)
+    staging.mkdir(parents=True, exist_ok=True)
+    # Partial files from a killed run are restarted; whole ones are kept and re-verified.
+    for part in staging.rglob(f"*{PART_SUFFIX}"):
+        part.unlink(missing_ok=True)
+    (staging / MANIFEST_NAME).unlink(missing_ok=True)
+    return staging
+
+
+def prune(staging: Path, keep: set[str]) -> None:
+    """Remove files a previous, different request left in the staging tree."""
+    for path in sorted(staging.rglob("*"), reverse=True):
+        rel = path.relative_to(staging).as_posix()
+        if path.is_file() or path.is_symlink():
+            if rel not in keep:
+                path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+def commit(staging: Path, output_path: Path) -> None:
+    """Make the staged tree the output, atomically where the volume allows."""
+    if os.path.ismount(output_path):
+        # A mount point cannot be renamed over: move entries in, the manifest last.
+        for child in list(output_path.iterdir()):
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        for child in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST_NAME):
+            os.replace(child, output_path / child.name)
+        staging.rmdir()
+        return
+    if output_path.exists():
+        retired = output_path.parent / f"{STAGING_PREFIX}retired-{output_path.name}"
+        if retired.exists():
+            shutil.rmtree(retired)
+        os.replace(output_path, retired)
+        os.replace(staging, output_path)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        output_path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, output_path)

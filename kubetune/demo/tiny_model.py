@@ -1,0 +1,105 @@
+"""A tiny Llama-3-architecture causal LM in Hugging Face layout, random weights, seeded."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune.demo import tiny_tokenizer
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    hidden_size: int = 64
+    intermediate_size: int = 176
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 512
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    seed: int = 0
+    repo_id: str = "kubetune/tiny-llama3"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def config_json(self) -> dict:
+        ids = tiny_tokenizer.special_token_ids()
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "vocab_size": tiny_tokenizer.vocab_size(),
+            "bos_token_id": ids["<|begin_of_text|>"],
+            "eos_token_id": [ids["<|end_of_text|>"], ids["<|eot_id|>"]],
+            "pad_token_id": ids["<|finetune_right_pad_id|>"],
+            "torch_dtype": "float32",
+            "initializer_range": 0.02,
+            "pretraining_tp": 1,
+            "use_cache": True,
+        }
+
+
+def _random_state_dict(spec: TinyModelSpec) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(spec.seed)
+
+    def normal(*shape: int) -> "torch.Tensor":
+        return torch.randn(*shape, generator=generator) * 0.02
+
+    d, ff, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    q_out, kv_out = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
+    vocab = tiny_tokenizer.vocab_size()
+    tensors = {"model.embed_tokens.weight": normal(vocab, d)}
+    for i in range(spec.num_hidden_layers):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "self_attn.q_proj.weight": normal(q_out, d),
+            p + "self_attn.k_proj.weight": normal(kv_out, d),
+            p + "self_attn.v_proj.weight": normal(kv_out, d),
+            p + "self_attn.o_proj.weight": normal(d, q_out),
+            p + "mlp.gate_proj.weight": normal(ff, d),
+            p + "mlp.up_proj.weight": normal(ff, d),
+            p + "mlp.down_proj.weight": normal(d, ff),
+            p + "input_layernorm.weight": torch.ones(d),
+            p + "post_attention_layernorm.weight": torch.ones(d),
+        })
+    tensors["model.norm.weight"] = torch.ones(d)
+    tensors["lm_head.weight"] = normal(vocab, d)
+    return tensors
+
+
+def write_tiny_model(model_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Write the tiny model to ``model_dir`` (created) and return it."""
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(spec.config_json(), indent=2))
+    config = spec.config_json()
+    (model_dir / "generation_config.json").write_text(json.dumps({
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": config["eos_token_id"],
+        "do_sample": False,
+    }, indent=2))
+    tiny_tokenizer.write_tokenizer(model_dir, max_length=spec.max_position_embeddings)
+    save_file(_random_state_dict(spec), str(model_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    return model_dir

@@ -1,0 +1,29 @@
+"""The one-line failure report: stderr plus the Kubernetes termination log."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from kubetune import env
+from kubetune.redact import redact
+
+
+def termination_log_path() -> str:
+    return os.environ.get(env.TERMINATION_LOG) or env.DEFAULT_TERMINATION_LOG
+
+
+def report_failure(message: str) -> None:
+    """Print ``message`` to stderr and write it to the termination log.
+
+    The termination log is skipped silently when it cannot be written (a local run, a
+    read-only path): the stderr line is then the report.
+    """
+    line = redact(" ".join(message.split()))
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    path = termination_log_path()
+    try:
+        with open(path, "w", encoding="utf-8") as log:
+            log.write(line + "\n")
+    except OSError:
+        pass

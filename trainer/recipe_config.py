@@ -1,0 +1,105 @@
+"""Find a torchtune recipe and config by name, and merge ``key=value`` overrides.
+
+Override semantics are torchtune's (``key=value``, ``~key`` removes, ``comp=dotted.path``
+replaces a component's ``_component_``), with one repair: values may contain ``=``
+(system prompts do), which torchtune's own parser rejects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from kubetune.errors import BadInputError
+
+
+def _registry():
+    # torchtune's recipe registry is what `tune run` itself resolves names with.
+    from torchtune._recipe_registry import get_all_recipes
+
+    return get_all_recipes()
+
+
+def _recipes_root() -> Path:
+    # Beside the torchtune package, where torchtune's own `tune run` looks (the directory
+    # refuses to be imported as a package).
+    import torchtune
+
+    return Path(torchtune.__file__).parent.parent / "recipes"
+
+
+def resolve_recipe(name: str) -> tuple[Path, bool]:
+    """Return the recipe's script path and whether it supports distributed runs."""
+    for recipe in _registry():
+        if recipe.name == name:
+            return _recipes_root() / recipe.file_path, recipe.supports_distributed
+    path = Path(name)
+    if path.suffix == ".py" and path.is_file():
+        return path.resolve(), True
+    raise BadInputError(
+        f"unknown recipe {name!r}: name one of torchtune's recipes (see `tune ls`) or a .py file"
+    )
+
+
+def resolve_config(name: str) -> Path:
+    """Return the YAML file for a built-in config name (``llama3_2/1B_lora``) or a path."""
+    for recipe in _registry():
+        for config in recipe.configs:
+            if config.name == name:
+                return _recipes_root() / "configs" / config.file_path
+    path = Path(name)
+    if path.is_file():
+        return path
+    raise BadInputError(
+        f"unknown config {name!r}: name one of torchtune's configs (see `tune ls`) or a YAML file"
+    )
+
+
+def load_config(name: str) -> DictConfig:
+    path = resolve_config(name)
+    try:
+        return OmegaConf.load(path)
+    except Exception as exc:  # OmegaConf raises a zoo of parser errors
+        raise BadInputError(f"config {path}: not valid YAML ({exc})") from None
+
+
+def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """Apply torchtune-style ``key=value`` overrides to ``cfg`` (a copy is returned)."""
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    dotlist = []
+    for arg in overrides:
+        if arg.startswith("~"):
+            key = arg[1:].split("=", 1)[0]
+            if not _remove(cfg, key):
+                raise BadInputError(f"override {arg!r}: no key {key!r} in the config to remove")
+            continue
+        if "=" not in arg:
+            raise BadInputError(f"override {arg!r}: config overrides take the form key=value")
+        key, value = arg.split("=", 1)
+        node = OmegaConf.select(cfg, key, default=None)
+        if isinstance(node, DictConfig) and "_component_" in node:
+            key = f"{key}._component_"
+        dotlist.append(f"{key}={value}")
+    try:
+        cli = OmegaConf.from_dotlist(dotlist)
+    except Exception as exc:
+        raise BadInputError(f"config overrides could not be parsed: {exc}") from None
+    return OmegaConf.merge(cfg, cli)
+
+
+def set_value(cfg: DictConfig, key: str, value) -> None:
+    OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+def _remove(cfg: DictConfig, dotpath: str) -> bool:
+    *parents, leaf = dotpath.split(".")
+    node = cfg
+    for part in parents:
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node[part]
+    if isinstance(node, DictConfig) and leaf in node:
+        del node[leaf]
+        return True
+    return False
