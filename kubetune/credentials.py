@@ -1,0 +1,70 @@
+"""Credentials, from an env value or a mounted Secret file, registered for redaction.
+
+Every secret can be given inline (``ACCESS_TOKEN=...``) or as a file path
+(``ACCESS_TOKEN_FILE=/var/run/secrets/hf/token``), the way a Kubernetes Secret is
+mounted. Whatever is read is registered with `kubetune.redact` before it is used, so it
+never reaches a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubetune.errors import BadInputError
+from kubetune.redact import register_secret
+
+FILE_SUFFIX = "_FILE"
+
+
+def secret(*names: str) -> str | None:
+    """The first of ``names`` set inline, or through ``<NAME>_FILE``; None if none is."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            value = value.strip()
+            register_secret(value)
+            return value
+        path = os.environ.get(name + FILE_SUFFIX)
+        if path:
+            try:
+                value = Path(path).read_text().strip()
+            except OSError as exc:
+                raise BadInputError(f"{name}{FILE_SUFFIX} names {path}, which cannot be read: "
+                                    f"{exc.strerror}") from None
+            register_secret(value)
+            return value or None
+    return None
+
+
+def hf_token() -> str | None:
+    """Kubeflow's ACCESS_TOKEN first, then Hugging Face's own HF_TOKEN."""
+    token = secret("ACCESS_TOKEN", "HF_TOKEN")
+    if token is None and os.environ.get("HF_TOKEN_PATH"):
+        try:
+            token = Path(os.environ["HF_TOKEN_PATH"]).read_text().strip() or None
+        except OSError:
+            token = None
+        register_secret(token)
+    return token
+
+
+@dataclass
+class S3Credentials:
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    role_arn: str | None = None
+
+
+def s3_credentials() -> S3Credentials:
+    """Kubeflow's S3 variables; unset keys fall back to boto3's standard chain."""
+    return S3Credentials(
+        endpoint_url=os.environ.get("ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL") or None,
+        region=os.environ.get("REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
+        access_key_id=secret("ACCESS_KEY_ID"),
+        secret_access_key=secret("SECRET_ACCESS_KEY"),
+        role_arn=os.environ.get("ROLE_ARN") or None,
+    )

@@ -1,0 +1,89 @@
+"""The one place kubetune retries network calls.
+
+Exponential backoff with full jitter, a bounded number of attempts and a bounded total
+time; a server's ``Retry-After`` is honoured (within the total budget). Callers say what
+is transient by raising `TransientFailure` (or passing ``classify``); anything else
+propagates at once, so 401/403/404 are never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from kubetune.errors import TransientError
+
+T = TypeVar("T")
+log = logging.getLogger("retry")
+
+# Tunables, mostly for tests and slow links.
+ENV_MAX_ATTEMPTS = "KUBETUNE_RETRY_MAX_ATTEMPTS"
+ENV_BASE_DELAY = "KUBETUNE_RETRY_BASE_DELAY_S"
+ENV_MAX_DELAY = "KUBETUNE_RETRY_MAX_DELAY_S"
+ENV_TOTAL = "KUBETUNE_RETRY_TOTAL_S"
+
+
+class TransientFailure(Exception):
+    """Raised inside a retried call: the failure is worth another attempt."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 8
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+    total_s: float = 600.0
+
+    @classmethod
+    def from_env(cls) -> "RetryPolicy":
+        d = cls()
+        return cls(
+            max_attempts=int(os.environ.get(ENV_MAX_ATTEMPTS, d.max_attempts)),
+            base_delay_s=float(os.environ.get(ENV_BASE_DELAY, d.base_delay_s)),
+            max_delay_s=float(os.environ.get(ENV_MAX_DELAY, d.max_delay_s)),
+            total_s=float(os.environ.get(ENV_TOTAL, d.total_s)),
+        )
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_delay_s)
+        return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** attempt))
+
+
+def call(func: Callable[[], T], what: str, policy: RetryPolicy | None = None,
+         classify: Callable[[BaseException], TransientFailure | None] | None = None,
+         sleep: Callable[[float], None] = time.sleep) -> T:
+    """Run ``func`` until it succeeds, a failure is not transient, or the budget runs out.
+
+    ``classify`` maps an exception to a `TransientFailure` (retry) or None (re-raise).
+    When the budget is spent, `TransientError` says what kept failing.
+    """
+    policy = policy or RetryPolicy.from_env()
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return func()
+        except TransientFailure as exc:
+            failure = exc
+        except Exception as exc:
+            failure = classify(exc) if classify else None
+            if failure is None:
+                raise
+        attempt += 1
+        wait = policy.delay(attempt - 1, failure.retry_after)
+        elapsed = time.monotonic() - start
+        if attempt >= policy.max_attempts or elapsed + wait > policy.total_s:
+            raise TransientError(f"{what}: still failing after {attempt} attempts over "
+                                 f"{elapsed:.0f}s: {failure}") from None
+        log.warning("%s: %s; retry %d/%d in %.1fs", what, failure, attempt,
+                    policy.max_attempts - 1, wait)
+        sleep(wait)
