@@ -1,0 +1,38 @@
+"""Fixtures every test module may use: the tiny model and dataset, servers, a trained run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kubetune.demo import write_tiny_dataset, write_tiny_model
+from tests.support import s3_server
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The embedded tiny Llama-3 model in HF layout (do not modify: copy it)."""
+    return write_tiny_model(tmp_path_factory.mktemp("sources") / "tiny-llama3")
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset_dir(tmp_path_factory) -> Path:
+    """The embedded addition dataset: data/train.parquet (do not modify: copy it)."""
+    return write_tiny_dataset(tmp_path_factory.mktemp("sources") / "tiny-addition")
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path) -> Path:
+    """A private, modifiable copy of the tiny model."""
+    return Path(shutil.copytree(tiny_model_dir, tmp_path / "model-src"))
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A moto_server on 127.0.0.1 (real S3 protocol, real sockets)."""
+    server = s3_server.start()
+    yield server
+    server.process.terminate()
+    server.process.wait(timeout=10)
