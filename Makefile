@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[all,test]"
 	# torchtune owns the `tune` console script; ours replaces it in the venv and
 	# torchtune's stays reachable as tune-torchtune.
 	$(BIN)/kubetune install-tune --bin-dir $(BIN)
