@@ -39,7 +39,7 @@ def _model_files(files, request: InitRequest):
     if note:
         log.info(note)
     if not weights.has_weights([f.path for f in files]):
-        ignored = ", ".join(request.ignore_patterns)
+        ignored = ",".join(request.ignore_patterns)
         hint = f" (IGNORE_PATTERNS={ignored} may exclude the only weights there are)" \
             if ignored else ""
         raise BadInputError(f"{request.uri.raw} has no model weights (.safetensors, .bin, .pt) "

@@ -98,10 +98,25 @@ class HuggingFaceSource:
                                     f"{self.repo_id} at {self.request.revision or 'main'}")
             if isinstance(found[0], RepoFile):
                 return [found[0]]
-        return self._call(lambda: [e for e in self.api.list_repo_tree(
-            self.repo_id, path_in_repo=self.sub_path or None, recursive=True,
-            repo_type=self.repo_type, revision=commit) if isinstance(e, RepoFile)],
-            "list the files of")
+        return self._call(lambda: self._tree(commit), "list the files of")
+
+    def _tree(self, commit: str) -> list[RepoFile]:
+        # Our own paging loop: HfApi.list_repo_tree retries 5xx/429 on its own, and
+        # kubetune.retry is to be the one retry loop (one budget, one log line per retry).
+        url = (f"{self.endpoint}/api/{self.repo_type}s/{self.repo_id}/tree/"
+               f"{quote(commit, safe='')}")
+        if self.sub_path:
+            url += "/" + quote(self.sub_path, safe="")
+        params: dict | None = {"recursive": "true", "expand": "false"}
+        headers = build_hf_headers(token=self.token or False)
+        files: list[RepoFile] = []
+        while url:
+            response = get_session().get(url, params=params, headers=headers,
+                                         timeout=http_timeout())
+            hf_raise_for_status(response)
+            files += [RepoFile(**e) for e in response.json() if e.get("type") == "file"]
+            url, params = response.links.get("next", {}).get("url"), None
+        return files
 
     def list_files(self) -> list[RemoteFile]:
         files = []
@@ -141,7 +156,7 @@ class HuggingFaceSource:
             resumed = response.status_code == 206
             written = have if resumed else 0
             with open(destination, "ab" if resumed else "wb") as out:
-                for chunk in response.iter_bytes(CHUNK):
+                for chunk in response.iter_bytes():  # as received: a drop keeps what came
                     out.write(chunk)
                     written += len(chunk)
                     if progress:

@@ -59,12 +59,15 @@ class HubErrors:
             message = exc.server_message or ""
             if status == 401 and "Invalid credentials" in message:
                 return BadInputError(f"the hub at {self.endpoint} rejected the token (invalid or "
-                                     "expired): check ACCESS_TOKEN / HF_TOKEN")
+                                     f"expired) for {self.repo_id}: check ACCESS_TOKEN / HF_TOKEN")
             return BadInputError(f"{kind} repo {self.repo_id} not found, or the token cannot see "
                                  f"it{token_hint}")
+        if status == 401 and self.has_token:
+            return BadInputError(f"the hub at {self.endpoint} rejected the token (invalid or "
+                                 f"expired) for {self.repo_id}: check ACCESS_TOKEN / HF_TOKEN")
         if status == 401:
-            return BadInputError(f"the hub at {self.endpoint} rejected the token for "
-                                 f"{self.repo_id}: check ACCESS_TOKEN / HF_TOKEN")
+            return BadInputError(f"{kind} repo {self.repo_id} not found, or the token cannot see "
+                                 f"it{token_hint}")
         if status == 403:
             return BadInputError(f"{kind} repo {self.repo_id}: access denied; the token lacks read "
                                  f"permission on it{token_hint}")

@@ -424,7 +424,9 @@ def _make_handler(hub: HubServer):
                 self.wfile.write(f.read(start, half))
                 self.wfile.flush()
                 if kind == "reset":
-                    # SO_LINGER 0: close with RST, as a dropped connection looks.
+                    # Let the client read what was sent (an RST discards unread data),
+                    # then SO_LINGER 0: close with RST, as a dropped connection looks.
+                    time.sleep(0.3)
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                struct.pack("ii", 1, 0))
                 else:
