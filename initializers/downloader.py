@@ -110,14 +110,17 @@ class Downloader:
             have = part.stat().st_size if part.is_file() else 0
             self.progress.restart_file(remote.path, have)
             callback = self.progress.callback(remote.path)
-            if self.with_progress:
-                learnt = self.source.fetch(remote, part, progress=callback)
-            else:
-                learnt = self.source.fetch(remote, part)
-                callback(0)  # still honours cancellation
             try:
-                verified = checksums.verify(part, learnt if isinstance(learnt, RemoteFile)
-                                            else remote)
+                if self.with_progress:
+                    learnt = self.source.fetch(remote, part, progress=callback)
+                else:
+                    learnt = self.source.fetch(remote, part)
+                    callback(0)  # still honours cancellation
+                if isinstance(learnt, checksums.Verified):
+                    verified = learnt  # hashed on the way in: no second read
+                else:
+                    verified = checksums.verify(part, learnt if isinstance(learnt, RemoteFile)
+                                                else remote)
             except checksums.ChecksumMismatch:
                 # A resumed prefix may be the bad part: the next attempt starts over.
                 part.unlink(missing_ok=True)

@@ -64,6 +64,9 @@ def initialize(request: InitRequest) -> dict:
     if request.kind == "model":
         files = _model_files(files, request)
     revision = source.resolved_revision()
+    if request.revision and revision is None:
+        log.warning("REVISION=%s is ignored: %s sources have no revisions", request.revision,
+                    request.uri.scheme)
     total = sum(f.size or 0 for f in files)
     log.info("%s: %d files, %.1f MB%s", request.uri.raw, len(files), total / 1e6,
              f" at revision {revision}" if revision else "")

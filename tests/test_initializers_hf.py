@@ -78,6 +78,17 @@ def test_model_download_is_complete_verified_and_prefers_safetensors(hub, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
+def test_tree_listing_follows_pages(hub, tmp_path, tiny_model_dir):
+    hub.page_size = 2
+    try:
+        result = run_init(hub, "model", "hf://org/tiny", tmp_path / "model")
+    finally:
+        hub.page_size = 1000
+    assert result.returncode == 0, result.stderr
+    assert hub.count(contains="/tree/") >= 4
+    assert (tmp_path / "model" / "original" / "tokenizer.model").is_file()
+
+
 def test_rerun_of_a_completed_request_makes_no_request(hub, tmp_path):
     out = tmp_path / "model"
     assert run_init(hub, "model", "hf://org/tiny", out).returncode == 0

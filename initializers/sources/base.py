@@ -34,11 +34,13 @@ class Source(Protocol):
         """Every file to fetch, already narrowed by the request's sub-path and patterns."""
 
     def fetch(self, remote: RemoteFile, destination: Path,
-              progress: ProgressCallback | None = None) -> RemoteFile | None:
+              progress: ProgressCallback | None = None):
         """Write ``remote`` to ``destination`` (whose parent exists).
 
-        May return ``remote`` amended with what the transfer taught (a checksum that turned
-        out not to apply); None keeps ``remote`` as listed.
+        Returns None (kubetune then reads the file back to check it against ``remote``),
+        ``remote`` amended with what the transfer taught (a checksum that turned out not
+        to apply), or the `initializers.checksums.Verified` of a `Hasher` the source fed
+        the bytes as it wrote them (raising its ChecksumMismatch), which saves that read.
 
         ``destination`` may hold the start of the file from an interrupted attempt; a
         source that can resume appends to it, any other overwrites it. Raise

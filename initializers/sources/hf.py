@@ -24,6 +24,7 @@ from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.hf_api import RepoFile  # noqa: E402
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # noqa: E402
 
+from initializers.checksums import Hasher, Verified, hash_into  # noqa: E402
 from initializers.filters import keep  # noqa: E402
 from initializers.request import InitRequest  # noqa: E402
 from initializers.sources.base import ProgressCallback, RemoteFile  # noqa: E402
@@ -37,7 +38,6 @@ for _noisy in ("httpx", "httpx2", "huggingface_hub"):
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-CHUNK = 1024 * 1024
 
 
 def http_timeout() -> httpx2.Timeout:
@@ -138,7 +138,7 @@ class HuggingFaceSource:
                 f"{quote(self.resolved_revision(), safe='')}/{quote(path)}")
 
     def fetch(self, remote: RemoteFile, destination: Path,
-              progress: ProgressCallback | None = None) -> None:
+              progress: ProgressCallback | None = None) -> Verified:
         have = destination.stat().st_size if destination.is_file() else 0
         if remote.size is not None and have >= remote.size:
             have = 0  # whole (or too long) yet unverified: the caller found it bad
@@ -154,13 +154,16 @@ class HuggingFaceSource:
                 raise TransientFailure(f"{remote.path}: the hub refused to resume; starting over")
             hf_raise_for_status(response)
             resumed = response.status_code == 206
-            written = have if resumed else 0
+            hasher = Hasher(remote)
+            if resumed:
+                hash_into(hasher, destination, limit=have)
             with open(destination, "ab" if resumed else "wb") as out:
                 for chunk in response.iter_bytes():  # as received: a drop keeps what came
                     out.write(chunk)
-                    written += len(chunk)
+                    hasher.update(chunk)
                     if progress:
                         progress(len(chunk))
-        if remote.size is not None and written < remote.size:
-            raise TransientFailure(f"{remote.path}: the body ended after {written} of "
+        if remote.size is not None and hasher.size < remote.size:
+            raise TransientFailure(f"{remote.path}: the body ended after {hasher.size} of "
                                    f"{remote.size} bytes")
+        return hasher.verified()

@@ -6,15 +6,17 @@ Credentials: Kubeflow's ``ACCESS_KEY_ID`` / ``SECRET_ACCESS_KEY`` (inline or ``*
 
 Objects larger than one part are fetched as ranged GETs in parallel, each written at its
 offset as it streams in: memory is bounded by (part workers x read chunk), not by the
-object's size. Every GET carries ``If-Match: <etag>`` so an object replaced mid-download
-is detected, and single-part ETags (the MD5 of the content) are checked after download.
+object's size or count. Every GET carries ``If-Match: <etag>`` so an object replaced mid-download
+is detected, and single-part ETags (the MD5 of the content) are checked. Bytes are hashed
+as they land, so verifying costs no second read of the file.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,10 +24,11 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from initializers.checksums import Hasher, Verified
 from initializers.filters import keep
 from initializers.request import InitRequest
 from initializers.sources.base import ProgressCallback, RemoteFile
-from initializers.sources.s3_errors import S3Errors
+from initializers.sources.s3_errors import S3Errors, role_classify
 from kubetune import credentials, env, retry
 from kubetune.errors import BadInputError
 from kubetune.redact import register_secret
@@ -43,6 +46,24 @@ def _int_env(name: str, default: int) -> int:
         return max(1, int(value)) if value else default
     except ValueError:
         raise BadInputError(f"{name}={value!r} is not a whole number") from None
+
+
+def _chunks(body):
+    """The body in views of one reused buffer: no allocation per chunk, so the heap of
+    every download thread stays at one CHUNK however much passes through it."""
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    while n := body.readinto(buffer):
+        yield view[:n]
+
+
+def _hash_range(hasher: Hasher, fd: int, start: int, end: int) -> None:
+    while start < end:
+        chunk = os.pread(fd, min(CHUNK * 4, end - start), start)
+        if not chunk:
+            raise TransientFailure("a part is shorter on disk than it was downloaded")
+        hasher.update(chunk)
+        start += len(chunk)
 
 
 def split_location(location: str) -> tuple[str, str]:
@@ -63,7 +84,7 @@ def _session(creds: credentials.S3Credentials) -> boto3.session.Session:
     # local STS); ENDPOINT names the object store only.
     assumed = retry.call(lambda: session.client("sts").assume_role(
         RoleArn=creds.role_arn, RoleSessionName="kubetune-initializer"),
-        f"assume role {creds.role_arn}", classify=S3Errors("-", "").classify)["Credentials"]
+        f"assume role {creds.role_arn}", classify=role_classify(creds.role_arn))["Credentials"]
     for value in (assumed["AccessKeyId"], assumed["SecretAccessKey"], assumed["SessionToken"]):
         register_secret(value)
     return boto3.session.Session(aws_access_key_id=assumed["AccessKeyId"],
@@ -79,12 +100,14 @@ class S3Source:
         self.errors = S3Errors(self.bucket, self.prefix)
         self.part_size = _int_env(env.S3_PART_SIZE_MB, DEFAULT_PART_MB) * 1024 * 1024
         self.part_workers = _int_env(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS)
+        self._part_pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
         creds = credentials.s3_credentials()
         timeout = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
         config = Config(
             # kubetune.retry is the one retry loop: botocore's own would multiply it.
             retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=self.part_workers * 8 + 8,
+            max_pool_connections=self.part_workers + 16,
             connect_timeout=min(timeout, 30.0), read_timeout=timeout,
             # Checksum validation of ranged GETs is not possible; we check ETags ourselves.
             response_checksum_validation="when_required",
@@ -94,6 +117,16 @@ class S3Source:
 
     def classify(self, exc: BaseException) -> TransientFailure | None:
         return self.errors.classify(exc)
+
+    def _parts(self) -> ThreadPoolExecutor:
+        # One pool for the parts of every object: the number of open streams (and so the
+        # memory) stays fixed however many large files are fetched at once. Part tasks
+        # never wait on other tasks, so file workers waiting on parts cannot deadlock it.
+        with self._lock:
+            if self._part_pool is None:
+                self._part_pool = ThreadPoolExecutor(max_workers=self.part_workers,
+                                                     thread_name_prefix="part")
+            return self._part_pool
 
     def resolved_revision(self) -> str | None:
         return None  # S3 has no tree-wide version; each file's ETag is recorded instead
@@ -141,7 +174,7 @@ class S3Source:
                      progress: ProgressCallback | None) -> dict:
         response = self._get(remote.key, remote.etag, f"bytes={start}-{end}")
         offset = start
-        for chunk in response["Body"].iter_chunks(CHUNK):
+        for chunk in _chunks(response["Body"]):
             os.pwrite(fd, chunk, offset)
             offset += len(chunk)
             if progress:
@@ -160,31 +193,38 @@ class S3Source:
         return remote
 
     def fetch(self, remote: RemoteFile, destination: Path,
-              progress: ProgressCallback | None = None) -> RemoteFile:
+              progress: ProgressCallback | None = None) -> Verified:
         size = remote.size or 0
         if size <= self.part_size:
             response = self._get(remote.key, remote.etag)
+            hasher = Hasher(self._checked(remote, response))
             with open(destination, "wb") as out:
-                for chunk in response["Body"].iter_chunks(CHUNK):
+                for chunk in _chunks(response["Body"]):
                     out.write(chunk)
+                    hasher.update(chunk)
                     if progress:
                         progress(len(chunk))
-            return self._checked(remote, response)
+            return hasher.verified()
         ranges = [(start, min(start + self.part_size, size) - 1)
                   for start in range(0, size, self.part_size)]
-        fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(destination, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
-            with ThreadPoolExecutor(max_workers=min(self.part_workers, len(ranges)),
-                                    thread_name_prefix="part") as pool:
-                futures = [pool.submit(self._fetch_range, fd, remote, s, e, progress)
-                           for s, e in ranges]
-                try:
-                    first = [future.result() for future in futures][0]
-                except BaseException:
-                    for future in futures:
-                        future.cancel()
-                    raise
+            futures = [self._parts().submit(self._fetch_range, fd, remote, s, e, progress)
+                       for s, e in ranges]
+            try:
+                hasher = None
+                # Hash each part as soon as it and all before it have landed (from the page
+                # cache), overlapping the hashing with the parts still downloading.
+                for (start, end), future in zip(ranges, futures):
+                    response = future.result()
+                    hasher = hasher or Hasher(self._checked(remote, response))
+                    _hash_range(hasher, fd, start, end + 1)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                wait(futures)  # no part may still write to fd once it is closed
+                raise
         finally:
             os.close(fd)
-        return self._checked(remote, first)
+        return hasher.verified()

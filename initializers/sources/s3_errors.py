@@ -80,3 +80,20 @@ class S3Errors:
                             ProtocolError, Urllib3ReadTimeout, ConnectionError, TimeoutError)):
             return TransientFailure(f"{type(exc).__name__}: {exc}")
         return None
+
+
+def role_classify(role_arn: str):
+    """`kubetune.retry` classify for STS AssumeRole: a refused role is one line, not a retry."""
+    errors = S3Errors("-", "")
+
+    def classify(exc: BaseException) -> TransientFailure | None:
+        if isinstance(exc, ClientError):
+            mapped = errors.client_error(exc)
+            if isinstance(mapped, TransientFailure):
+                return mapped
+            code = exc.response.get("Error", {}).get("Code", "error")
+            raise BadInputError(f"cannot assume ROLE_ARN {role_arn} ({code}): check the role's "
+                                "trust policy and the credentials the pod has") from None
+        return errors.classify(exc)
+
+    return classify

@@ -131,6 +131,7 @@ def local_tree(directory: Path, in_memory_below: int = 1 << 20) -> dict[str, byt
 class HubServer:
     def __init__(self, token: str | None = None) -> None:
         self.token = token  # the one token the hub accepts
+        self.page_size = 1000  # tree entries per page
         self.repos: dict[tuple[str, str], Repo] = {}
         self.faults: list[Fault] = []
         self.requests: list[Request] = []
@@ -345,7 +346,16 @@ def _make_handler(hub: HubServer):
                     self._error(404, "EntryNotFound", f"{sub} does not exist")
                     return
                 recursive = query.get("recursive", ["False"])[0].lower() == "true"
-                self._json(200, _entries(files, sub, recursive))
+                entries = _entries(files, sub, recursive)
+                # Cursor paging with a Link header, as the hub does past 1000 entries.
+                start = int(query.get("cursor", ["0"])[0])
+                page = entries[start:start + hub.page_size]
+                headers = {}
+                if start + hub.page_size < len(entries):
+                    base = f"{hub.url}{urlsplit(self.path).path}"
+                    headers["Link"] = (f'<{base}?recursive={str(recursive)}&expand=False&'
+                                       f'cursor={start + hub.page_size}>; rel="next"')
+                self._json(200, page, headers)
                 return
             if head == "paths-info" and self.command == "POST":
                 sha = self._commit(repo, after)
