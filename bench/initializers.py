@@ -11,7 +11,9 @@ Cases (sizes adjustable):
 - peak RSS of ours on a large object and on one a quarter of its size: it must not grow
   with the object.
 
-Each command runs in a fresh process; peak RSS is that process's ru_maxrss. Run:
+Each command runs in a fresh process; peak RSS is that process's ru_maxrss. Baseline and
+ours run interleaved, --repeat times each; the fastest run is reported (peak RSS: the
+largest), the least noisy figure on a shared machine. Run:
 
     .venv/bin/python bench/initializers.py [--files 8 --file-mb 64 --big-mb 1024]
 
@@ -68,7 +70,26 @@ for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=p
 """
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> dict:
+REPEAT = 1
+
+
+def measure(runs: dict[str, tuple[list[str], dict[str, str], Path]]) -> dict[str, dict]:
+    """Run each named command REPEAT times, interleaved (a, b, a, b, ...) so that both see
+    the same load on a shared machine; report each one's fastest run and largest peak RSS.
+    Each command's output directory is removed before every run and checked after it."""
+    results: dict[str, list[dict]] = {name: [] for name in runs}
+    for _ in range(REPEAT):
+        for name, (cmd, env, out) in runs.items():
+            shutil.rmtree(out, ignore_errors=True)
+            results[name].append(_measure_once(cmd, env))
+            if not any(out.rglob("*.safetensors")):
+                raise SystemExit(f"{name} wrote no weights to {out}")
+            shutil.rmtree(out, ignore_errors=True)
+    return {name: {**min(rs, key=lambda r: r["seconds"]),
+                   "rss_mb": max(r["rss_mb"] for r in rs)} for name, rs in results.items()}
+
+
+def _measure_once(cmd: list[str], env: dict[str, str]) -> dict:
     result = subprocess.run([sys.executable, "-c", MEASURE, *cmd], env=env, cwd=REPO,
                             capture_output=True, text=True, check=True)
     row = json.loads(result.stdout)
@@ -144,17 +165,16 @@ def bench_hf(models: dict[str, Path], work: Path) -> list[dict]:
             env = clean_env(HF_ENDPOINT=url, HF_HOME=str(work / "hf-home"),
                             HF_HUB_DISABLE_PROGRESS_BARS="1")
             base_out, our_out = work / f"hf-base-{case}", work / f"hf-ours-{case}"
-            base = measure([sys.executable, "-c", SNAPSHOT, f"bench/{case}", str(base_out)], env)
-            assert total_bytes(base_out) >= size
-            shutil.rmtree(base_out)
-            shutil.rmtree(work / "hf-home", ignore_errors=True)
-            ours = measure([sys.executable, "-m", "entrypoints", "init-model"],
-                           {**env, "STORAGE_URI": f"hf://bench/{case}",
-                            "OUTPUT_PATH": str(our_out)})
-            assert (our_out / ".kubetune-manifest.json").is_file()
-            shutil.rmtree(our_out)
-            rows += [row(f"hf {case}", "snapshot_download", size, base),
-                     row(f"hf {case}", "kubetune", size, ours)]
+            # snapshot_download's local_dir keeps its own cache inside base_out: removed
+            # before each run with it, and HF_HOME keeps nothing it would reuse.
+            got = measure({
+                "snapshot_download": ([sys.executable, "-c", SNAPSHOT, f"bench/{case}",
+                                       str(base_out)], env, base_out),
+                "kubetune": ([sys.executable, "-m", "entrypoints", "init-model"],
+                             {**env, "STORAGE_URI": f"hf://bench/{case}",
+                              "OUTPUT_PATH": str(our_out)}, our_out),
+            })
+            rows += [row(f"hf {case}", name, size, m) for name, m in got.items()]
         return rows
     finally:
         server.terminate()
@@ -181,26 +201,17 @@ def bench_s3(models: dict[str, Path], work: Path, s3rver: str) -> list[dict]:
                 client.upload_file(str(path), "bench", f"{case}/{path.name}", Config=upload)
         env = clean_env(ENDPOINT=endpoint, ACCESS_KEY_ID=S3RVER_KEY,
                         SECRET_ACCESS_KEY=S3RVER_KEY, REGION="us-east-1")
-        rows, rss = [], {}
+        rows = []
         for case in ("many", "one", "quarter"):
             size = total_bytes(models[case])
-            our_out = work / f"s3-ours-{case}"
-            ours = measure([sys.executable, "-m", "entrypoints", "init-model"],
-                           {**env, "STORAGE_URI": f"s3://bench/{case}",
-                            "OUTPUT_PATH": str(our_out)})
-            assert (our_out / ".kubetune-manifest.json").is_file()
-            shutil.rmtree(our_out)
-            rss[case] = ours["rss_mb"]
-            if case == "quarter":
-                rows.append(row(f"s3 {case}", "kubetune", size, ours))
-                continue
-            base_out = work / f"s3-base-{case}"
-            base = measure([sys.executable, "-c", WHOLE_OBJECT_LOOP, "bench", case,
-                            str(base_out)], env)
-            assert total_bytes(base_out) == size
-            shutil.rmtree(base_out)
-            rows += [row(f"s3 {case}", "whole-object loop", size, base),
-                     row(f"s3 {case}", "kubetune", size, ours)]
+            base_out, our_out = work / f"s3-base-{case}", work / f"s3-ours-{case}"
+            runs = {"kubetune": ([sys.executable, "-m", "entrypoints", "init-model"],
+                                 {**env, "STORAGE_URI": f"s3://bench/{case}",
+                                  "OUTPUT_PATH": str(our_out)}, our_out)}
+            if case != "quarter":  # that one only shows peak RSS against the object's size
+                runs = {"whole-object loop": ([sys.executable, "-c", WHOLE_OBJECT_LOOP, "bench",
+                                               case, str(base_out)], env, base_out), **runs}
+            rows += [row(f"s3 {case}", name, size, m) for name, m in measure(runs).items()]
         return rows
     finally:
         server.terminate()
@@ -215,7 +226,11 @@ def main() -> None:
     parser.add_argument("--s3rver", default="/tmp/kubetune-bench-node/node_modules/.bin/s3rver")
     parser.add_argument("--skip", choices=("hf", "s3"), action="append", default=[])
     parser.add_argument("--workdir", default=None, help="scratch space (default: a temp dir)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs per measurement; the fastest is reported (shared machines)")
     args = parser.parse_args()
+    global REPEAT
+    REPEAT = max(1, args.repeat)
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="kubetune-bench-"))
     work.mkdir(parents=True, exist_ok=True)

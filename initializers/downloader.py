@@ -43,6 +43,15 @@ def disk_full(path: Path, needed: int | None = None) -> BadInputError:
                          "enlarge the PVC or narrow the download with ALLOW_PATTERNS")
 
 
+def _bytes_on_disk(path: Path) -> int:
+    # Ranged writes leave sparse files: count the blocks really there.
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return 0
+    return min(stat.st_size, stat.st_blocks * 512)
+
+
 def check_space(staged: Path, files: list[RemoteFile]) -> None:
     """Fail before the first byte when the listed sizes cannot fit."""
     needed = 0
@@ -52,10 +61,7 @@ def check_space(staged: Path, files: list[RemoteFile]) -> None:
         target = safe_join(staged, remote.path)
         have = target.stat().st_size if target.is_file() else 0
         part = target.with_name(target.name + staging.PART_SUFFIX)
-        if part.is_file():
-            # Ranged writes leave sparse files: count the blocks really there.
-            stat = part.stat()
-            have = max(have, min(stat.st_size, stat.st_blocks * 512))
+        have = max(have, _bytes_on_disk(part))
         needed += max(remote.size - have, 0)
     if needed > shutil.disk_usage(staged).free:
         raise disk_full(staged, needed)
@@ -107,8 +113,7 @@ class Downloader:
             part.unlink()
 
         def attempt() -> str:
-            have = part.stat().st_size if part.is_file() else 0
-            self.progress.restart_file(remote.path, have)
+            self.progress.restart_file(remote.path, _bytes_on_disk(part))
             callback = self.progress.callback(remote.path)
             try:
                 if self.with_progress:

@@ -275,6 +275,18 @@ def test_token_never_printed_or_written(hub, tmp_path):
     assert "retry 1/3" in ok.stderr  # the failure path was exercised too
 
 
+@pytest.mark.parametrize("how", ["HF_TOKEN", "ACCESS_TOKEN_FILE"])
+def test_token_alternatives(hub, tmp_path, how):
+    secret_file = tmp_path / "secret" / "token"
+    secret_file.parent.mkdir()
+    secret_file.write_text(TOKEN + "\n")
+    extra = {"HF_TOKEN": TOKEN} if how == "HF_TOKEN" else {"ACCESS_TOKEN_FILE": str(secret_file)}
+    result = run_init(hub, "model", "hf://org/private", tmp_path / "model", token=None, **extra)
+    assert result.returncode == 0, result.stderr
+    assert {r.authorization for r in hub.requests} == {f"Bearer {TOKEN}"}
+    assert TOKEN not in result.stderr + result.stdout
+
+
 def test_progress_lines_are_plain_lines(hub, tmp_path):
     hub.fault("slow", "*/resolve/*/model.safetensors", method="GET", bytes_per_s=400_000)
     result = run_init(hub, "model", "hf://org/tiny", tmp_path / "model",
