@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+import os
 from pathlib import Path
 
-from initializers import manifest, staging, verify_dataset, verify_model
+from initializers import manifest, staging, verify_dataset, verify_model, weights
+from initializers.downloader import Downloader, check_space
+from initializers.progress import Progress
 from initializers.request import InitRequest
-from initializers.safe_paths import safe_join
 from initializers.storage_uri import source_class
 from kubetune.errors import BadInputError
 from kubetune.workspace import REPO_ID_NAME
@@ -24,6 +25,28 @@ def _repo_id(request: InitRequest) -> str:
     return uri.raw
 
 
+def _check_output_writable(output: Path) -> None:
+    parent = output.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise BadInputError(f"cannot write to {parent} (for OUTPUT_PATH {output}): mount a "
+                            "writable volume there or set OUTPUT_PATH")
+
+
+def _model_files(files, request: InitRequest):
+    files, note = weights.choose(files)
+    if note:
+        log.info(note)
+    if not weights.has_weights([f.path for f in files]):
+        ignored = ",".join(request.ignore_patterns)
+        hint = f" (IGNORE_PATTERNS={ignored} may exclude the only weights there are)" \
+            if ignored else ""
+        raise BadInputError(f"{request.uri.raw} has no model weights (.safetensors, .bin, .pt) "
+                            f"to download{hint}")
+    return files
+
+
 def initialize(request: InitRequest) -> dict:
     """Fill ``request.output_path``; return the completion manifest."""
     output = request.output_path
@@ -31,39 +54,29 @@ def initialize(request: InitRequest) -> dict:
     if manifest.satisfies(output, identity):
         log.info("%s already holds %s: nothing to download", output, request.uri.raw)
         return manifest.read(output)
+    _check_output_writable(output)
 
     source = source_class(request.uri.scheme)(request)
     files = source.list_files()
     if not files:
         raise BadInputError(f"{request.uri.raw} holds no files to download "
                             "(check the path and ALLOW_PATTERNS / IGNORE_PATTERNS)")
+    if request.kind == "model":
+        files = _model_files(files, request)
     revision = source.resolved_revision()
+    if request.revision and revision is None:
+        log.warning("REVISION=%s is ignored: %s sources have no revisions", request.revision,
+                    request.uri.scheme)
     total = sum(f.size or 0 for f in files)
     log.info("%s: %d files, %.1f MB%s", request.uri.raw, len(files), total / 1e6,
              f" at revision {revision}" if revision else "")
 
     staged = staging.prepare(output)
     staging.prune(staged, {f.path for f in files})
-    start = time.monotonic()
-    recorded = []
-    for remote in files:
-        target = safe_join(staged, remote.path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not (target.is_file() and remote.size is not None
-                and target.stat().st_size == remote.size):
-            part = target.with_name(target.name + staging.PART_SUFFIX)
-            source.fetch(remote, part)
-            part.replace(target)
-        size = target.stat().st_size
-        if remote.size is not None and size != remote.size:
-            raise BadInputError(f"{remote.path}: got {size} bytes, the source lists {remote.size}")
-        digest = manifest.sha256_of(target)
-        if remote.sha256 and digest != remote.sha256:
-            target.unlink()
-            raise BadInputError(f"{remote.path}: sha256 mismatch against the source's checksum")
-        recorded.append((remote.path, size, digest))
-    elapsed = time.monotonic() - start
-    log.info("fetched %d files in %.1fs", len(files), elapsed)
+    check_space(staged, files)
+    with Progress(len(files), total) as progress:
+        recorded = Downloader(source, staged, progress).fetch_all(files)
+        log.info(progress.summary())
 
     if request.kind == "model":
         for note in verify_model.verify(staged):

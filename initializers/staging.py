@@ -3,7 +3,8 @@
 A reader of ``OUTPUT_PATH`` sees either nothing or a complete, verified tree: files are
 fetched into ``.kubetune-staging-<name>`` next to it (``*.part`` until whole), the
 manifest is written last, and the staged tree replaces the output by rename. A killed
-pod leaves only the staging directory, which the next run resumes from.
+pod leaves only the staging directory, which the next run resumes from: whole files are
+re-verified, ``*.part`` files are resumed by sources that can (or overwritten).
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ def staging_dir_for(output_path: Path) -> Path:
 def prepare(output_path: Path) -> Path:
     staging = staging_dir_for(output_path)
     staging.mkdir(parents=True, exist_ok=True)
-    # Partial files from a killed run are restarted; whole ones are kept and re-verified.
-    for part in staging.rglob(f"*{PART_SUFFIX}"):
-        part.unlink(missing_ok=True)
+    # A manifest in staging means a run died between writing it and the swap: the files
+    # are re-verified anyway, and the manifest is written again last.
     (staging / MANIFEST_NAME).unlink(missing_ok=True)
     return staging
 
@@ -36,7 +36,7 @@ def prune(staging: Path, keep: set[str]) -> None:
     for path in sorted(staging.rglob("*"), reverse=True):
         rel = path.relative_to(staging).as_posix()
         if path.is_file() or path.is_symlink():
-            if rel not in keep:
+            if path.is_symlink() or rel.removesuffix(PART_SUFFIX) not in keep:
                 path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()

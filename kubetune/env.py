@@ -18,6 +18,20 @@ ACCESS_TOKEN = "ACCESS_TOKEN"
 IGNORE_PATTERNS = "IGNORE_PATTERNS"
 ALLOW_PATTERNS = "ALLOW_PATTERNS"
 REVISION = "REVISION"
+# S3, as Kubeflow Trainer sets them (unset keys fall back to boto3's standard chain).
+S3_ENDPOINT = "ENDPOINT"
+S3_ACCESS_KEY_ID = "ACCESS_KEY_ID"
+S3_SECRET_ACCESS_KEY = "SECRET_ACCESS_KEY"
+S3_REGION = "REGION"
+S3_ROLE_ARN = "ROLE_ARN"
+# Hugging Face's own names, honoured as alternatives.
+HF_TOKEN = "HF_TOKEN"
+HF_ENDPOINT = "HF_ENDPOINT"
+# Initializer tuning (ours).
+DOWNLOAD_WORKERS = "KUBETUNE_DOWNLOAD_WORKERS"  # files fetched at once (default 8)
+S3_PART_SIZE_MB = "KUBETUNE_S3_PART_SIZE_MB"  # ranged-GET part size (default 16)
+S3_PART_WORKERS = "KUBETUNE_S3_PART_WORKERS"  # parts of one object fetched at once (default 8)
+HTTP_TIMEOUT_S = "KUBETUNE_HTTP_TIMEOUT_S"  # connect / read timeout of one request (default 60)
 
 # Trainer, as the torch plugin of Kubeflow Trainer sets them.
 PET_NNODES = "PET_NNODES"

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from initializers.request import InitRequest
+
+# Called with the number of bytes just written; it raises to cancel a transfer early
+# (another file failed for good), so a source must let its exceptions propagate.
+ProgressCallback = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -14,7 +18,10 @@ class RemoteFile:
     path: str  # relative path inside the output tree, POSIX separators
     size: int | None = None
     sha256: str | None = None  # when the source knows it, checked after download
-    etag: str | None = None
+    etag: str | None = None  # the source's version tag (S3 ETag), to detect a changed object
+    git_sha1: str | None = None  # git blob id (the hub's id for non-LFS files)
+    md5: str | None = None  # S3 single-part ETag: the MD5 of the content
+    key: str | None = None  # where the source finds it, when that differs from ``path``
 
 
 class Source(Protocol):
@@ -26,5 +33,18 @@ class Source(Protocol):
     def list_files(self) -> list[RemoteFile]:
         """Every file to fetch, already narrowed by the request's sub-path and patterns."""
 
-    def fetch(self, remote: RemoteFile, destination: Path) -> None:
-        """Write ``remote`` to ``destination`` (whose parent exists)."""
+    def fetch(self, remote: RemoteFile, destination: Path,
+              progress: ProgressCallback | None = None):
+        """Write ``remote`` to ``destination`` (whose parent exists).
+
+        Returns None (kubetune then reads the file back to check it against ``remote``),
+        ``remote`` amended with what the transfer taught (a checksum that turned out not
+        to apply), or the `initializers.checksums.Verified` of a `Hasher` the source fed
+        the bytes as it wrote them (raising its ChecksumMismatch), which saves that read.
+
+        ``destination`` may hold the start of the file from an interrupted attempt; a
+        source that can resume appends to it, any other overwrites it. Raise
+        `kubetune.retry.TransientFailure` (or an exception the source's ``classify``
+        maps to one) for failures worth another attempt. ``progress`` is optional so
+        that sources written before it keep working.
+        """

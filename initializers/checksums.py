@@ -1,0 +1,87 @@
+"""Check a downloaded file against every checksum its source published.
+
+Sources that see the bytes in order (a stream, or ranged parts taken in order as they
+land) hash them on the way with `Hasher` and hand back the result, which saves reading
+the file a second time; for the rest, `verify` reads it once for all checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from initializers.sources.base import RemoteFile
+
+CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Verified:
+    sha256: str
+    checked: tuple[str, ...]  # which source checksums matched ("sha256", "git-sha1", "md5")
+
+
+class ChecksumMismatch(Exception):
+    """The bytes on disk differ from what the source says the file holds."""
+
+
+class Hasher:
+    """sha256 (for the manifest) plus whichever checksums ``remote`` publishes."""
+
+    def __init__(self, remote: RemoteFile) -> None:
+        self.remote = remote
+        self.size = 0
+        self._sha256 = hashlib.sha256()
+        # git's blob id hashes a header then the content: the size must be known upfront.
+        self._git = (hashlib.sha1(f"blob {remote.size}\0".encode())
+                     if remote.git_sha1 and remote.size is not None else None)
+        self._md5 = hashlib.md5(usedforsecurity=False) if remote.md5 else None
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        self.size += len(chunk)
+        self._sha256.update(chunk)
+        if self._git:
+            self._git.update(chunk)
+        if self._md5:
+            self._md5.update(chunk)
+
+    def verified(self) -> Verified:
+        """The result, or ChecksumMismatch if the size or any published checksum differs."""
+        remote = self.remote
+        if remote.size is not None and self.size != remote.size:
+            raise ChecksumMismatch(f"{remote.path}: got {self.size} bytes, the source lists "
+                                   f"{remote.size}")
+        checked = []
+        for name, expected, digest in (("sha256", remote.sha256, self._sha256),
+                                       ("git-sha1", remote.git_sha1, self._git),
+                                       ("md5", remote.md5, self._md5)):
+            if expected and digest is not None:
+                if digest.hexdigest() != expected.lower():
+                    raise ChecksumMismatch(f"{remote.path}: {name} differs from the source's "
+                                           "checksum")
+                checked.append(name)
+        return Verified(sha256=self._sha256.hexdigest(), checked=tuple(checked))
+
+
+def hash_into(hasher: Hasher, path: Path, limit: int | None = None) -> None:
+    """Feed ``hasher`` the first ``limit`` bytes of ``path`` (all of it when None)."""
+    left = limit
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            chunk = f.read(CHUNK if left is None else min(CHUNK, left))
+            if not chunk:
+                break
+            hasher.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+
+
+def verify(path: Path, remote: RemoteFile) -> Verified:
+    """sha256 of ``path`` (for the manifest); raise ChecksumMismatch on any published mismatch."""
+    size = path.stat().st_size
+    if remote.size is not None and size != remote.size:
+        raise ChecksumMismatch(f"{remote.path}: got {size} bytes, the source lists {remote.size}")
+    hasher = Hasher(remote)
+    hash_into(hasher, path)
+    return hasher.verified()

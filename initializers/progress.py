@@ -1,0 +1,102 @@
+"""Progress lines for `kubectl logs`: one plain line every few seconds, never a redrawn bar."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger("progress")
+
+ENV_INTERVAL = "KUBETUNE_PROGRESS_INTERVAL_S"
+DEFAULT_INTERVAL_S = 5.0
+
+
+class Cancelled(Exception):
+    """Raised into a transfer when another file failed for good: stop early."""
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+    """Counts bytes per file from many threads and logs a summary line periodically."""
+
+    def __init__(self, files: int, total_bytes: int, interval_s: float | None = None) -> None:
+        self.files = files
+        self.total_bytes = total_bytes
+        self.interval_s = interval_s if interval_s is not None else float(
+            os.environ.get(ENV_INTERVAL, DEFAULT_INTERVAL_S))
+        self._lock = threading.Lock()
+        self._bytes: dict[str, int] = {}
+        self._done = 0
+        self._transferred = 0  # bytes actually moved by this run (for the rate)
+        self._start = time.monotonic()
+        self._stop = threading.Event()
+        self.cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+
+    def __enter__(self) -> "Progress":
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def callback(self, path: str):
+        """A per-file callback for a source's ``fetch``; raises Cancelled once cancelled."""
+
+        def advance(n: int) -> None:
+            if self.cancelled.is_set():
+                raise Cancelled()
+            with self._lock:
+                self._bytes[path] = self._bytes.get(path, 0) + n
+                self._transferred += n
+
+        return advance
+
+    def restart_file(self, path: str, already: int) -> None:
+        """A new attempt at ``path`` starts with ``already`` bytes on disk."""
+        with self._lock:
+            self._bytes[path] = already
+
+    def file_done(self, path: str, size: int) -> None:
+        with self._lock:
+            self._bytes[path] = size
+            self._done += 1
+
+    def line(self) -> str:
+        with self._lock:
+            have = sum(self._bytes.values())
+            moved, done = self._transferred, self._done
+        elapsed = max(time.monotonic() - self._start, 1e-6)
+        rate = moved / elapsed
+        text = (f"progress: {done}/{self.files} files, {_mb(have)}/{_mb(self.total_bytes)} MB, "
+                f"{rate / 1e6:.1f} MB/s")
+        if rate > 0 and self.total_bytes > have:
+            text += f", ETA {_duration((self.total_bytes - have) / rate)}"
+        return text
+
+    def summary(self) -> str:
+        elapsed = time.monotonic() - self._start
+        with self._lock:
+            moved = self._transferred
+        return (f"fetched {self._done} files, {_mb(moved)} MB transferred in {elapsed:.1f}s "
+                f"({moved / max(elapsed, 1e-6) / 1e6:.1f} MB/s)")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            log.info(self.line())

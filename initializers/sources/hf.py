@@ -1,0 +1,169 @@
+"""``hf://org/name[/sub/path]``: a model or dataset repo on the Hugging Face Hub.
+
+The revision (``REVISION``: branch, tag or commit; default ``main``) is resolved to a
+commit once, and every listing and download names that commit, so a push during the
+download cannot mix two versions. Files keep their repo-relative paths (the SDK points the
+trainer at ``/workspace/dataset/<sub/path>``). Downloads stream to disk, resume with a
+Range request after a dropped connection, and are checked against the hub's sha256 (LFS
+files) or git blob id (the rest).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+# No bars: a pod's log is not a terminal. Set before huggingface_hub reads its constants.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import httpx2  # noqa: E402
+from huggingface_hub import HfApi  # noqa: E402
+from huggingface_hub.hf_api import RepoFile  # noqa: E402
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # noqa: E402
+
+from initializers.checksums import Hasher, Verified, hash_into  # noqa: E402
+from initializers.filters import keep  # noqa: E402
+from initializers.request import InitRequest  # noqa: E402
+from initializers.sources.base import ProgressCallback, RemoteFile  # noqa: E402
+from initializers.sources.hf_errors import HubErrors  # noqa: E402
+from kubetune import credentials, env, retry  # noqa: E402
+from kubetune.errors import BadInputError  # noqa: E402
+from kubetune.retry import TransientFailure  # noqa: E402
+
+# One INFO line per request would bury the progress lines.
+for _noisy in ("httpx", "httpx2", "huggingface_hub"):
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+def http_timeout() -> httpx2.Timeout:
+    seconds = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
+    return httpx2.Timeout(seconds, connect=min(seconds, 30.0))
+
+
+def split_location(location: str) -> tuple[str, str]:
+    """``org/name/sub/path`` -> (``org/name``, ``sub/path``); a bare ``name`` is a legacy id."""
+    parts = [p for p in location.strip("/").split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise BadInputError(f"hf URI names no repo: expected hf://org/name[/sub/path], got "
+                            f"hf://{location}")
+    if len(parts) == 1:
+        return parts[0], ""
+    return f"{parts[0]}/{parts[1]}", "/".join(parts[2:])
+
+
+class HuggingFaceSource:
+    def __init__(self, request: InitRequest) -> None:
+        self.request = request
+        self.repo_id, self.sub_path = split_location(request.uri.location)
+        self.repo_type = "dataset" if request.kind == "dataset" else "model"
+        self.endpoint = (os.environ.get(env.HF_ENDPOINT) or DEFAULT_ENDPOINT).rstrip("/")
+        self.token = request.token or credentials.hf_token()
+        self.api = HfApi(endpoint=self.endpoint, token=self.token or False)
+        self.errors = HubErrors(self.repo_id, self.repo_type, self.endpoint, request.revision,
+                                bool(self.token))
+        self.commit: str | None = None
+
+    def classify(self, exc: BaseException) -> TransientFailure | None:
+        return self.errors.classify(exc)
+
+    def _call(self, func, what: str):
+        return retry.call(func, f"{what} {self.repo_id}", classify=self.classify)
+
+    def resolved_revision(self) -> str | None:
+        if self.commit is None:
+            info = self._call(lambda: self.api.repo_info(
+                self.repo_id, repo_type=self.repo_type, revision=self.request.revision),
+                "resolve the revision of")
+            if not info.sha:
+                raise BadInputError(f"the hub at {self.endpoint} returned no commit for "
+                                    f"{self.repo_id}")
+            self.commit = info.sha
+        return self.commit
+
+    def _entries(self) -> list[RepoFile]:
+        commit = self.resolved_revision()
+        if self.sub_path:
+            # paths-info says whether the sub-path is a file or a folder (a tree listing of
+            # a file path is an error on the hub).
+            found = self._call(lambda: self.api.get_paths_info(
+                self.repo_id, [self.sub_path], repo_type=self.repo_type, revision=commit),
+                "look up the path in")
+            if not found:
+                raise BadInputError(f"{self.sub_path!r} not found in {self.repo_type} repo "
+                                    f"{self.repo_id} at {self.request.revision or 'main'}")
+            if isinstance(found[0], RepoFile):
+                return [found[0]]
+        return self._call(lambda: self._tree(commit), "list the files of")
+
+    def _tree(self, commit: str) -> list[RepoFile]:
+        # Our own paging loop: HfApi.list_repo_tree retries 5xx/429 on its own, and
+        # kubetune.retry is to be the one retry loop (one budget, one log line per retry).
+        url = (f"{self.endpoint}/api/{self.repo_type}s/{self.repo_id}/tree/"
+               f"{quote(commit, safe='')}")
+        if self.sub_path:
+            url += "/" + quote(self.sub_path, safe="")
+        params: dict | None = {"recursive": "true", "expand": "false"}
+        headers = build_hf_headers(token=self.token or False)
+        files: list[RepoFile] = []
+        while url:
+            response = get_session().get(url, params=params, headers=headers,
+                                         timeout=http_timeout())
+            hf_raise_for_status(response)
+            files += [RepoFile(**e) for e in response.json() if e.get("type") == "file"]
+            url, params = response.links.get("next", {}).get("url"), None
+        return files
+
+    def list_files(self) -> list[RemoteFile]:
+        files = []
+        for entry in self._entries():
+            if not keep(entry.path, self.request.allow_patterns, self.request.ignore_patterns):
+                continue
+            lfs = entry.lfs
+            files.append(RemoteFile(
+                path=entry.path,
+                size=lfs.size if lfs is not None else entry.size,
+                sha256=lfs.sha256 if lfs is not None else None,
+                git_sha1=None if lfs is not None else entry.blob_id,
+            ))
+        return files
+
+    def _url(self, path: str) -> str:
+        prefix = "datasets/" if self.repo_type == "dataset" else ""
+        return (f"{self.endpoint}/{prefix}{self.repo_id}/resolve/"
+                f"{quote(self.resolved_revision(), safe='')}/{quote(path)}")
+
+    def fetch(self, remote: RemoteFile, destination: Path,
+              progress: ProgressCallback | None = None) -> Verified:
+        have = destination.stat().st_size if destination.is_file() else 0
+        if remote.size is not None and have >= remote.size:
+            have = 0  # whole (or too long) yet unverified: the caller found it bad
+        headers = build_hf_headers(token=self.token or False)
+        headers["Accept-Encoding"] = "identity"  # sizes and checksums are of the raw bytes
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        # httpx2 drops Authorization when a redirect leaves the hub's host (the CDN).
+        with get_session().stream("GET", self._url(remote.path), headers=headers,
+                                  follow_redirects=True, timeout=http_timeout()) as response:
+            if response.status_code == 416:
+                destination.unlink(missing_ok=True)
+                raise TransientFailure(f"{remote.path}: the hub refused to resume; starting over")
+            hf_raise_for_status(response)
+            resumed = response.status_code == 206
+            hasher = Hasher(remote)
+            if resumed:
+                hash_into(hasher, destination, limit=have)
+            with open(destination, "ab" if resumed else "wb") as out:
+                for chunk in response.iter_bytes():  # as received: a drop keeps what came
+                    out.write(chunk)
+                    hasher.update(chunk)
+                    if progress:
+                        progress(len(chunk))
+        if remote.size is not None and hasher.size < remote.size:
+            raise TransientFailure(f"{remote.path}: the body ended after {hasher.size} of "
+                                   f"{remote.size} bytes")
+        return hasher.verified()

@@ -1,0 +1,230 @@
+"""``s3://bucket/prefix``: every object under a prefix, or one object.
+
+Credentials: Kubeflow's ``ACCESS_KEY_ID`` / ``SECRET_ACCESS_KEY`` (inline or ``*_FILE``),
+``ROLE_ARN`` (assumed through STS), else boto3's standard chain (IRSA, instance profile,
+``AWS_*``). ``ENDPOINT`` points at MinIO, Ceph or any S3-compatible store.
+
+Objects larger than one part are fetched as ranged GETs in parallel, each written at its
+offset as it streams in: memory is bounded by (part workers x read chunk), not by the
+object's size or count. Every GET carries ``If-Match: <etag>`` so an object replaced mid-download
+is detected, and single-part ETags (the MD5 of the content) are checked. Bytes are hashed
+as they land, so verifying costs no second read of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from initializers.checksums import Hasher, Verified
+from initializers.filters import keep
+from initializers.request import InitRequest
+from initializers.sources.base import ProgressCallback, RemoteFile
+from initializers.sources.s3_errors import S3Errors, role_classify
+from kubetune import credentials, env, retry
+from kubetune.errors import BadInputError
+from kubetune.redact import register_secret
+from kubetune.retry import TransientFailure
+
+CHUNK = 1024 * 1024
+DEFAULT_PART_MB = 16
+DEFAULT_PART_WORKERS = 8
+MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return max(1, int(value)) if value else default
+    except ValueError:
+        raise BadInputError(f"{name}={value!r} is not a whole number") from None
+
+
+def _chunks(body):
+    """The body in views of one reused buffer: no allocation per chunk, so the heap of
+    every download thread stays at one CHUNK however much passes through it."""
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    while n := body.readinto(buffer):
+        yield view[:n]
+
+
+def _hash_range(hasher: Hasher, fd: int, start: int, end: int) -> None:
+    while start < end:
+        chunk = os.pread(fd, min(CHUNK * 4, end - start), start)
+        if not chunk:
+            raise TransientFailure("a part is shorter on disk than it was downloaded")
+        hasher.update(chunk)
+        start += len(chunk)
+
+
+def split_location(location: str) -> tuple[str, str]:
+    bucket, _, prefix = location.partition("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", bucket or ""):
+        raise BadInputError(f"s3 URI names no valid bucket: expected s3://bucket/prefix, got "
+                            f"s3://{location}")
+    return bucket, prefix
+
+
+def _session(creds: credentials.S3Credentials) -> boto3.session.Session:
+    session = boto3.session.Session(aws_access_key_id=creds.access_key_id,
+                                    aws_secret_access_key=creds.secret_access_key,
+                                    region_name=creds.region)
+    if not creds.role_arn:
+        return session
+    # STS is reached through boto3's own endpoint resolution (AWS_ENDPOINT_URL_STS for a
+    # local STS); ENDPOINT names the object store only.
+    assumed = retry.call(lambda: session.client("sts").assume_role(
+        RoleArn=creds.role_arn, RoleSessionName="kubetune-initializer"),
+        f"assume role {creds.role_arn}", classify=role_classify(creds.role_arn))["Credentials"]
+    for value in (assumed["AccessKeyId"], assumed["SecretAccessKey"], assumed["SessionToken"]):
+        register_secret(value)
+    return boto3.session.Session(aws_access_key_id=assumed["AccessKeyId"],
+                                 aws_secret_access_key=assumed["SecretAccessKey"],
+                                 aws_session_token=assumed["SessionToken"],
+                                 region_name=creds.region)
+
+
+class S3Source:
+    def __init__(self, request: InitRequest) -> None:
+        self.request = request
+        self.bucket, self.prefix = split_location(request.uri.location)
+        self.errors = S3Errors(self.bucket, self.prefix)
+        self.part_size = _int_env(env.S3_PART_SIZE_MB, DEFAULT_PART_MB) * 1024 * 1024
+        self.part_workers = _int_env(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS)
+        self._part_pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        creds = credentials.s3_credentials()
+        timeout = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
+        config = Config(
+            # kubetune.retry is the one retry loop: botocore's own would multiply it.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=self.part_workers + 16,
+            connect_timeout=min(timeout, 30.0), read_timeout=timeout,
+            # Checksum validation of ranged GETs is not possible; we check ETags ourselves.
+            response_checksum_validation="when_required",
+        )
+        self.client = _session(creds).client("s3", endpoint_url=creds.endpoint_url,
+                                             config=config)
+
+    def classify(self, exc: BaseException) -> TransientFailure | None:
+        return self.errors.classify(exc)
+
+    def _parts(self) -> ThreadPoolExecutor:
+        # One pool for the parts of every object: the number of open streams (and so the
+        # memory) stays fixed however many large files are fetched at once. Part tasks
+        # never wait on other tasks, so file workers waiting on parts cannot deadlock it.
+        with self._lock:
+            if self._part_pool is None:
+                self._part_pool = ThreadPoolExecutor(max_workers=self.part_workers,
+                                                     thread_name_prefix="part")
+            return self._part_pool
+
+    def resolved_revision(self) -> str | None:
+        return None  # S3 has no tree-wide version; each file's ETag is recorded instead
+
+    def _list(self) -> list[dict]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        objects = []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+            objects.extend(page.get("Contents", []))
+        return objects
+
+    def list_files(self) -> list[RemoteFile]:
+        objects = retry.call(self._list, f"list s3://{self.bucket}/{self.prefix}",
+                             classify=self.classify)
+        exact = [o for o in objects if o["Key"] == self.prefix]
+        if exact and self.prefix:
+            chosen = [(exact[0], self.prefix.rsplit("/", 1)[-1])]
+        else:
+            # "models/tiny" must not pull in "models/tiny-2/...": only whole path segments.
+            base = self.prefix.rstrip("/") + "/" if self.prefix else ""
+            chosen = [(o, o["Key"][len(base):]) for o in objects
+                      if o["Key"].startswith(base) and not o["Key"].endswith("/")]
+        files = []
+        for obj, rel in chosen:
+            if not keep(rel, self.request.allow_patterns, self.request.ignore_patterns):
+                continue
+            etag = obj.get("ETag", "").strip('"')
+            files.append(RemoteFile(path=rel, size=obj.get("Size"), etag=etag or None,
+                                    md5=etag if MD5_ETAG.match(etag) else None, key=obj["Key"]))
+        return files
+
+    def _get(self, key: str, etag: str | None, byte_range: str | None = None):
+        kwargs = {"Bucket": self.bucket, "Key": key}
+        if etag:
+            kwargs["IfMatch"] = f'"{etag}"'
+        if byte_range:
+            kwargs["Range"] = byte_range
+        try:
+            return self.client.get_object(**kwargs)
+        except ClientError as exc:
+            mapped = self.errors.client_error(exc, key)
+            raise mapped from None
+
+    def _fetch_range(self, fd: int, remote: RemoteFile, start: int, end: int,
+                     progress: ProgressCallback | None) -> dict:
+        response = self._get(remote.key, remote.etag, f"bytes={start}-{end}")
+        offset = start
+        for chunk in _chunks(response["Body"]):
+            os.pwrite(fd, chunk, offset)
+            offset += len(chunk)
+            if progress:
+                progress(len(chunk))
+        if offset != end + 1:
+            raise TransientFailure(f"{remote.path}: a part ended after {offset - start} of "
+                                   f"{end + 1 - start} bytes")
+        return response
+
+    @staticmethod
+    def _checked(remote: RemoteFile, response: dict) -> RemoteFile:
+        # With SSE-KMS or SSE-C the ETag is not the content's MD5: drop that check.
+        if remote.md5 and (response.get("ServerSideEncryption") == "aws:kms"
+                           or response.get("SSECustomerAlgorithm")):
+            return replace(remote, md5=None)
+        return remote
+
+    def fetch(self, remote: RemoteFile, destination: Path,
+              progress: ProgressCallback | None = None) -> Verified:
+        size = remote.size or 0
+        if size <= self.part_size:
+            response = self._get(remote.key, remote.etag)
+            hasher = Hasher(self._checked(remote, response))
+            with open(destination, "wb") as out:
+                for chunk in _chunks(response["Body"]):
+                    out.write(chunk)
+                    hasher.update(chunk)
+                    if progress:
+                        progress(len(chunk))
+            return hasher.verified()
+        ranges = [(start, min(start + self.part_size, size) - 1)
+                  for start in range(0, size, self.part_size)]
+        fd = os.open(destination, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            futures = [self._parts().submit(self._fetch_range, fd, remote, s, e, progress)
+                       for s, e in ranges]
+            try:
+                hasher = None
+                # Hash each part as soon as it and all before it have landed (from the page
+                # cache), overlapping the hashing with the parts still downloading.
+                for (start, end), future in zip(ranges, futures):
+                    response = future.result()
+                    hasher = hasher or Hasher(self._checked(remote, response))
+                    _hash_range(hasher, fd, start, end + 1)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                wait(futures)  # no part may still write to fd once it is closed
+                raise
+        finally:
+            os.close(fd)
+        return hasher.verified()

@@ -1,0 +1,99 @@
+"""Turn S3 failures into a retry or one actionable line."""
+
+from __future__ import annotations
+
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+from urllib3.exceptions import ProtocolError, ReadTimeoutError as Urllib3ReadTimeout
+
+from kubetune.errors import BadInputError, TransientError
+from kubetune.retry import TransientFailure
+
+TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                   "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
+                   "RequestLimitExceeded", "503", "500", "502", "504"}
+CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+                    "ExpiredToken", "TokenRefreshRequired", "InvalidClientTokenId"}
+
+
+def _retry_after(exc: ClientError) -> float | None:
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    try:
+        return float(headers["retry-after"]) if "retry-after" in headers else None
+    except ValueError:
+        return None
+
+
+class S3Errors:
+    def __init__(self, bucket: str, prefix: str) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+
+    def client_error(self, exc: ClientError, key: str | None = None) -> Exception:
+        """A BadInputError, a TransientError, or a TransientFailure (retry) for ``exc``."""
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket}"
+        if code in TRANSIENT_CODES or (status is not None and status >= 500) or status == 429:
+            return TransientFailure(f"S3 {code or status}", _retry_after(exc))
+        if code == "NoSuchBucket":
+            return BadInputError(f"bucket {self.bucket} does not exist (check STORAGE_URI and "
+                                 "ENDPOINT / REGION)")
+        if code in ("NoSuchKey", "404") and key:
+            return BadInputError(f"{where} vanished while downloading (deleted meanwhile?)")
+        if code in CREDENTIAL_CODES:
+            return BadInputError(f"{where}: the S3 credentials were rejected ({code}): check "
+                                 "ACCESS_KEY_ID / SECRET_ACCESS_KEY or ROLE_ARN")
+        if code in ("AccessDenied", "403", "AllAccessDisabled") or status == 403:
+            return BadInputError(f"{where}: access denied (the credentials lack s3:ListBucket / "
+                                 "s3:GetObject on it)")
+        if code in ("PreconditionFailed", "412"):
+            # The object changed between listing and download: a fresh run lists it again.
+            return TransientError(f"{where} changed while downloading: rerun to fetch the new "
+                                  "version")
+        if code == "AuthorizationHeaderMalformed" or code == "PermanentRedirect":
+            return BadInputError(f"bucket {self.bucket} is in another region: set REGION")
+        return BadInputError(f"{where}: S3 refused the request ({code or status})")
+
+    def classify(self, exc: BaseException) -> TransientFailure | None:
+        if isinstance(exc, ClientError):
+            mapped = self.client_error(exc)
+            if isinstance(mapped, TransientFailure):
+                return mapped
+            raise mapped from None
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            raise BadInputError("no S3 credentials: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or "
+                                "their *_FILE variants), ROLE_ARN, or the standard AWS chain"
+                                ) from None
+        if isinstance(exc, (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError,
+                            ReadTimeoutError, IncompleteReadError, ResponseStreamingError,
+                            ProtocolError, Urllib3ReadTimeout, ConnectionError, TimeoutError)):
+            return TransientFailure(f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def role_classify(role_arn: str):
+    """`kubetune.retry` classify for STS AssumeRole: a refused role is one line, not a retry."""
+    errors = S3Errors("-", "")
+
+    def classify(exc: BaseException) -> TransientFailure | None:
+        if isinstance(exc, ClientError):
+            mapped = errors.client_error(exc)
+            if isinstance(mapped, TransientFailure):
+                return mapped
+            code = exc.response.get("Error", {}).get("Code", "error")
+            raise BadInputError(f"cannot assume ROLE_ARN {role_arn} ({code}): check the role's "
+                                "trust policy and the credentials the pod has") from None
+        return errors.classify(exc)
+
+    return classify

@@ -1,0 +1,154 @@
+"""An HTTP proxy on 127.0.0.1 in front of a real server (moto_server), injecting faults.
+
+moto gives S3's semantics; this adds what a real network and a busy S3 do to a client:
+503 SlowDown, 403 AccessDenied, 429 with Retry-After, a connection reset or a truncated
+body mid-object, flipped bytes. It also records every request (method, path, Range).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import http.client
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+S3_ERROR = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+            "<Message>injected</Message><RequestId>kubetune-test</RequestId></Error>")
+
+
+@dataclass
+class ProxyFault:
+    kind: str  # "status" | "reset" | "truncate" | "corrupt"
+    match: str  # glob on the unquoted path, e.g. "/bucket/big/*"
+    times: int = 1
+    method: str | None = None
+    status: int = 503
+    code: str = "SlowDown"
+    headers: dict[str, str] = field(default_factory=dict)
+    ranged_only: bool = False  # only requests carrying a Range header
+
+
+@dataclass
+class ProxiedRequest:
+    method: str
+    path: str
+    range: str | None
+
+
+class FaultProxy:
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        self.target_host, self.target_port = parts.hostname, parts.port
+        self.faults: list[ProxyFault] = []
+        self.requests: list[ProxiedRequest] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def fault(self, kind: str, match: str, times: int = 1, **options) -> ProxyFault:
+        fault = ProxyFault(kind=kind, match=match, times=times, **options)
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        with self._lock:
+            self.faults.clear()
+            self.requests.clear()
+
+    def _take(self, method: str, path: str, ranged: bool) -> ProxyFault | None:
+        with self._lock:
+            self.requests.append(ProxiedRequest(method, path, "range" if ranged else None))
+            for fault in self.faults:
+                if (fault.times > 0 and (fault.method in (None, method))
+                        and (ranged or not fault.ranged_only)
+                        and fnmatch.fnmatch(path, fault.match)):
+                    fault.times -= 1
+                    return fault
+        return None
+
+
+def _handler(proxy: FaultProxy):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _forward(self) -> None:
+            path = unquote(urlsplit(self.path).path)
+            fault = proxy._take(self.command, path, "Range" in self.headers)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if fault is not None and fault.kind == "status":
+                payload = S3_ERROR.format(code=fault.code).encode()
+                self.send_response(fault.status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
+                for k, v in fault.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+                return
+            upstream = http.client.HTTPConnection(proxy.target_host, proxy.target_port, timeout=60)
+            try:
+                upstream.request(self.command, self.path, body=body, headers=dict(self.headers))
+                response = upstream.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for k, v in response.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+            finally:
+                upstream.close()
+            if self.command == "HEAD":
+                return
+            kind = fault.kind if fault else None
+            if kind in ("reset", "truncate") and len(data) > 1:
+                self.wfile.write(data[:len(data) // 2])
+                self.wfile.flush()
+                if kind == "reset":
+                    time.sleep(0.3)  # let the client read it; an RST discards unread data
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               struct.pack("ii", 1, 0))
+                else:
+                    self.connection.shutdown(socket.SHUT_WR)
+                self.close_connection = True
+                return
+            if kind == "corrupt":
+                data = bytes(b ^ 0xFF for b in data[:16]) + data[16:]
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._forward()
+
+        def do_HEAD(self) -> None:
+            self._forward()
+
+        def do_PUT(self) -> None:
+            self._forward()
+
+        def do_POST(self) -> None:
+            self._forward()
+
+        def do_DELETE(self) -> None:
+            self._forward()
+
+    return Handler

@@ -1,0 +1,58 @@
+"""What every scheme shares: URI errors, local paths, the initializer image's imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.cli import REPO, clean_env, error_lines, kubetune
+
+
+def test_initializer_imports_pull_no_torch_stack():
+    code = ("import sys, entrypoints.init_storage, initializers.sources.hf, "
+            "initializers.sources.s3, initializers.sources.local\n"
+            "print(sorted(m for m in ('torch', 'torchtune', 'omegaconf', 'safetensors', "
+            "'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, env=clean_env(), check=True)
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("uri, expected", [
+    ("gs://bucket/model", "unsupported storage scheme 'gs'; supported forms: /abs/path or "
+                          "file:///abs/path, hf://org/name[/sub/path], s3://bucket/prefix"),
+    ("org/name", "storage URI 'org/name' is malformed; supported forms: /abs/path or "
+                 "file:///abs/path, hf://org/name[/sub/path], s3://bucket/prefix"),
+    ("hf://", "storage URI 'hf://' names nothing after hf://"),
+    ("s3://Bad_Bucket!/x", "s3 URI names no valid bucket"),
+    ("hf://org/../x", "hf URI names no repo"),
+])
+def test_bad_uris_fail_at_once_with_one_line(tmp_path, uri, expected):
+    env = clean_env(STORAGE_URI=uri, OUTPUT_PATH=str(tmp_path / "model"),
+                    KUBETUNE_TERMINATION_LOG=str(tmp_path / "termination-log"))
+    result = kubetune("init-model", env=env, timeout=60)
+    assert result.returncode == 65, result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(f"error: model-initializer: {expected}")
+    assert expected in (tmp_path / "termination-log").read_text()
+    assert "Traceback" not in result.stderr
+
+
+def test_local_path_and_file_uri(tmp_path, tiny_model_dir):
+    for uri, out in ((str(tiny_model_dir), tmp_path / "a"),
+                     (f"file://{tiny_model_dir}", tmp_path / "b")):
+        result = kubetune("init-model", env=clean_env(STORAGE_URI=uri, OUTPUT_PATH=str(out)),
+                          timeout=60)
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads((out / ".kubetune-manifest.json").read_text())
+        assert manifest["storage_uri"] == uri
+        assert (out / "model.safetensors").read_bytes() == \
+            (tiny_model_dir / "model.safetensors").read_bytes()
+    missing = kubetune("init-model", env=clean_env(STORAGE_URI=str(tmp_path / "nope"),
+                                                   OUTPUT_PATH=str(tmp_path / "c")), timeout=60)
+    assert missing.returncode == 65
+    assert error_lines(missing) == [f"error: model-initializer: model source {tmp_path / 'nope'} "
+                                    "does not exist"]

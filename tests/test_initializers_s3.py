@@ -1,0 +1,190 @@
+"""s3:// initializers against moto_server (S3 semantics), through a fault-injecting proxy."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from boto3.s3.transfer import TransferConfig
+
+from tests.support.cli import clean_env, error_lines, kubetune
+from tests.support.fault_proxy import FaultProxy
+
+MANIFEST = ".kubetune-manifest.json"
+MB = 1024 * 1024
+
+
+def safetensors_bytes(payload: bytes) -> bytes:
+    header = json.dumps({"w": {"dtype": "U8", "shape": [len(payload)],
+                               "data_offsets": [0, len(payload)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + payload
+
+
+@pytest.fixture(scope="module")
+def store(s3, tiny_model_dir, tiny_dataset_dir):
+    client = s3.client()
+    client.create_bucket(Bucket="models")
+    for path in sorted(tiny_model_dir.rglob("*")):
+        if path.is_file():
+            key = path.relative_to(tiny_model_dir).as_posix()
+            client.upload_file(str(path), "models", f"tiny/{key}")
+    # A sibling whose name starts like the prefix: must not be pulled in.
+    client.put_object(Bucket="models", Key="tiny-2/config.json", Body=b"{}")
+    config = (tiny_model_dir / "config.json").read_bytes()
+    big = {"single": safetensors_bytes(os.urandom(3 * MB + 12345)),
+           "multi": safetensors_bytes(os.urandom(6 * MB + 77))}
+    client.put_object(Bucket="models", Key="big/config.json", Body=config)
+    client.put_object(Bucket="models", Key="big/single.safetensors", Body=big["single"])
+    # Uploaded in parts: its ETag is not an MD5 ("<hash>-2") and must not be checked as one.
+    client.upload_fileobj(__import__("io").BytesIO(big["multi"]), "models",
+                          "big/multi.safetensors",
+                          Config=TransferConfig(multipart_threshold=5 * MB,
+                                                multipart_chunksize=5 * MB))
+    client.put_object(Bucket="models", Key="evil/config.json", Body=config)
+    client.put_object(Bucket="models", Key="evil/../../escape.safetensors", Body=b"x")
+    client.create_bucket(Bucket="data")
+    client.upload_file(str(tiny_dataset_dir / "data" / "train.parquet"), "data",
+                       "addition/train.parquet")
+    proxy = FaultProxy(s3.endpoint)
+    proxy.big = big
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_proxy(store):
+    store.clear()
+
+
+def run_init(s3, proxy: FaultProxy, kind: str, uri: str, out: Path, **extra: str):
+    env = clean_env(**{**s3.env(), "ENDPOINT": proxy.url}, STORAGE_URI=uri,
+                    OUTPUT_PATH=str(out), KUBETUNE_S3_PART_SIZE_MB="1",
+                    KUBETUNE_TERMINATION_LOG=str(out.parent / "termination-log"),
+                    KUBETUNE_RETRY_BASE_DELAY_S="0.05", KUBETUNE_RETRY_MAX_ATTEMPTS="4",
+                    KUBETUNE_HTTP_TIMEOUT_S="10")
+    env.update(extra)
+    return kubetune(f"init-{kind}", env=env, timeout=120)
+
+
+def files_under(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def test_prefix_download_is_exact_and_a_rerun_makes_no_request(s3, store, tmp_path,
+                                                               tiny_model_dir):
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/tiny", out)
+    assert result.returncode == 0, result.stderr
+    source = {p.relative_to(tiny_model_dir).as_posix() for p in tiny_model_dir.rglob("*")
+              if p.is_file()}
+    assert files_under(out) == source | {MANIFEST, "original_repo_id.json"}
+    assert (out / "config.json").read_bytes() == (tiny_model_dir / "config.json").read_bytes()
+    store.clear()
+    again = run_init(s3, store, "model", "s3://models/tiny", out)
+    assert again.returncode == 0 and "nothing to download" in again.stderr
+    assert store.requests == []
+
+
+def test_large_objects_arrive_in_parallel_ranged_parts_intact(s3, store, tmp_path):
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "single.safetensors").read_bytes() == store.big["single"]
+    assert (out / "multi.safetensors").read_bytes() == store.big["multi"]
+    ranged = [r for r in store.requests if r.range and r.path.endswith(".safetensors")]
+    assert len(ranged) == 4 + 7  # ceil(size / 1 MiB) parts per object
+
+
+def test_single_object_uri_for_a_dataset(s3, store, tmp_path):
+    out = tmp_path / "dataset"
+    result = run_init(s3, store, "dataset", "s3://data/addition/train.parquet", out)
+    assert result.returncode == 0, result.stderr
+    assert files_under(out) == {"train.parquet", MANIFEST, ".kubetune-dataset.json"}
+    descriptor = json.loads((out / ".kubetune-dataset.json").read_text())
+    assert descriptor["files"] == ["train.parquet"] and descriptor["rows"] > 0
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("status", {"status": 503, "code": "SlowDown", "ranged_only": True}),
+    ("status", {"status": 500, "code": "InternalError"}),
+    ("reset", {"ranged_only": True}),
+    ("truncate", {"ranged_only": True}),
+])
+def test_transient_faults_on_parts_are_retried(s3, store, tmp_path, kind, options):
+    store.fault(kind, "/models/big/single.safetensors", times=1, method="GET", **options)
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out)
+    assert result.returncode == 0, result.stderr
+    assert "download single.safetensors:" in result.stderr and "retry 1/3" in result.stderr
+    assert (out / "single.safetensors").read_bytes() == store.big["single"]
+
+
+def test_corrupted_body_fails_the_etag_check_and_is_fetched_again(s3, store, tmp_path,
+                                                                   tiny_model_dir):
+    store.fault("corrupt", "/models/tiny/config.json", times=1, method="GET")
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/tiny", out)
+    assert result.returncode == 0, result.stderr
+    assert "config.json: md5 differs from the source's checksum; retry 1/3" in result.stderr
+    assert (out / "config.json").read_bytes() == (tiny_model_dir / "config.json").read_bytes()
+
+
+@pytest.mark.parametrize("uri, fault, expected", [
+    ("s3://nobucket/x", None, "bucket nobucket does not exist"),
+    ("s3://models/tiny", {"status": 403, "code": "AccessDenied"},
+     "bucket models: access denied"),
+    ("s3://models/tiny", {"status": 403, "code": "InvalidAccessKeyId"},
+     "bucket models: the S3 credentials were rejected (InvalidAccessKeyId)"),
+    ("s3://models/nothing-here", None, "s3://models/nothing-here holds no files to download"),
+])
+def test_client_errors_are_one_line_and_not_retried(s3, store, tmp_path, uri, fault, expected):
+    if fault:
+        store.fault("status", "/models*", times=10, **fault)
+    result = run_init(s3, store, "model", uri, tmp_path / "model")
+    assert result.returncode == 65, result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert len(store.requests) == 1
+    assert not (tmp_path / "model").exists()
+
+
+def test_keys_escaping_the_output_are_refused(s3, store, tmp_path):
+    result = run_init(s3, store, "model", "s3://models/evil", tmp_path / "a" / "model")
+    assert result.returncode == 65
+    assert "refusing remote file name '../../escape.safetensors'" in error_lines(result)[0]
+    assert not any(p.name == "escape.safetensors" for p in tmp_path.rglob("*"))
+
+
+def test_keys_never_printed_or_written_and_file_secrets_work(s3, store, tmp_path):
+    key_file, secret_file = tmp_path / "key-id", tmp_path / "secret"
+    key_file.write_text(s3.access_key_id + "\n")
+    secret_file.write_text(s3.secret_access_key + "\n")
+    out = tmp_path / "model"
+    store.fault("status", "/models/tiny/config.json", times=1, status=503, code="SlowDown")
+    env = {"ACCESS_KEY_ID": "", "SECRET_ACCESS_KEY": "",
+           "ACCESS_KEY_ID_FILE": str(key_file), "SECRET_ACCESS_KEY_FILE": str(secret_file)}
+    ok = run_init(s3, store, "model", "s3://models/tiny", out, **env)
+    assert ok.returncode == 0, ok.stderr
+    denied_store = store.fault("status", "/models*", times=10, status=403,
+                               code="SignatureDoesNotMatch")
+    denied = run_init(s3, store, "model", "s3://models/tiny", tmp_path / "other")
+    assert denied.returncode == 65 and denied_store.times < 10
+    seen = ok.stdout + ok.stderr + denied.stdout + denied.stderr
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path not in (key_file, secret_file):
+            seen += path.read_bytes().decode("utf-8", "replace")
+    assert s3.secret_access_key not in seen and s3.access_key_id not in seen
+
+
+def test_role_arn_is_assumed_through_sts(s3, store, tmp_path):
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/tiny", out,
+                      ROLE_ARN="arn:aws:iam::123456789012:role/kubetune-reader",
+                      AWS_ENDPOINT_URL_STS=store.url)
+    assert result.returncode == 0, result.stderr
+    assert (out / MANIFEST).is_file()
+    assert [r.method for r in store.requests if r.path == "/"] == ["POST"]  # AssumeRole
