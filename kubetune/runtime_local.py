@@ -3,7 +3,8 @@
 - ReplicatedJobs run in `dependsOn` order; jobs whose dependencies are met run together,
   each pod as processes (init containers in turn, then the containers together).
 - Volumes become directories under the work directory: the `volumeClaimPolicies` claims
-  (the per-job PVC) under `workspace/`, other volumes per pod. A container sees its mount
+  (the per-job PVC) under `workspace/`, other volumes per pod; scratch mounts (/tmp,
+  /dev/shm) stay this machine's own. A container sees its mount
   paths rewritten to those directories wherever they appear in its command, args and env
   (there is no container filesystem here to mount them into).
 - Env is resolved as the kubelet does: `$(VAR)` expansion, the Job completion index for
@@ -30,6 +31,9 @@ from kubetune.runtime_merge import COMPLETION_INDEX_PATH
 from kubetune.workspace import DEFAULT_ROOT
 
 DEFAULT_BACKOFF_LIMIT = 6
+# Scratch mounts (emptyDir over /tmp, /dev/shm) are this machine's own directories:
+# rewriting them would also move every unrelated /tmp path a step is given.
+SCRATCH_MOUNTS = ("/tmp", "/dev/shm")
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 # Restarts that ignore maxRestarts still stop somewhere on a laptop.
 LOCAL_RESTART_CAP = 10
@@ -118,6 +122,8 @@ class LocalJobSet:
         mounts = []
         for mount in container.get("volumeMounts") or []:
             name = mount["name"]
+            if mount["mountPath"].rstrip("/") in SCRATCH_MOUNTS:
+                continue
             if name in self.claim_dirs:
                 base = self.claim_dirs[name]
             elif "persistentVolumeClaim" in volumes.get(name, {}):
@@ -133,9 +139,13 @@ class LocalJobSet:
         return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
 
     def _localize(self, text: str, mounts: list[tuple[str, Path]]) -> str:
-        for mount_path, local in mounts:
-            text = re.sub(rf"(?<![\w./-]){re.escape(mount_path)}(?=/|\b|$)",
-                          lambda _m, local=local: str(local), text)
+        if mounts:
+            # One pass, longest mount path first: a replaced path is never rewritten again
+            # (/workspace -> /tmp/x/workspace must not then match the /tmp mount).
+            local = dict(mounts)
+            pattern = "|".join(re.escape(path) for path, _ in mounts)
+            text = re.sub(rf"(?<![\w./-])({pattern})(?=/|\b|$)",
+                          lambda m: str(local[m.group(1)]), text)
         return self._pod_dns.sub("127.0.0.1", text)
 
     def _env(self, container: dict, index: int, pod: str) -> dict[str, str]:

@@ -212,6 +212,76 @@ def _validate(runtime: dict, trainjob: dict) -> None:
                                 "controller sets them")
 
 
+# -- runtimePatches (core/trainingruntime.go mergeRuntimePatches) -----------------------
+
+_MANAGER = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+
+
+def _upsert_by(items: list[dict], new: list[dict], key: str, merge_fn=None) -> None:
+    for item in new:
+        old = next((o for o in items if o.get(key) == item.get(key)), None)
+        if old is None:
+            items.append(copy.deepcopy(item))
+        elif merge_fn:
+            merge_fn(old, item)
+        else:
+            old.clear()
+            old.update(copy.deepcopy(item))
+
+
+def _merge_container(old: dict, patch: dict) -> None:
+    for key, value in patch.items():
+        if key == "env":
+            upsert_env(old.setdefault("env", []), *value)
+        elif key == "volumeMounts":
+            _upsert_by(old.setdefault("volumeMounts", []), value, "mountPath")
+        elif key == "securityContext":
+            old.setdefault("securityContext", {}).update(copy.deepcopy(value))
+        elif key != "name":
+            old[key] = copy.deepcopy(value)
+
+
+def apply_runtime_patches(spec: dict, trainjob: dict) -> None:
+    """Strategic-merge the TrainJob's runtimePatches into the JobSet template ``spec``."""
+    jobs = {j["name"]: j for j in spec["replicatedJobs"]}
+    for i, patch in enumerate(trainjob["spec"].get("runtimePatches") or []):
+        where = f"runtimePatches[{i}]"
+        if not _MANAGER.match(str(patch.get("manager", ""))):
+            raise BadInputError(f"{where}.manager {patch.get('manager')!r} must be a "
+                                "domain-prefixed path such as example.com/my-tool")
+        tpl = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+        for rpatch in tpl.get("replicatedJobs") or []:
+            job = jobs.get(rpatch["name"])
+            if job is None:
+                raise BadInputError(f"{where}: replicatedJob {rpatch['name']!r} is not in the "
+                                    f"runtime (it has {', '.join(jobs)})")
+            pod_patch = ((((rpatch.get("template") or {}).get("spec") or {})
+                          .get("template") or {}).get("spec")) or {}
+            pod = _pod_spec(job)
+            for kind in ("initContainers", "containers"):
+                names = {c["name"] for c in pod.get(kind) or []}
+                for cpatch in pod_patch.get(kind) or []:
+                    if cpatch["name"] not in names:
+                        raise BadInputError(f"{where}: job {rpatch['name']} has no {kind[:-1]} "
+                                            f"{cpatch['name']!r}")
+                    if kind == "containers" and cpatch.get("env") and cpatch["name"] in (
+                            DATASET_INITIALIZER, MODEL_INITIALIZER, NODE):
+                        raise BadInputError(f"{where}: env of the {cpatch['name']} container "
+                                            "comes from spec.initializer / spec.trainer, not "
+                                            "from runtimePatches")
+                    _merge_container(next(c for c in pod[kind] if c["name"] == cpatch["name"]),
+                                     cpatch)
+            for key, value in pod_patch.items():
+                if key in ("containers", "initContainers"):
+                    continue
+                if key == "volumes":
+                    _upsert_by(pod.setdefault("volumes", []), value, "name")
+                elif isinstance(value, dict) and isinstance(pod.get(key), dict):
+                    pod[key].update(copy.deepcopy(value))
+                else:
+                    pod[key] = copy.deepcopy(value)
+
+
 # -- the merge ------------------------------------------------------------------------
 
 def merge(runtime: dict, trainjob: dict) -> dict:
@@ -224,6 +294,7 @@ def merge(runtime: dict, trainjob: dict) -> dict:
     ml_policy = runtime["spec"].get("mlPolicy")
     spec = runtime["spec"]["template"]["spec"]
     jobs = spec["replicatedJobs"]
+    apply_runtime_patches(spec, trainjob)
 
     # Pod counts (newRuntimeInfo) and resourcesPerNode merged into the trainer container.
     counts: dict[str, int] = {}
