@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIMES = sorted(p for p in (REPO / "runtimes" / "base").glob("*.yaml")
                   if p.name != "kustomization.yaml")
 EXAMPLES = sorted((REPO / "examples" / "trainjobs").glob("*.yaml"))
+EXAMPLE_RUNTIMES = sorted((REPO / "examples").glob("*/runtime.yaml"))
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 needs_crds = pytest.mark.skipif(not CRDS.is_dir(),
@@ -59,7 +60,8 @@ def test_generated_runtimes_are_up_to_date():
 
 
 @needs_crds
-@pytest.mark.parametrize("path", RUNTIMES + EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RUNTIMES + EXAMPLES + EXAMPLE_RUNTIMES,
+                         ids=lambda p: str(p.relative_to(REPO)))
 def test_manifest_validates_against_the_crd(path):
     assert validate(load(path)) == []
 
@@ -90,7 +92,8 @@ def _roundtrip(doc: dict) -> dict:
     return model.from_dict(copy.deepcopy(doc)).to_dict()
 
 
-@pytest.mark.parametrize("path", RUNTIMES + EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RUNTIMES + EXAMPLES + EXAMPLE_RUNTIMES,
+                         ids=lambda p: str(p.relative_to(REPO)))
 def test_manifest_roundtrips_through_the_api_models(path):
     doc = load(path)
     assert _roundtrip(doc) == doc
@@ -102,7 +105,8 @@ def test_roundtrip_comparison_sees_a_lost_field():
     assert _roundtrip(doc) != doc
 
 
-@pytest.mark.parametrize("path", RUNTIMES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RUNTIMES + EXAMPLE_RUNTIMES,
+                         ids=lambda p: str(p.relative_to(REPO)))
 def test_runtime_policies(path):
     runtime = load(path)
     spec = runtime["spec"]["template"]["spec"]
