@@ -12,6 +12,9 @@ import yaml
 
 from tests.support.cli import clean_env, error_lines, kubetune
 
+# The SDK 0.5.0's own pydantic models warn on import; nothing of ours.
+pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
+
 REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "runtimes" / "base"
 
@@ -34,23 +37,59 @@ def run(tmp_path: Path, runtime: str, job: Path | None = None):
     return kubetune(*args, *(["--trainjob", str(job)] if job else []), env=clean_env())
 
 
+def sdk_trainjob_spec(runtime_path: Path) -> dict:
+    """The TrainJob spec the Kubeflow SDK builds for a BuiltinTrainer LoRA run on
+    ``runtime_path``, from the same functions `TrainerClient().train()` calls."""
+    from kubeflow.trainer import (BuiltinTrainer, HuggingFaceDatasetInitializer,
+                                  HuggingFaceModelInitializer, Initializer, LoraConfig,
+                                  TorchTuneConfig)
+    from kubeflow.trainer.backends.kubernetes import utils
+    from kubeflow.trainer.types.types import (DataFormat, Runtime, RuntimeKind,
+                                              TorchTuneInstructDataset)
+    from kubeflow_trainer_api import models
+
+    cr = models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(
+        yaml.safe_load(runtime_path.read_text()))
+    runtime = Runtime(name=cr.metadata.name, kind=RuntimeKind(cr.kind),
+                      trainer=utils.get_runtime_trainer(
+                          cr.metadata.labels["trainer.kubeflow.org/framework"],
+                          cr.spec.template.spec.replicated_jobs, cr.spec.ml_policy))
+    # The SDK only builds hf:// and s3:// sources: the test swaps in file:// ones below.
+    initializer = Initializer(
+        dataset=HuggingFaceDatasetInitializer(storage_uri="hf://kubetune/tiny-addition"),
+        model=HuggingFaceModelInitializer(storage_uri="hf://kubetune/tiny-llama3"))
+    trainer = BuiltinTrainer(config=TorchTuneConfig(
+        epochs=1, batch_size=16, resources_per_node={"gpu": 1},
+        peft_config=LoraConfig(lora_rank=8, lora_alpha=16, lora_attn_modules=["q_proj", "v_proj"]),
+        dataset_preprocess_config=TorchTuneInstructDataset(source=DataFormat.PARQUET,
+                                                           split="train")))
+    return {"trainer": utils.get_trainer_cr_from_builtin_trainer(runtime, trainer, initializer)
+            .to_dict(),
+            "initializer": {"dataset": utils.get_dataset_initializer(initializer.dataset)
+                            .to_dict(),
+                            "model": utils.get_model_initializer(initializer.model).to_dict()}}
+
+
 @pytest.mark.slow
-def test_dropin_runtime_runs_a_tune_run_trainjob(tmp_path, tiny_model_dir, tiny_dataset_dir):
+def test_dropin_runtime_runs_the_sdk_builtin_trainer_job(tmp_path, tiny_model_dir,
+                                                         tiny_dataset_dir):
     """What the SDK's BuiltinTrainer submits: `tune run` + LoRA args. The controller's
     composition picks the LoRA single-device recipe; the exporter publishes the adapter."""
-    job = trainjob(tmp_path, "torchtune-llama3.2-1b", {
-        **sources(tiny_model_dir, tiny_dataset_dir),
-        "trainer": {"numProcPerNode": 1, "command": ["tune", "run"], "args": [
-            "dataset=torchtune.datasets.instruct_dataset", "epochs=1",
-            "max_steps_per_epoch=3", "batch_size=8", "model.lora_attn_modules=[q_proj,v_proj]",
-            "model.lora_rank=8", "model.lora_alpha=16"]}})
+    spec = sdk_trainjob_spec(BASE / "torchtune-llama3.2-1b.yaml")
+    assert spec["trainer"]["command"] == ["tune", "run"]
+    spec["initializer"]["model"]["storageUri"] = f"file://{tiny_model_dir}"
+    spec["initializer"]["dataset"]["storageUri"] = f"file://{tiny_dataset_dir}"
+    job = trainjob(tmp_path, "torchtune-llama3.2-1b", spec)
     result = run(tmp_path, "torchtune-llama3.2-1b.yaml", job)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     ws = tmp_path / "run" / "workspace"
     summary = json.loads((ws / "output" / "summary.json").read_text())
-    assert summary["steps"] == 3
     merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
+    # One epoch of 512 rows at the SDK's batch size, the recipe's gradient accumulation.
+    assert merged["batch_size"] == 16 and merged["epochs"] == 1
+    assert summary["steps"] == 512 // (16 * merged["gradient_accumulation_steps"])
     assert merged["model"]["lora_rank"] == 8 and merged["output_dir"] == str(ws / "output")
+    assert "lora_finetune_single_device" in result.stdout  # the controller's recipe choice
     assert (ws / "export" / "adapter_model.safetensors").is_file()
     assert (ws / "export" / "manifest.json").is_file()
     order = [line.split(":")[0] for line in result.stdout.splitlines()
