@@ -107,6 +107,23 @@ def merged_jobset(runtime_path: Path, trainjob_path: Path | None) -> dict:
     return merge(runtime, trainjob)
 
 
+def jobset_yaml(jobset: dict) -> str:
+    """The merged JobSet as YAML, with literal credential values masked."""
+    import yaml
+
+    from kubetune.redact import MASK, SECRET_VARIABLES, redact, register_secret
+
+    for job in jobset["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        for container in pod.get("initContainers", []) + pod.get("containers", []):
+            for var in container.get("env") or []:
+                if var["name"] in SECRET_VARIABLES and var.get("value"):
+                    # Also masked where the same value appears elsewhere (an arg, say).
+                    register_secret(var["value"])
+                    var["value"] = MASK
+    return redact(yaml.safe_dump(jobset, sort_keys=False))
+
+
 def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
                 ) -> list[str]:
     """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
@@ -166,10 +183,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                 raise BadInputError("with --runtime, set sources and trainer args in the "
                                     "TrainJob (--trainjob), not --model/--dataset/TRAIN_ARGS")
             if print_jobset:
-                import yaml
-
-                click.echo(yaml.safe_dump(merged_jobset(runtime_path, trainjob_path),
-                                          sort_keys=False), nl=False)
+                click.echo(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), nl=False)
                 return 0
             lines = run_runtime(workdir, runtime_path, trainjob_path)
         click.echo("\nsummary")

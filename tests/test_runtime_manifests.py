@@ -234,3 +234,18 @@ def test_print_jobset_shows_the_controller_merge(tmp_path):
     menv = {e["name"]: e.get("value") for e in pod(model)["containers"][0]["env"]}
     assert menv["STORAGE_URI"] == "hf://meta-llama/Llama-3.2-1B-Instruct"
     assert pod(model)["containers"][0]["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+
+
+def test_print_jobset_masks_credentials(tmp_path):
+    job = load(REPO / "examples" / "trainjobs" / "byo-model.yaml")
+    job["spec"]["initializer"]["model"]["env"] = [{"name": "ACCESS_TOKEN",
+                                                   "value": "tok-very-secret-1234"}]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoints", "local", "--print-jobset", "--runtime",
+         str(REPO / "runtimes" / "base" / "kubetune-byo-model.yaml"), "--trainjob", str(path)],
+        capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "tok-very-secret-1234" not in result.stdout + result.stderr
+    assert "name: ACCESS_TOKEN\n" in result.stdout and "value: '***'" in result.stdout
