@@ -50,6 +50,15 @@ def expand(text: str, variables: dict[str, str]) -> str:
     return _VAR_REF.sub(sub, text)
 
 
+STEP_NAMES = ("dataset-initializer", "model-initializer", "trainer", "exporter")
+
+
+def _cause(error: str, container: str) -> str:
+    """A step's one-line report without its own step prefix (the caller names the step)."""
+    head, sep, rest = error.partition(": ")
+    return rest if sep and head in (*STEP_NAMES, container) else error
+
+
 @dataclass
 class PodFailure:
     job: str
@@ -232,11 +241,17 @@ class LocalJobSet:
     def _run_pod(self, job: dict, index: int, pod_count: int, budget: dict,
                  lock: threading.Lock, out: list) -> None:
         pod_spec = job["template"]["spec"]["template"]["spec"]
+        ignored = 0
         while True:
             failure = self._pod_once(job, pod_spec, index, pod_count)
             if failure is None:
                 return
             action, rule = self.pod_action(job, failure.container, failure.exit_code)
+            if action == "Ignore":
+                ignored += 1
+                if ignored > LOCAL_RESTART_CAP:  # a cluster would retry forever
+                    out.append(JobFailure(job["name"], "BackoffLimitExceeded", failure))
+                    return
             emit(f"==> {job['name']}: exit {failure.exit_code} -> podFailurePolicy "
                  f"{action}" + (f" (rule {rule})" if rule is not None else "") + "\n")
             if action == "FailJob" or action == "FailIndex":
@@ -296,6 +311,9 @@ class LocalJobSet:
         StepFailedError (with the failing step's own exit code) if it fails."""
         self.logs.mkdir(parents=True, exist_ok=True)
         stages = self.stages()
+        emit(f"==> JobSet {self.name}: " + " -> ".join(
+            "+".join(j["name"] for j in stage) for stage in stages) +
+            " (images are not pulled: this checkout's code runs)\n")
         max_restarts = (self.spec.get("failurePolicy") or {}).get("maxRestarts", 0)
         restarts = uncounted = 0
         while True:
@@ -309,13 +327,9 @@ class LocalJobSet:
             emit(f"==> job {failure.job} failed ({failure.reason}): failurePolicy {action}"
                  + (" -> restarting\n" if can_restart else " -> JobSet failed\n"))
             if not can_restart:
-                cause = failure.failure.error
-                step = failure.failure.container
-                if cause.startswith(f"{step}:") or ": " in cause and cause.split(": ")[0] in (
-                        "dataset-initializer", "model-initializer", "trainer", "exporter"):
-                    cause = cause.split(": ", 1)[1]
-                raise StepFailedError(step, cause or f"exited with code "
-                                      f"{failure.failure.exit_code}", failure.failure.exit_code)
+                pod = failure.failure
+                raise StepFailedError(pod.container, _cause(pod.error, pod.container) or
+                                      f"exited with code {pod.exit_code}", pod.exit_code)
             if counted:
                 restarts += 1
             else:
