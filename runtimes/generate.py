@@ -257,21 +257,23 @@ def gang_runtime() -> dict:
     """
     script = "\n".join([
         "set -e",
-        'kubetune init-model --storage-uri "$MODEL_URI" --output-path /local/model',
-        'kubetune init-dataset --storage-uri "$DATASET_URI" --output-path /local/dataset',
+        'kubetune init-model --storage-uri "$MODEL_URI"',
+        'kubetune init-dataset --storage-uri "$DATASET_URI"',
         "tune run --nnodes=\"$PET_NNODES\" --nproc_per_node=\"$PET_NPROC_PER_NODE\" "
         "--node_rank=\"$PET_NODE_RANK\" --rdzv_endpoint=\"$PET_MASTER_ADDR:$PET_MASTER_PORT\" "
         "full_finetune_distributed --config llama3_1/8B_full "
         "output_dir=/workspace/output checkpointer.checkpoint_dir=/local/model "
         "tokenizer.path=/local/model/original/tokenizer.model \"$@\"",
         'if [ "$PET_NODE_RANK" = 0 ]; then',
-        "  kubetune export --model-dir /local/model --dataset-dir /local/dataset",
+        "  kubetune export",
         "fi",
     ])
     container = {
         "name": "node", "image": TRAINER_IMAGE, "command": ["/bin/sh", "-c", script, "node"],
+        # Model and dataset on node-local disk, for every step of this container.
         "env": _env(MODEL_URI="hf://meta-llama/Llama-3.1-8B-Instruct",
-                    DATASET_URI=DEFAULT_DATASET, EXPORT_URI="/workspace/export"),
+                    DATASET_URI=DEFAULT_DATASET, EXPORT_URI="/workspace/export",
+                    KUBETUNE_MODEL_DIR="/local/model", KUBETUNE_DATASET_DIR="/local/dataset"),
         "resources": {"requests": {"cpu": "64", "memory": "900Gi", "nvidia.com/gpu": 8},
                       "limits": {"memory": "900Gi", "nvidia.com/gpu": 8}},
         "volumeMounts": [*MOUNTS, {"name": "dshm", "mountPath": "/dev/shm"},
