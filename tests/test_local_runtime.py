@@ -199,3 +199,14 @@ def test_unreadable_runtime_is_one_line(tmp_path):
                       env=clean_env())
     assert result.returncode == 65
     assert error_lines(result) == [f"error: local: {bad}: not valid YAML (line 2)"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trainjob", "job.yaml"], "--trainjob and --print-jobset need --runtime"),
+    (["--runtime", str(BASE / "kubetune-byo-model.yaml"), "--model", "file:///m"],
+     "with --runtime, set sources and trainer args in the TrainJob"),
+])
+def test_option_mixups_are_one_line(tmp_path, args, message):
+    result = kubetune("local", "--workdir", str(tmp_path), *args, env=clean_env())
+    assert result.returncode == 65
+    assert len(error_lines(result)) == 1 and message in error_lines(result)[0]
