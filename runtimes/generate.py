@@ -226,9 +226,9 @@ def runtime(spec: Spec) -> dict:
                 "spec": {"accessModes": [spec.access_mode],
                          "resources": {"requests": {"storage": spec.storage}}}}]}],
             "failurePolicy": {"maxRestarts": MAX_RESTARTS, "rules": [
-                {"name": "bad-input-is-final", "action": "FailJobSet",
+                {"name": "BadInputIsFinal", "action": "FailJobSet",
                  "onJobFailureReasons": ["PodFailurePolicy"]},
-                {"name": "transient-restarts-all", "action": "RestartJobSet",
+                {"name": "TransientRestartsAll", "action": "RestartJobSet",
                  "onJobFailureReasons": ["BackoffLimitExceeded"]},
             ]},
             "replicatedJobs": jobs,
@@ -283,6 +283,9 @@ def gang_runtime() -> dict:
                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
                {"name": "local", "emptyDir": {"sizeLimit": "200Gi"}}]
     node = _job("node", "trainer", container, backoff_limit=0, volumes=volumes)
+    # The coscheduling plugin runs in scheduler-plugins' own scheduler (its Helm chart's
+    # default name); an overlay changes it where the cluster names it otherwise.
+    node["template"]["spec"]["template"]["spec"]["schedulerName"] = "scheduler-plugins-scheduler"
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": "kubetune-llama3.1-8b-full-multinode",
                          "labels": {"trainer.kubeflow.org/framework": "kubetune"},
@@ -299,9 +302,9 @@ def gang_runtime() -> dict:
                         "spec": {"accessModes": ["ReadWriteMany"],
                                  "resources": {"requests": {"storage": "200Gi"}}}}]}],
                     "failurePolicy": {"maxRestarts": MAX_RESTARTS, "rules": [
-                        {"name": "bad-input-is-final", "action": "FailJobSet",
+                        {"name": "BadInputIsFinal", "action": "FailJobSet",
                          "onJobFailureReasons": ["PodFailurePolicy"]},
-                        {"name": "transient-restarts-all", "action": "RestartJobSet",
+                        {"name": "TransientRestartsAll", "action": "RestartJobSet",
                          "onJobFailureReasons": ["BackoffLimitExceeded"]},
                     ]},
                     "replicatedJobs": [node],

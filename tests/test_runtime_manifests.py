@@ -5,6 +5,7 @@ the policies every runtime promises (security, failure handling, sizing, exporte
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,9 @@ def test_runtime_policies(path):
     claims = {t["metadata"]["name"] for p in spec["volumeClaimPolicies"] for t in p["templates"]}
     assert claims == {"initializer"}  # the name the controller's admission checks require
     rules = {r["action"]: r for r in spec["failurePolicy"]["rules"]}
+    for rule in spec["failurePolicy"]["rules"]:
+        # JobSet's webhook (not the Trainer CRD) holds rule names to this pattern.
+        assert re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", rule["name"]), rule["name"]
     assert rules["FailJobSet"]["onJobFailureReasons"] == ["PodFailurePolicy"]
     assert rules["RestartJobSet"]["onJobFailureReasons"] == ["BackoffLimitExceeded"]
     assert spec["failurePolicy"]["maxRestarts"] >= 1
@@ -138,6 +142,10 @@ def test_runtime_policies(path):
                      if r["action"] == "FailJob"]
             codes = {v for r in final for v in r["onExitCodes"]["values"]
                      if r["onExitCodes"].get("containerName") == c["name"]}
+            for r in job["template"]["spec"]["podFailurePolicy"]["rules"]:
+                values = (r.get("onExitCodes") or {}).get("values", [1])
+                # The Job API wants them ascending, unique, and no 0 with In.
+                assert values == sorted(set(values)) and 0 not in values
             assert 65 in codes and 75 not in codes
     node_job = next(j for j in jobs(runtime) if j["name"] == "node")
     assert node_job["template"]["metadata"]["labels"][ANCESTOR] == "trainer"
