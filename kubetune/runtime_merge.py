@@ -284,19 +284,9 @@ def apply_runtime_patches(spec: dict, trainjob: dict) -> None:
 
 # -- the merge ------------------------------------------------------------------------
 
-def merge(runtime: dict, trainjob: dict) -> dict:
-    """The JobSet (``apiVersion``, ``kind``, ``metadata``, ``spec``) the controller creates."""
-    runtime, trainjob = copy.deepcopy(runtime), copy.deepcopy(trainjob)
-    _validate(runtime, trainjob)
-    name = trainjob["metadata"]["name"]
-    tj_spec = trainjob["spec"]
-    trainer = tj_spec.get("trainer")
-    ml_policy = runtime["spec"].get("mlPolicy")
-    spec = runtime["spec"]["template"]["spec"]
-    jobs = spec["replicatedJobs"]
-    apply_runtime_patches(spec, trainjob)
-
-    # Pod counts (newRuntimeInfo) and resourcesPerNode merged into the trainer container.
+def _pod_counts(jobs: list[dict], ml_policy: dict | None, trainer: dict | None
+                ) -> dict[str, int]:
+    """Pods per replicatedJob (newRuntimeInfo); resourcesPerNode merged into `node`."""
     counts: dict[str, int] = {}
     for rjob in jobs:
         count = rjob["template"]["spec"].get("parallelism", 1)
@@ -308,60 +298,56 @@ def merge(runtime: dict, trainjob: dict) -> dict:
                     merged.setdefault(section, {}).update(values)
                 node["resources"] = merged
         counts[rjob["name"]] = count
+    return counts
 
-    trainer_job = next((j for j in jobs if _ancestor(j) == ANCESTOR_TRAINER), None)
-    node = _container(trainer_job, NODE) if trainer_job else None
 
-    # Torch plugin (EnforceMLPolicy).
-    torch = (ml_policy or {}).get("torch")
-    if torch is not None and trainer_job is not None:
-        if trainer and trainer.get("numNodes"):
-            counts[trainer_job["name"]] = trainer["numNodes"]
-        num_nodes = counts[trainer_job["name"]]
-        nproc: int | str = trainer.get("numProcPerNode") if trainer and trainer.get(
-            "numProcPerNode") else "auto"
-        resources = (trainer or {}).get("resourcesPerNode") or \
-            (node.get("resources") if node else None)
-        gpus = gpus_per_node(resources)
-        if nproc == "auto" and gpus == 0:
-            nproc = max(1, _cpus_per_node(resources))
-        is_tune = bool(trainer) and trainer.get("command") == TUNE_ENTRYPOINT
-        if is_tune:
-            _validate_tune(runtime, trainjob, gpus, nproc)
-        if node is not None and trainer:
-            node.setdefault("env", [])
-            upsert_env(node["env"], *(trainer.get("env") or []))
-        if node is not None:
-            env = node.setdefault("env", [])
-            upsert_env(env, {"name": "PET_NNODES", "value": str(num_nodes)},
-                       {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
-                       {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-                           "fieldPath": COMPLETION_INDEX_PATH}}})
-            master = f"{name}-{NODE}-0-0.{name}"
-            if not is_tune:
-                upsert_env(env, {"name": "PET_MASTER_ADDR", "value": master},
-                           {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)})
-            else:
-                command: list[str] = []
-                if num_nodes > 1 or (isinstance(nproc, int) and nproc > 1) or \
-                        (nproc == "auto" and gpus > 1):
-                    command.append(f"--rdzv_endpoint={master}:{TRAINER_PORT}")
-                recipe, config = tune_recipe_and_config(num_nodes, nproc, gpus,
-                                                        list(trainer.get("args") or []),
-                                                        tj_spec["runtimeRef"]["name"])
-                command += [recipe, "--config", config, *_runtime_tune_overrides(spec)]
-                trainer["command"] = [*trainer["command"], *command]
-            ports = node.setdefault("ports", [])
-            if not any(p.get("containerPort") == TRAINER_PORT for p in ports):
-                ports.append({"containerPort": TRAINER_PORT})
+def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict,
+                   counts: dict[str, int]) -> None:
+    """The torch plugin's EnforceMLPolicy: node count, PET_* env, the `tune run` command."""
+    name = trainjob["metadata"]["name"]
+    trainer = trainjob["spec"].get("trainer")
+    node = _container(trainer_job, NODE)
+    if trainer and trainer.get("numNodes"):
+        counts[trainer_job["name"]] = trainer["numNodes"]
+    num_nodes = counts[trainer_job["name"]]
+    nproc: int | str = (trainer or {}).get("numProcPerNode") or "auto"
+    resources = (trainer or {}).get("resourcesPerNode") or (node or {}).get("resources")
+    gpus = gpus_per_node(resources)
+    if nproc == "auto" and gpus == 0:
+        nproc = max(1, _cpus_per_node(resources))
+    is_tune = bool(trainer) and trainer.get("command") == TUNE_ENTRYPOINT
+    if is_tune:
+        _validate_tune(runtime, trainjob, gpus, nproc)
+    if node is None:
+        return
+    env = node.setdefault("env", [])
+    upsert_env(env, *((trainer or {}).get("env") or []))
+    upsert_env(env, {"name": "PET_NNODES", "value": str(num_nodes)},
+               {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
+               {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+                   "fieldPath": COMPLETION_INDEX_PATH}}})
+    master = f"{name}-{NODE}-0-0.{name}"
+    if not is_tune:
+        upsert_env(env, {"name": "PET_MASTER_ADDR", "value": master},
+                   {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)})
+    else:
+        command: list[str] = []
+        if num_nodes > 1 or (isinstance(nproc, int) and nproc > 1) or \
+                (nproc == "auto" and gpus > 1):
+            command.append(f"--rdzv_endpoint={master}:{TRAINER_PORT}")
+        recipe, config = tune_recipe_and_config(num_nodes, nproc, gpus,
+                                                list(trainer.get("args") or []),
+                                                trainjob["spec"]["runtimeRef"]["name"])
+        spec = runtime["spec"]["template"]["spec"]
+        command += [recipe, "--config", config, *_runtime_tune_overrides(spec)]
+        trainer["command"] = [*trainer["command"], *command]
+    ports = node.setdefault("ports", [])
+    if not any(p.get("containerPort") == TRAINER_PORT for p in ports):
+        ports.append({"containerPort": TRAINER_PORT})
 
-    # PodSet counts -> parallelism/completions (syncParallelCount).
-    for rjob in jobs:
-        rjob["template"]["spec"]["parallelism"] = counts[rjob["name"]]
-        rjob["template"]["spec"]["completions"] = counts[rjob["name"]]
 
-    # Initializer overrides (Builder.Initializer).
-    initializer = tj_spec.get("initializer") or {}
+def _apply_initializers(jobs: list[dict], initializer: dict) -> None:
+    """Builder.Initializer: STORAGE_URI, env and secretRef into the initializer containers."""
     for rjob in jobs:
         for step, kind in ((DATASET_INITIALIZER, "dataset"), (MODEL_INITIALIZER, "model")):
             if _ancestor(rjob) != step:
@@ -379,21 +365,45 @@ def merge(runtime: dict, trainjob: dict) -> dict:
                 container.setdefault("envFrom", []).append(
                     {"secretRef": {"name": override["secretRef"]["name"]}})
 
-    # Trainer overrides (Builder.Trainer): image, command and args replace, env upserts.
-    if trainer_job is not None:
-        trainer_job["replicas"] = 1
-        if node is not None and trainer:
-            for key in ("image", "command", "args"):
-                if trainer.get(key) is not None:
-                    node[key] = copy.deepcopy(trainer[key])
-            upsert_env(node.setdefault("env", []), *(trainer.get("env") or []))
 
+def _apply_trainer(trainer_job: dict, trainer: dict | None) -> None:
+    """Builder.Trainer: image, command and args replace the runtime's; env upserts."""
+    trainer_job["replicas"] = 1
+    node = _container(trainer_job, NODE)
+    if node is None or not trainer:
+        return
+    for key in ("image", "command", "args"):
+        if trainer.get(key) is not None:
+            node[key] = copy.deepcopy(trainer[key])
+    upsert_env(node.setdefault("env", []), *(trainer.get("env") or []))
+
+
+def merge(runtime: dict, trainjob: dict) -> dict:
+    """The JobSet (``apiVersion``, ``kind``, ``metadata``, ``spec``) the controller creates."""
+    runtime, trainjob = copy.deepcopy(runtime), copy.deepcopy(trainjob)
+    _validate(runtime, trainjob)
+    name = trainjob["metadata"]["name"]
+    trainer = trainjob["spec"].get("trainer")
+    ml_policy = runtime["spec"].get("mlPolicy")
+    spec = runtime["spec"]["template"]["spec"]
+    jobs = spec["replicatedJobs"]
+    apply_runtime_patches(spec, trainjob)
+    counts = _pod_counts(jobs, ml_policy, trainer)
+    trainer_job = next((j for j in jobs if _ancestor(j) == ANCESTOR_TRAINER), None)
+    if (ml_policy or {}).get("torch") is not None and trainer_job is not None:
+        _enforce_torch(runtime, trainjob, trainer_job, counts)
+    # PodSet counts -> parallelism/completions (syncParallelCount).
+    for rjob in jobs:
+        rjob["template"]["spec"]["parallelism"] = counts[rjob["name"]]
+        rjob["template"]["spec"]["completions"] = counts[rjob["name"]]
+    _apply_initializers(jobs, trainjob["spec"].get("initializer") or {})
+    if trainer_job is not None:
+        _apply_trainer(trainer_job, trainer)
     # Gang scheduling: every pod of the JobSet joins the TrainJob's pod group.
     if ((runtime["spec"].get("podGroupPolicy") or {}).get("coscheduling")) is not None:
         for rjob in jobs:
             pod_meta = rjob["template"]["spec"]["template"].setdefault("metadata", {})
             pod_meta.setdefault("labels", {})[POD_GROUP_LABEL] = name
-
     labels = dict((runtime["spec"]["template"].get("metadata") or {}).get("labels") or {})
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": name, "labels": labels}, "spec": spec}
