@@ -92,3 +92,25 @@ def test_gang_runtime_labels_every_pod_with_the_pod_group():
         labels = rjob["template"]["spec"]["template"]["metadata"]["labels"]
         assert labels["scheduling.x-k8s.io/pod-group"] == "j"
     assert env(container(jobset, "node"))["PET_NNODES"] == "3"
+
+
+@pytest.mark.filterwarnings("ignore:Support for class-based `config`")
+def test_sdk_runtime_patch_option_sets_the_export_destination():
+    """The SDK's RuntimePatch option builds the patch README shows for EXPORT_URI."""
+    from kubeflow.trainer.options.kubernetes import (ContainerPatch, JobSetSpecPatch,
+                                                     JobSetTemplatePatch, JobSpecPatch,
+                                                     JobTemplatePatch, PodSpecPatch,
+                                                     PodTemplatePatch, ReplicatedJobPatch,
+                                                     RuntimePatch, TrainingRuntimeSpecPatch,
+                                                     _patch_to_dict)
+
+    option = RuntimePatch(training_runtime_spec=TrainingRuntimeSpecPatch(
+        template=JobSetTemplatePatch(spec=JobSetSpecPatch(replicated_jobs=[ReplicatedJobPatch(
+            name="exporter", template=JobTemplatePatch(spec=JobSpecPatch(
+                template=PodTemplatePatch(spec=PodSpecPatch(containers=[ContainerPatch(
+                    name="exporter", env=[{"name": "EXPORT_URI",
+                                           "value": "s3://b/out"}])])))))]))))
+    # What the option adds to the TrainJob spec (RuntimePatch.__call__ needs a cluster).
+    jobset = merge(runtime("kubetune-llama3.1-8b-lora"),
+                   job("kubetune-llama3.1-8b-lora", runtimePatches=[_patch_to_dict(option)]))
+    assert env(container(jobset, "exporter"))["EXPORT_URI"] == "s3://b/out"
