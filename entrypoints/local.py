@@ -63,6 +63,8 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
 
 def summary_lines(workdir: Path) -> list[str]:
     pvc = workdir / "workspace"
+    if not (pvc / "output" / "summary.json").is_file():
+        return [f"workspace: {pvc.resolve()}"]
     summary = json.loads((pvc / "output" / "summary.json").read_text())
     export_manifest = json.loads((pvc / "export" / "manifest.json").read_text()) \
         if (pvc / "export" / "manifest.json").is_file() else {}
@@ -95,6 +97,46 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     return summary_lines(workdir)
 
 
+def merged_jobset(runtime_path: Path, trainjob_path: Path | None) -> dict:
+    """The JobSet the controller would create from the runtime and the TrainJob."""
+    from kubetune.runtime_merge import merge
+    from kubetune.runtime_spec import default_trainjob, load_runtime, load_trainjob
+
+    runtime = load_runtime(runtime_path)
+    trainjob = load_trainjob(trainjob_path) if trainjob_path else default_trainjob(runtime)
+    return merge(runtime, trainjob)
+
+
+def jobset_yaml(jobset: dict) -> str:
+    """The merged JobSet as YAML, with literal credential values masked."""
+    import yaml
+
+    from kubetune.redact import MASK, SECRET_VARIABLES, redact, register_secret
+
+    for job in jobset["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        for container in pod.get("initContainers", []) + pod.get("containers", []):
+            for var in container.get("env") or []:
+                if var["name"] in SECRET_VARIABLES and var.get("value"):
+                    # Also masked where the same value appears elsewhere (an arg, say).
+                    register_secret(var["value"])
+                    var["value"] = MASK
+    return redact(yaml.safe_dump(jobset, sort_keys=False))
+
+
+def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
+                ) -> list[str]:
+    """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
+    from kubetune.runtime_local import LocalJobSet
+
+    workdir = Path(workdir)
+    jobset = merged_jobset(runtime_path, trainjob_path)
+    (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
+    restarts = LocalJobSet(jobset, workdir).run()
+    lines = summary_lines(workdir)
+    return lines + ([f"restarts: {restarts}"] if restarts else [])
+
+
 @click.command("local", context_settings={"ignore_unknown_options": True})
 @click.option("--workdir", envvar="KUBETUNE_LOCAL_DIR", default="kubetune-local",
               type=click.Path(path_type=Path), show_default=True,
@@ -110,18 +152,40 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
               type=click.Choice(sorted(METHODS)), help=f"Fine-tuning method [env: {env.METHOD}]")
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None,
               help=f"Export destination (default: workspace/export) [env: {env.EXPORT_URI}]")
+@click.option("--runtime", "runtime_path", default=None, type=click.Path(path_type=Path),
+              help="Run this ClusterTrainingRuntime YAML instead of the built-in pipeline: "
+                   "its replicatedJobs in dependsOn order, as the controller merges them")
+@click.option("--trainjob", "trainjob_path", default=None, type=click.Path(path_type=Path),
+              help="TrainJob YAML whose overrides (initializer STORAGE_URIs, trainer "
+                   "command/args/env/numNodes/resourcesPerNode) apply to --runtime")
+@click.option("--print-jobset", is_flag=True,
+              help="With --runtime: print the merged JobSet as YAML and run nothing.")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def local(workdir: Path, model_uri, dataset_uri, method, export_uri, train_args) -> None:
+def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
+          trainjob_path, print_jobset, train_args) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
 
     TRAIN_ARGS are `key=value` trainer arguments, as a TrainJob's spec.trainer.args;
-    given, they replace the tiny demo's defaults.
+    given, they replace the tiny demo's defaults. With --runtime, the runtime and the
+    TrainJob say everything instead (the other options and TRAIN_ARGS are refused).
     """
     from entrypoints.step import run_step
+    from kubetune.errors import BadInputError
 
     def body() -> int:
-        lines = run_local(workdir, model_uri, dataset_uri, method,
-                          list(train_args) if train_args else None, export_uri)
+        if runtime_path is None:
+            if trainjob_path or print_jobset:
+                raise BadInputError("--trainjob and --print-jobset need --runtime")
+            lines = run_local(workdir, model_uri, dataset_uri, method,
+                              list(train_args) if train_args else None, export_uri)
+        else:
+            if model_uri or dataset_uri or train_args:
+                raise BadInputError("with --runtime, set sources and trainer args in the "
+                                    "TrainJob (--trainjob), not --model/--dataset/TRAIN_ARGS")
+            if print_jobset:
+                click.echo(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), nl=False)
+                return 0
+            lines = run_runtime(workdir, runtime_path, trainjob_path)
         click.echo("\nsummary")
         for line in lines:
             click.echo(f"  {line}")

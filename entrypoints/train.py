@@ -26,8 +26,10 @@ def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "
               dry_run: bool = False) -> int:
     """Fine-tune the model in ``model_dir`` on ``dataset_dir``; checkpoints to ``output_dir``."""
     recipe, config, implied = recipe_for(method)
+    # The base config names its own model's tokenizer file (/tmp/Llama-3.2-1B-...): drop
+    # it so the tokenizer comes from model_dir, as the model does.
     args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}",
-            "dataset=torchtune.datasets.instruct_dataset", *implied]
+            "~tokenizer.path", "dataset=torchtune.datasets.instruct_dataset", *implied]
     for key, value in (("epochs", epochs), ("max_steps_per_epoch", max_steps),
                        ("batch_size", batch_size), ("optimizer.lr", learning_rate),
                        ("model.lora_rank", lora_rank), ("model.lora_alpha", lora_alpha),

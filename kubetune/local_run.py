@@ -38,6 +38,11 @@ class StepResult:
 _print_lock = threading.Lock()
 
 
+def emit(line: str) -> None:
+    """Write one line to stdout without interleaving with the steps' output."""
+    _emit(line)
+
+
 def _emit(line: str) -> None:
     with _print_lock:
         sys.stdout.write(line)
@@ -49,7 +54,8 @@ def _pump(name: str, pipe) -> None:
         _emit(f"[{name}] {raw.decode('utf-8', 'replace').rstrip()}\n")
 
 
-def _run_one(step: Step, logs_dir: Path, results: dict[str, StepResult]) -> None:
+def run_process(step: Step, logs_dir: Path) -> StepResult:
+    """Run one step to its end; its output goes to stdout prefixed with its name."""
     termination = logs_dir / f"{step.name}.termination-log"
     termination.unlink(missing_ok=True)
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
@@ -63,7 +69,11 @@ def _run_one(step: Step, logs_dir: Path, results: dict[str, StepResult]) -> None
     if code != 0:
         error = (termination.read_text().strip() if termination.is_file() else "") or \
             f"exited with code {code}"
-    results[step.name] = StepResult(step.name, code, time.monotonic() - start, error)
+    return StepResult(step.name, code, time.monotonic() - start, error)
+
+
+def _run_one(step: Step, logs_dir: Path, results: dict[str, StepResult]) -> None:
+    results[step.name] = run_process(step, logs_dir)
 
 
 def run_stages(stages: list[list[Step]], logs_dir: Path) -> list[StepResult]:

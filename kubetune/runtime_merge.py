@@ -1,0 +1,409 @@
+"""Merge a TrainJob into its runtime the way the Kubeflow Trainer controller does.
+
+The result is the JobSet spec the controller would create. Followed, rule by rule, from
+kubeflow/trainer's `pkg/runtime/core/trainingruntime.go` (pod counts, resourcesPerNode),
+`plugins/torch` (PET_* env, the `tune run` composition, its admission checks),
+`plugins/jobset` (initializer and trainer overrides, its admission checks) and
+`plugins/coscheduling` (the pod-group label). Only the ClusterTrainingRuntime /
+TrainJob fields that change what a container runs are modelled; the rest is carried
+through unchanged. Admission errors become one-line BadInputErrors, as `kubectl apply`
+would show them.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from kubetune.errors import BadInputError
+
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+DATASET_INITIALIZER = "dataset-initializer"
+MODEL_INITIALIZER = "model-initializer"
+ANCESTOR_TRAINER = "trainer"
+NODE = "node"
+INITIALIZER_VOLUME = "initializer"
+TRAINER_PORT = 29500
+COMPLETION_INDEX_PATH = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+
+TUNE_ENTRYPOINT = ["tune", "run"]
+PET_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+           "PET_MASTER_PORT")
+# The only entries of the runtime's `tune run` command the controller carries over.
+TUNE_IMMUTABLE = ("output_dir", "tokenizer.path", "checkpointer.checkpoint_dir",
+                  "tokenizer.merges_file")
+TUNE_MODELS = ("llama3_2/1B", "llama3_2/3B", "llama3_3/70B", "qwen2_5/1.5B")
+_GPU = re.compile("gpu", re.IGNORECASE)
+
+
+# -- small helpers over plain dicts ------------------------------------------------------
+
+def _pod_spec(rjob: dict) -> dict:
+    return rjob["template"]["spec"]["template"]["spec"]
+
+
+def _ancestor(rjob: dict) -> str | None:
+    return ((rjob.get("template") or {}).get("metadata") or {}).get("labels", {}) \
+        .get(ANCESTOR_LABEL)
+
+
+def _container(rjob: dict, name: str) -> dict | None:
+    return next((c for c in _pod_spec(rjob).get("containers", []) if c.get("name") == name),
+                None)
+
+
+def upsert_env(env: list[dict], *new: dict) -> None:
+    """Replace a variable of the same name in place, else append (the controller's rule)."""
+    for var in new:
+        for i, old in enumerate(env):
+            if old.get("name") == var["name"]:
+                env[i] = copy.deepcopy(var)
+                break
+        else:
+            env.append(copy.deepcopy(var))
+
+
+def _quantity(value: Any) -> float:
+    """A Kubernetes quantity as a number (enough for counts of GPUs and CPUs)."""
+    text = str(value)
+    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024, "Mi": 1024 ** 2,
+                "Gi": 1024 ** 3}
+    for suffix in sorted(suffixes, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * suffixes[suffix]
+    try:
+        return float(text)
+    except ValueError:
+        raise BadInputError(f"resource quantity {text!r} is not a number") from None
+
+
+def gpus_per_node(resources: dict | None) -> int:
+    """GPU count as the controller reads it: requests first, then limits."""
+    resources = resources or {}
+
+    def count(section: dict | None) -> int:
+        for name, value in (section or {}).items():
+            if _GPU.search(name):
+                return int(_quantity(value))
+        return 0
+
+    return count(resources.get("requests")) or count(resources.get("limits"))
+
+
+def _cpus_per_node(resources: dict | None) -> int:
+    resources = resources or {}
+    request = (resources.get("requests") or {}).get("cpu")
+    if request and _quantity(request):
+        return int(_quantity(request))
+    limit = (resources.get("limits") or {}).get("cpu")
+    return int(_quantity(limit)) if limit else 0
+
+
+# -- torchtune (plugins/torch/torchtune.go) ---------------------------------------------
+
+def tune_model(runtime_name: str) -> str:
+    """`torchtune-llama3.2-1b` -> `llama3_2/1B`; '' where the name has another shape."""
+    fields = runtime_name.split("-")
+    if len(fields) != 3:
+        return ""
+    return f"{fields[1].replace('.', '_')}/{fields[2].upper()}"
+
+
+def _bool_arg(args: list[str], key: str) -> bool:
+    for arg in args:
+        name, sep, value = arg.partition("=")
+        if sep and key in name and value.strip().lower() == "true":
+            return True
+    return False
+
+
+def _uses_lora(args: list[str]) -> bool:
+    return any("model.lora_attn_modules" in a for a in args)
+
+
+def _uses_qlora(args: list[str]) -> bool:
+    return not _bool_arg(args, "model.use_dora") and _bool_arg(args, "model.quantize_base")
+
+
+def tune_recipe_and_config(num_nodes: int, nproc: int | str, gpus: int, args: list[str],
+                           runtime_name: str) -> tuple[str, str]:
+    """The recipe and config the controller picks (getRecipeAndConfig)."""
+    recipe, suffix = "full_finetune_distributed", "_full"
+    single = nproc == 1 or gpus == 1
+    if num_nodes == 1 and single:
+        if _uses_qlora(args):
+            recipe, suffix = "lora_finetune_single_device", "_qlora_single_device"
+        elif _uses_lora(args):
+            recipe, suffix = "lora_finetune_single_device", "_lora_single_device"
+        else:
+            recipe, suffix = "full_finetune_single_device", "_full_single_device"
+    elif num_nodes == 1 and _uses_qlora(args):
+        recipe, suffix = "lora_finetune_distributed", "_qlora"
+    elif num_nodes == 1 and _uses_lora(args):
+        recipe, suffix = "lora_finetune_distributed", "_lora"
+    elif num_nodes > 1:
+        suffix = "_full_multinode"
+    return recipe, tune_model(runtime_name) + suffix
+
+
+def _validate_tune(runtime: dict, trainjob: dict, gpus: int, nproc: int | str) -> None:
+    name = trainjob["spec"]["runtimeRef"]["name"]
+    trainer = trainjob["spec"].get("trainer") or {}
+    model = tune_model(name)
+    if model not in TUNE_MODELS:
+        raise BadInputError(f"runtimeRef.name {name}: `tune run` TrainJobs need a runtime named "
+                            f"torchtune-<model>-<size> for one of {', '.join(TUNE_MODELS)}")
+    num_nodes = trainer.get("numNodes") or 1
+    args = list(trainer.get("args") or [])
+    if num_nodes > 1 and model != "llama3_3/70B":
+        raise BadInputError(f"trainer.numNodes must be 1 for {model}")
+    _, config = tune_recipe_and_config(num_nodes, nproc, gpus, args, name)
+    if "_qlora" in config and model == "qwen2_5/1.5B":
+        raise BadInputError(f"QLoRA is not supported for {model}")
+    if num_nodes > 1 and (_uses_lora(args) or _uses_qlora(args)):
+        raise BadInputError("LoRA fine-tuning is not supported for multi-node training in "
+                            "torchtune: set trainer.numNodes to 1")
+    for i, arg in enumerate(args):
+        if arg.split("=", 1)[0] in TUNE_IMMUTABLE:
+            raise BadInputError(f"trainer.args[{i}] {arg!r}: {arg.split('=', 1)[0]} is managed "
+                                "by the runtime and must not be set in the TrainJob")
+
+
+def _runtime_tune_overrides(spec: dict) -> list[str]:
+    for rjob in spec["replicatedJobs"]:
+        if _ancestor(rjob) == ANCESTOR_TRAINER and (node := _container(rjob, NODE)):
+            return [c for c in node.get("command") or []
+                    if c.split("=", 1)[0] in TUNE_IMMUTABLE]
+    return []
+
+
+# -- admission checks (plugins/jobset Validate, plugins/torch Validate) ------------------
+
+def _validate(runtime: dict, trainjob: dict) -> None:
+    spec = trainjob["spec"]
+    ref = spec["runtimeRef"]
+    if ref["name"] != runtime["metadata"]["name"]:
+        raise BadInputError(f"TrainJob runtimeRef.name is {ref['name']!r} but the runtime is "
+                            f"{runtime['metadata']['name']!r}")
+    if ref.get("kind", "ClusterTrainingRuntime") != runtime["kind"]:
+        raise BadInputError(f"TrainJob runtimeRef.kind is {ref.get('kind')!r} but the runtime "
+                            f"is a {runtime['kind']}")
+    jobs = {j["name"]: j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    for kind, step in (("dataset", DATASET_INITIALIZER), ("model", MODEL_INITIALIZER)):
+        if not (spec.get("initializer") or {}).get(kind):
+            continue
+        job = jobs.get(step)
+        container = _container(job, step) if job else None
+        if container is None:
+            raise BadInputError(f"TrainJob sets initializer.{kind} but runtime "
+                                f"{ref['name']} has no {step} job with a {step} container")
+        if not any(m.get("name") == INITIALIZER_VOLUME
+                   for m in container.get("volumeMounts") or []):
+            raise BadInputError(f"runtime {ref['name']}: container {step} must mount the "
+                                f"{INITIALIZER_VOLUME!r} volume")
+    trainer = spec.get("trainer") or {}
+    torch = (runtime["spec"].get("mlPolicy") or {}).get("torch")
+    if torch is not None:
+        reserved = sorted({e["name"] for e in trainer.get("env") or []} & set(PET_ENV))
+        if reserved:
+            raise BadInputError(f"trainer.env must not set {', '.join(reserved)}: the "
+                                "controller sets them")
+
+
+# -- runtimePatches (core/trainingruntime.go mergeRuntimePatches) -----------------------
+
+_MANAGER = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+
+
+def _upsert_by(items: list[dict], new: list[dict], key: str, merge_fn=None) -> None:
+    for item in new:
+        old = next((o for o in items if o.get(key) == item.get(key)), None)
+        if old is None:
+            items.append(copy.deepcopy(item))
+        elif merge_fn:
+            merge_fn(old, item)
+        else:
+            old.clear()
+            old.update(copy.deepcopy(item))
+
+
+def _merge_container(old: dict, patch: dict) -> None:
+    for key, value in patch.items():
+        if key == "env":
+            upsert_env(old.setdefault("env", []), *value)
+        elif key == "volumeMounts":
+            _upsert_by(old.setdefault("volumeMounts", []), value, "mountPath")
+        elif key == "securityContext":
+            old.setdefault("securityContext", {}).update(copy.deepcopy(value))
+        elif key != "name":
+            old[key] = copy.deepcopy(value)
+
+
+def apply_runtime_patches(spec: dict, trainjob: dict) -> None:
+    """Strategic-merge the TrainJob's runtimePatches into the JobSet template ``spec``."""
+    jobs = {j["name"]: j for j in spec["replicatedJobs"]}
+    for i, patch in enumerate(trainjob["spec"].get("runtimePatches") or []):
+        where = f"runtimePatches[{i}]"
+        if not _MANAGER.match(str(patch.get("manager", ""))):
+            raise BadInputError(f"{where}.manager {patch.get('manager')!r} must be a "
+                                "domain-prefixed path such as example.com/my-tool")
+        tpl = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+        for rpatch in tpl.get("replicatedJobs") or []:
+            job = jobs.get(rpatch["name"])
+            if job is None:
+                raise BadInputError(f"{where}: replicatedJob {rpatch['name']!r} is not in the "
+                                    f"runtime (it has {', '.join(jobs)})")
+            pod_patch = ((((rpatch.get("template") or {}).get("spec") or {})
+                          .get("template") or {}).get("spec")) or {}
+            pod = _pod_spec(job)
+            for kind in ("initContainers", "containers"):
+                names = {c["name"] for c in pod.get(kind) or []}
+                for cpatch in pod_patch.get(kind) or []:
+                    if cpatch["name"] not in names:
+                        raise BadInputError(f"{where}: job {rpatch['name']} has no {kind[:-1]} "
+                                            f"{cpatch['name']!r}")
+                    if kind == "containers" and cpatch.get("env") and cpatch["name"] in (
+                            DATASET_INITIALIZER, MODEL_INITIALIZER, NODE):
+                        raise BadInputError(f"{where}: env of the {cpatch['name']} container "
+                                            "comes from spec.initializer / spec.trainer, not "
+                                            "from runtimePatches")
+                    _merge_container(next(c for c in pod[kind] if c["name"] == cpatch["name"]),
+                                     cpatch)
+            for key, value in pod_patch.items():
+                if key in ("containers", "initContainers"):
+                    continue
+                if key == "volumes":
+                    _upsert_by(pod.setdefault("volumes", []), value, "name")
+                elif isinstance(value, dict) and isinstance(pod.get(key), dict):
+                    pod[key].update(copy.deepcopy(value))
+                else:
+                    pod[key] = copy.deepcopy(value)
+
+
+# -- the merge ------------------------------------------------------------------------
+
+def _pod_counts(jobs: list[dict], ml_policy: dict | None, trainer: dict | None
+                ) -> dict[str, int]:
+    """Pods per replicatedJob (newRuntimeInfo); resourcesPerNode merged into `node`."""
+    counts: dict[str, int] = {}
+    for rjob in jobs:
+        count = rjob["template"]["spec"].get("parallelism", 1)
+        if _ancestor(rjob) == ANCESTOR_TRAINER and ml_policy is not None:
+            count = ml_policy.get("numNodes") or 1
+            if trainer and trainer.get("resourcesPerNode") and (node := _container(rjob, NODE)):
+                merged = copy.deepcopy(node.get("resources") or {})
+                for section, values in trainer["resourcesPerNode"].items():
+                    merged.setdefault(section, {}).update(values)
+                node["resources"] = merged
+        counts[rjob["name"]] = count
+    return counts
+
+
+def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict,
+                   counts: dict[str, int]) -> None:
+    """The torch plugin's EnforceMLPolicy: node count, PET_* env, the `tune run` command."""
+    name = trainjob["metadata"]["name"]
+    trainer = trainjob["spec"].get("trainer")
+    node = _container(trainer_job, NODE)
+    if trainer and trainer.get("numNodes"):
+        counts[trainer_job["name"]] = trainer["numNodes"]
+    num_nodes = counts[trainer_job["name"]]
+    nproc: int | str = (trainer or {}).get("numProcPerNode") or "auto"
+    resources = (trainer or {}).get("resourcesPerNode") or (node or {}).get("resources")
+    gpus = gpus_per_node(resources)
+    if nproc == "auto" and gpus == 0:
+        nproc = max(1, _cpus_per_node(resources))
+    is_tune = bool(trainer) and trainer.get("command") == TUNE_ENTRYPOINT
+    if is_tune:
+        _validate_tune(runtime, trainjob, gpus, nproc)
+    if node is None:
+        return
+    env = node.setdefault("env", [])
+    upsert_env(env, *((trainer or {}).get("env") or []))
+    upsert_env(env, {"name": "PET_NNODES", "value": str(num_nodes)},
+               {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
+               {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+                   "fieldPath": COMPLETION_INDEX_PATH}}})
+    master = f"{name}-{NODE}-0-0.{name}"
+    if not is_tune:
+        upsert_env(env, {"name": "PET_MASTER_ADDR", "value": master},
+                   {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)})
+    else:
+        command: list[str] = []
+        if num_nodes > 1 or (isinstance(nproc, int) and nproc > 1) or \
+                (nproc == "auto" and gpus > 1):
+            command.append(f"--rdzv_endpoint={master}:{TRAINER_PORT}")
+        recipe, config = tune_recipe_and_config(num_nodes, nproc, gpus,
+                                                list(trainer.get("args") or []),
+                                                trainjob["spec"]["runtimeRef"]["name"])
+        spec = runtime["spec"]["template"]["spec"]
+        command += [recipe, "--config", config, *_runtime_tune_overrides(spec)]
+        trainer["command"] = [*trainer["command"], *command]
+    ports = node.setdefault("ports", [])
+    if not any(p.get("containerPort") == TRAINER_PORT for p in ports):
+        ports.append({"containerPort": TRAINER_PORT})
+
+
+def _apply_initializers(jobs: list[dict], initializer: dict) -> None:
+    """Builder.Initializer: STORAGE_URI, env and secretRef into the initializer containers."""
+    for rjob in jobs:
+        for step, kind in ((DATASET_INITIALIZER, "dataset"), (MODEL_INITIALIZER, "model")):
+            if _ancestor(rjob) != step:
+                continue
+            rjob["replicas"] = 1
+            override = initializer.get(kind)
+            container = _container(rjob, step)
+            if not override or container is None:
+                continue
+            env = container.setdefault("env", [])
+            if override.get("storageUri"):
+                upsert_env(env, {"name": "STORAGE_URI", "value": override["storageUri"]})
+            upsert_env(env, *(override.get("env") or []))
+            if override.get("secretRef"):
+                container.setdefault("envFrom", []).append(
+                    {"secretRef": {"name": override["secretRef"]["name"]}})
+
+
+def _apply_trainer(trainer_job: dict, trainer: dict | None) -> None:
+    """Builder.Trainer: image, command and args replace the runtime's; env upserts."""
+    trainer_job["replicas"] = 1
+    node = _container(trainer_job, NODE)
+    if node is None or not trainer:
+        return
+    for key in ("image", "command", "args"):
+        if trainer.get(key) is not None:
+            node[key] = copy.deepcopy(trainer[key])
+    upsert_env(node.setdefault("env", []), *(trainer.get("env") or []))
+
+
+def merge(runtime: dict, trainjob: dict) -> dict:
+    """The JobSet (``apiVersion``, ``kind``, ``metadata``, ``spec``) the controller creates."""
+    runtime, trainjob = copy.deepcopy(runtime), copy.deepcopy(trainjob)
+    _validate(runtime, trainjob)
+    name = trainjob["metadata"]["name"]
+    trainer = trainjob["spec"].get("trainer")
+    ml_policy = runtime["spec"].get("mlPolicy")
+    spec = runtime["spec"]["template"]["spec"]
+    jobs = spec["replicatedJobs"]
+    apply_runtime_patches(spec, trainjob)
+    counts = _pod_counts(jobs, ml_policy, trainer)
+    trainer_job = next((j for j in jobs if _ancestor(j) == ANCESTOR_TRAINER), None)
+    if (ml_policy or {}).get("torch") is not None and trainer_job is not None:
+        _enforce_torch(runtime, trainjob, trainer_job, counts)
+    # PodSet counts -> parallelism/completions (syncParallelCount).
+    for rjob in jobs:
+        rjob["template"]["spec"]["parallelism"] = counts[rjob["name"]]
+        rjob["template"]["spec"]["completions"] = counts[rjob["name"]]
+    _apply_initializers(jobs, trainjob["spec"].get("initializer") or {})
+    if trainer_job is not None:
+        _apply_trainer(trainer_job, trainer)
+    # Gang scheduling: every pod of the JobSet joins the TrainJob's pod group.
+    if ((runtime["spec"].get("podGroupPolicy") or {}).get("coscheduling")) is not None:
+        for rjob in jobs:
+            pod_meta = rjob["template"]["spec"]["template"].setdefault("metadata", {})
+            pod_meta.setdefault("labels", {})[POD_GROUP_LABEL] = name
+    labels = dict((runtime["spec"]["template"].get("metadata") or {}).get("labels") or {})
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": name, "labels": labels}, "spec": spec}

@@ -1,0 +1,212 @@
+"""`kubetune local --runtime`: a ClusterTrainingRuntime, merged with a TrainJob as the
+controller merges them, run here end to end on the tiny model; and its failure policy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.cli import clean_env, error_lines, kubetune
+
+# The SDK 0.5.0's own pydantic models warn on import; nothing of ours.
+pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "runtimes" / "base"
+
+
+def trainjob(tmp_path: Path, runtime: str, spec: dict, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": name}, "spec": {"runtimeRef": {"name": runtime}, **spec}}))
+    return path
+
+
+def sources(model: Path, dataset: Path) -> dict:
+    return {"initializer": {"model": {"storageUri": f"file://{model}"},
+                            "dataset": {"storageUri": f"file://{dataset}"}}}
+
+
+def run(tmp_path: Path, runtime: str, job: Path | None = None):
+    args = ["local", "--workdir", str(tmp_path / "run"), "--runtime", str(BASE / runtime)]
+    return kubetune(*args, *(["--trainjob", str(job)] if job else []), env=clean_env())
+
+
+def sdk_trainjob_spec(runtime_path: Path) -> dict:
+    """The TrainJob spec the Kubeflow SDK builds for a BuiltinTrainer LoRA run on
+    ``runtime_path``, from the same functions `TrainerClient().train()` calls."""
+    from kubeflow.trainer import (BuiltinTrainer, HuggingFaceDatasetInitializer,
+                                  HuggingFaceModelInitializer, Initializer, LoraConfig,
+                                  TorchTuneConfig)
+    from kubeflow.trainer.backends.kubernetes import utils
+    from kubeflow.trainer.types.types import (DataFormat, Runtime, RuntimeKind,
+                                              TorchTuneInstructDataset)
+    from kubeflow_trainer_api import models
+
+    cr = models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(
+        yaml.safe_load(runtime_path.read_text()))
+    runtime = Runtime(name=cr.metadata.name, kind=RuntimeKind(cr.kind),
+                      trainer=utils.get_runtime_trainer(
+                          cr.metadata.labels["trainer.kubeflow.org/framework"],
+                          cr.spec.template.spec.replicated_jobs, cr.spec.ml_policy))
+    # The SDK only builds hf:// and s3:// sources: the test swaps in file:// ones below.
+    initializer = Initializer(
+        dataset=HuggingFaceDatasetInitializer(storage_uri="hf://kubetune/tiny-addition"),
+        model=HuggingFaceModelInitializer(storage_uri="hf://kubetune/tiny-llama3"))
+    trainer = BuiltinTrainer(config=TorchTuneConfig(
+        epochs=1, batch_size=16, resources_per_node={"gpu": 1},
+        peft_config=LoraConfig(lora_rank=8, lora_alpha=16, lora_attn_modules=["q_proj", "v_proj"]),
+        dataset_preprocess_config=TorchTuneInstructDataset(source=DataFormat.PARQUET,
+                                                           split="train")))
+    return {"trainer": utils.get_trainer_cr_from_builtin_trainer(runtime, trainer, initializer)
+            .to_dict(),
+            "initializer": {"dataset": utils.get_dataset_initializer(initializer.dataset)
+                            .to_dict(),
+                            "model": utils.get_model_initializer(initializer.model).to_dict()}}
+
+
+@pytest.mark.slow
+def test_dropin_runtime_runs_the_sdk_builtin_trainer_job(tmp_path, tiny_model_dir,
+                                                         tiny_dataset_dir):
+    """What the SDK's BuiltinTrainer submits: `tune run` + LoRA args. The controller's
+    composition picks the LoRA single-device recipe; the exporter publishes the adapter."""
+    spec = sdk_trainjob_spec(BASE / "torchtune-llama3.2-1b.yaml")
+    assert spec["trainer"]["command"] == ["tune", "run"]
+    spec["initializer"]["model"]["storageUri"] = f"file://{tiny_model_dir}"
+    spec["initializer"]["dataset"]["storageUri"] = f"file://{tiny_dataset_dir}"
+    job = trainjob(tmp_path, "torchtune-llama3.2-1b", spec)
+    result = run(tmp_path, "torchtune-llama3.2-1b.yaml", job)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    ws = tmp_path / "run" / "workspace"
+    summary = json.loads((ws / "output" / "summary.json").read_text())
+    merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
+    # One epoch of 512 rows at the SDK's batch size, the recipe's gradient accumulation.
+    assert merged["batch_size"] == 16 and merged["epochs"] == 1
+    assert summary["steps"] == 512 // (16 * merged["gradient_accumulation_steps"])
+    assert merged["model"]["lora_rank"] == 8 and merged["output_dir"] == str(ws / "output")
+    assert "lora_finetune_single_device" in result.stdout  # the controller's recipe choice
+    assert (ws / "export" / "adapter_model.safetensors").is_file()
+    assert (ws / "export" / "manifest.json").is_file()
+    order = [line.split(":")[0] for line in result.stdout.splitlines()
+             if line.startswith("==> ") and line.endswith("s")]
+    assert order.index("==> node") > max(order.index("==> model-initializer"),
+                                          order.index("==> dataset-initializer"))
+    assert order[-1] == "==> exporter"
+
+
+@pytest.mark.slow
+def test_direct_byo_model_runtime_with_export_uri_from_a_runtime_patch(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    job = trainjob(tmp_path, "kubetune-byo-model", {
+        **sources(tiny_model_dir, tiny_dataset_dir),
+        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": "3"},
+                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
+                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]},
+        "runtimePatches": [{"manager": "kubetune.io/test", "trainingRuntimeSpec": {
+            "template": {"spec": {"replicatedJobs": [{"name": "exporter", "template": {
+                "spec": {"template": {"spec": {"containers": [{"name": "exporter", "env": [
+                    {"name": "EXPORT_URI", "value": "/workspace/published"}]}]}}}}}]}}}}]})
+    result = run(tmp_path, "kubetune-byo-model.yaml", job)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    ws = tmp_path / "run" / "workspace"
+    assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
+    manifest = json.loads((ws / "published" / "manifest.json").read_text())
+    assert any(f["path"].endswith("adapter_model.safetensors") for f in manifest["files"])
+    assert not (ws / "export").exists()
+
+
+def policy_runtime(tmp_path: Path, node_exit: int) -> Path:
+    """The BYO-model runtime with steps that only exit: the node fails once with
+    ``node_exit``, then succeeds (a marker on the PVC remembers the first attempt)."""
+    runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
+    script = ("import os, pathlib, sys; p = pathlib.Path(os.environ['KUBETUNE_WORKSPACE'], "
+              "'attempts'); n = len(p.read_text()) if p.exists() else 0; "
+              f"p.write_text('x' * (n + 1)); sys.exit({node_exit} if n == 0 else 0)")
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        container = job["template"]["spec"]["template"]["spec"]["containers"][0]
+        container.pop("env", None)
+        container["command"] = [sys.executable, "-c", script if job["name"] == "node" else
+                                "print('step ran')"]
+    path = tmp_path / "policy-runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    return path
+
+
+def test_transient_exit_restarts_the_jobset(tmp_path):
+    runtime = policy_runtime(tmp_path, 75)
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(runtime),
+                      env=clean_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exit 75 -> podFailurePolicy Count" in result.stdout
+    assert "(BackoffLimitExceeded): failurePolicy RestartJobSet -> restarting" in result.stdout
+    assert (tmp_path / "run" / "workspace" / "attempts").read_text() == "xx"
+    assert result.stdout.count("[exporter] step ran") == 1
+    assert "restarts: 1" in result.stdout
+
+
+def test_bad_input_exit_fails_without_restart(tmp_path):
+    runtime = policy_runtime(tmp_path, 65)
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(runtime),
+                      env=clean_env())
+    assert result.returncode == 65
+    assert "(PodFailurePolicy): failurePolicy FailJobSet -> JobSet failed" in result.stdout
+    assert (tmp_path / "run" / "workspace" / "attempts").read_text() == "x"
+    assert "[exporter]" not in result.stdout
+    assert len(error_lines(result)) == 1
+
+
+def test_byo_model_without_sources_fails_at_once(tmp_path):
+    job = trainjob(tmp_path, "kubetune-byo-model", {})
+    result = run(tmp_path, "kubetune-byo-model.yaml", job)
+    assert result.returncode == 2  # usage: STORAGE_URI missing; no restart
+    assert "restarting" not in result.stdout
+    assert "--storage-uri" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"trainer": {"command": ["tune", "run"], "args": ["output_dir=/elsewhere"]}},
+     "output_dir is managed by the runtime"),
+    ({"trainer": {"env": [{"name": "PET_NNODES", "value": "4"}]}},
+     "trainer.env must not set PET_NNODES"),
+    ({"trainer": {"command": ["tune", "run"], "numNodes": 2}},
+     "trainer.numNodes must be 1 for llama3_2/1B"),
+])
+def test_admission_errors_are_one_line(tmp_path, spec, message):
+    job = trainjob(tmp_path, "torchtune-llama3.2-1b", spec)
+    result = run(tmp_path, "torchtune-llama3.2-1b.yaml", job)
+    assert result.returncode == 65
+    assert len(error_lines(result)) == 1 and message in error_lines(result)[0]
+    assert not (tmp_path / "run" / "workspace").exists()
+
+
+def test_trainjob_for_another_runtime_is_refused(tmp_path):
+    job = trainjob(tmp_path, "torchtune-llama3.2-3b", {})
+    result = run(tmp_path, "torchtune-llama3.2-1b.yaml", job)
+    assert result.returncode == 65
+    assert "runtimeRef.name is 'torchtune-llama3.2-3b' but the runtime is " \
+           "'torchtune-llama3.2-1b'" in error_lines(result)[0]
+
+
+def test_unreadable_runtime_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: ClusterTrainingRuntime\n  spec: [\n")
+    result = kubetune("local", "--workdir", str(tmp_path), "--runtime", str(bad),
+                      env=clean_env())
+    assert result.returncode == 65
+    assert error_lines(result) == [f"error: local: {bad}: not valid YAML (line 2)"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trainjob", "job.yaml"], "--trainjob and --print-jobset need --runtime"),
+    (["--runtime", str(BASE / "kubetune-byo-model.yaml"), "--model", "file:///m"],
+     "with --runtime, set sources and trainer args in the TrainJob"),
+])
+def test_option_mixups_are_one_line(tmp_path, args, message):
+    result = kubetune("local", "--workdir", str(tmp_path), *args, env=clean_env())
+    assert result.returncode == 65
+    assert len(error_lines(result)) == 1 and message in error_lines(result)[0]
