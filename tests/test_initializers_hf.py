@@ -52,7 +52,8 @@ def run_init(hub: HubServer, kind: str, uri: str, out: Path, token: str | None =
     env = clean_env(HF_ENDPOINT=hub.url, STORAGE_URI=uri, OUTPUT_PATH=str(out),
                     KUBETUNE_TERMINATION_LOG=str(out.parent / "termination-log"),
                     KUBETUNE_RETRY_BASE_DELAY_S="0.05", KUBETUNE_RETRY_MAX_ATTEMPTS="4",
-                    KUBETUNE_HTTP_TIMEOUT_S="5", **extra)
+                    KUBETUNE_HTTP_TIMEOUT_S="5")
+    env.update(extra)
     if token:
         env["ACCESS_TOKEN"] = token
     return kubetune(f"init-{kind}", env=env, timeout=120)
@@ -177,6 +178,23 @@ def test_transient_fault_is_retried_and_the_result_is_intact(hub, tmp_path, tiny
         # The retry resumed after the bytes that had arrived instead of starting over.
         ranges = [r.range for r in hub.requests if r.path.endswith("model.safetensors")]
         assert ranges[0] is None and ranges[1] and ranges[1].startswith("bytes=")
+
+
+def test_a_stalled_response_times_out_and_is_retried(hub, tmp_path, tiny_model_dir):
+    hub.fault("stall", "*/resolve/*/tokenizer.json", method="GET", stall_s=3)
+    out = tmp_path / "model"
+    result = run_init(hub, "model", "hf://org/tiny", out, KUBETUNE_HTTP_TIMEOUT_S="0.5")
+    assert result.returncode == 0, result.stderr
+    assert "download tokenizer.json: ReadTimeout" in result.stderr
+    assert (out / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+
+
+def test_a_stalled_api_call_times_out_and_is_retried(hub, tmp_path):
+    hub.fault("stall_api", "/api/datasets/org/ds/paths-info/*", stall_s=3)
+    result = run_init(hub, "dataset", "hf://org/ds/data", tmp_path / "dataset",
+                      KUBETUNE_HTTP_TIMEOUT_S="0.5")
+    assert result.returncode == 0, result.stderr
+    assert "look up the path in org/ds: ReadTimeout" in result.stderr
 
 
 def test_listing_faults_and_429_honour_retry_after(hub, tmp_path):
