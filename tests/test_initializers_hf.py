@@ -369,3 +369,45 @@ def test_disk_full_is_a_one_line_bad_input(hub, tmp_path):
         assert not (volume / "dataset").exists()
     finally:
         subprocess.run(["umount", str(volume)], check=True)
+
+
+def _shard(payload: bytes) -> bytes:
+    import struct
+
+    header = json.dumps({"w": {"dtype": "U8", "shape": [len(payload)],
+                               "data_offsets": [0, len(payload)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + payload
+
+
+def test_an_unusable_tree_is_refused_and_never_swapped_in(hub, tmp_path):
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors",
+                            "b": "model-00002-of-00002.safetensors"}}
+    hub.add_repo("org/sharded", {
+        "config.json": b'{"model_type": "llama"}',
+        "model.safetensors.index.json": json.dumps(index).encode(),
+        "model-00001-of-00002.safetensors": _shard(b"x" * 64),
+        "model-00002-of-00002.safetensors": _shard(b"y" * 64),
+    })
+    hub.add_repo("org/broken", {"config.json": b'{"model_type": ',
+                                "model.safetensors": _shard(b"z" * 64)})
+    hub.add_repo("org/empty-data", {"data/train.csv": b"input,output\n"},
+                 repo_type="dataset")
+
+    whole = run_init(hub, "model", "hf://org/sharded", tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+    assert "verified 2 tensors in safetensors headers" in whole.stderr
+
+    cases = [
+        ("model", "hf://org/sharded", {"IGNORE_PATTERNS": "*-00002-of-*"},
+         "shards named in model.safetensors.index.json are missing: "
+         "model-00002-of-00002.safetensors"),
+        ("model", "hf://org/broken", {}, "config.json does not parse"),
+        ("dataset", "hf://org/empty-data", {}, "the dataset's csv files hold no rows"),
+    ]
+    for kind, uri, extra, expected in cases:
+        out = tmp_path / uri.rsplit("/", 1)[-1] / kind
+        result = run_init(hub, kind, uri, out, **extra)
+        assert result.returncode == 65, result.stderr
+        assert expected in error_lines(result)[0]
+        assert not out.exists()
