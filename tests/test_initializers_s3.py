@@ -200,3 +200,14 @@ def test_a_stale_staged_file_without_a_checksum_is_fetched_again(s3, store, tmp_
     result = run_init(s3, store, "model", "s3://models/big", out)
     assert result.returncode == 0, result.stderr
     assert (out / "multi.safetensors").read_bytes() == store.big["multi"]
+
+
+def test_a_retried_large_object_fetches_only_the_failed_part_again(s3, store, tmp_path):
+    store.fault("reset", "/models/big/single.safetensors", times=1, method="GET",
+                ranged_only=True)
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "single.safetensors").read_bytes() == store.big["single"]
+    parts = [r for r in store.requests if r.range and r.path.endswith("single.safetensors")]
+    assert len(parts) == 4 + 1  # four parts, and the one that was cut off
