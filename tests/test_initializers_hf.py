@@ -181,18 +181,18 @@ def test_transient_fault_is_retried_and_the_result_is_intact(hub, tmp_path, tiny
 
 
 def test_a_stalled_response_times_out_and_is_retried(hub, tmp_path, tiny_model_dir):
-    hub.fault("stall", "*/resolve/*/tokenizer.json", method="GET", stall_s=3)
+    hub.fault("stall", "*/resolve/*/tokenizer.json", method="GET", stall_s=6)
     out = tmp_path / "model"
-    result = run_init(hub, "model", "hf://org/tiny", out, KUBETUNE_HTTP_TIMEOUT_S="0.5")
+    result = run_init(hub, "model", "hf://org/tiny", out, KUBETUNE_HTTP_TIMEOUT_S="1.5")
     assert result.returncode == 0, result.stderr
     assert "download tokenizer.json: ReadTimeout" in result.stderr
     assert (out / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
 
 
 def test_a_stalled_api_call_times_out_and_is_retried(hub, tmp_path):
-    hub.fault("stall_api", "/api/datasets/org/ds/paths-info/*", stall_s=3)
+    hub.fault("stall_api", "/api/datasets/org/ds/paths-info/*", stall_s=6)
     result = run_init(hub, "dataset", "hf://org/ds/data", tmp_path / "dataset",
-                      KUBETUNE_HTTP_TIMEOUT_S="0.5")
+                      KUBETUNE_HTTP_TIMEOUT_S="1.5")
     assert result.returncode == 0, result.stderr
     assert "look up the path in org/ds: ReadTimeout" in result.stderr
 
@@ -317,7 +317,7 @@ def test_progress_lines_are_plain_lines(hub, tmp_path):
     # "3/7 files, 0.2/0.5 MB, 0.9 MB/s, ETA 1s"
     files, mb, rate = line.split(", ")[:3]
     assert files.endswith("/7 files") and mb.endswith(" MB") and rate.endswith(" MB/s")
-    assert "ETA" in progress[0]
+    assert any(", ETA " in line for line in progress)
 
 
 def test_kill_9_mid_download_leaves_no_output_and_a_rerun_completes(hub, tmp_path, tiny_model_dir):

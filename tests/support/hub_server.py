@@ -440,7 +440,7 @@ def _make_handler(hub: HubServer):
                 if kind == "reset":
                     # Let the client read what was sent (an RST discards unread data),
                     # then SO_LINGER 0: close with RST, as a dropped connection looks.
-                    time.sleep(0.3)
+                    time.sleep(1.0)
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                struct.pack("ii", 1, 0))
                 else:
