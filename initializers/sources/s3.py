@@ -134,7 +134,7 @@ class S3Source:
             return self._part_pool
 
     def resolved_revision(self) -> str | None:
-        return None  # S3 has no tree-wide version; each file's ETag is recorded instead
+        return None  # S3 has no tree-wide version (each GET is pinned to its ETag instead)
 
     def _list(self) -> list[dict]:
         paginator = self.client.get_paginator("list_objects_v2")
