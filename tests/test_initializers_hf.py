@@ -75,8 +75,9 @@ def test_model_download_is_complete_verified_and_prefers_safetensors(hub, tmp_pa
     assert {f["path"] for f in manifest["files"]} == expected | {"original_repo_id.json"}
     assert "skipping 2 .bin, .msgpack file(s)" in result.stderr
     assert json.loads((out / "original_repo_id.json").read_text()) == {"repo_id": "org/tiny"}
-    # Nothing of ours is left beside the output.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    # Nothing of ours is left beside the output but the (empty) lock file.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".kubetune-staging-model.lock",
+                                                          "model"]
 
 
 def test_tree_listing_follows_pages(hub, tmp_path, tiny_model_dir):
@@ -342,6 +343,28 @@ def test_kill_9_mid_download_leaves_no_output_and_a_rerun_completes(hub, tmp_pat
     resumed = [r.range for r in hub.requests if r.path.endswith("model.safetensors")][-1]
     assert resumed and resumed.startswith("bytes=") and resumed != "bytes=0-"
     assert not (tmp_path / ".kubetune-staging-model").exists()
+
+
+def test_a_second_initializer_waits_for_the_first_and_downloads_nothing(hub, tmp_path):
+    # A restarted pod may start while the old one still runs: they must not share staging.
+    hub.fault("slow", "*/resolve/*/model.safetensors", method="GET", bytes_per_s=400_000)
+    out = tmp_path / "model"
+    env = clean_env(HF_ENDPOINT=hub.url, STORAGE_URI="hf://org/tiny", OUTPUT_PATH=str(out),
+                    ACCESS_TOKEN=TOKEN)
+    first = subprocess.Popen([sys.executable, "-m", "entrypoints", "init-model"], env=env,
+                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+    part = tmp_path / ".kubetune-staging-model" / "model.safetensors.part"
+    deadline = time.monotonic() + 60
+    while not part.is_file():
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    second = run_init(hub, "model", "hf://org/tiny", out)
+    assert first.wait(timeout=60) == 0, first.stderr.read()
+    assert second.returncode == 0, second.stderr
+    assert "another initializer is filling" in second.stderr
+    assert "nothing to download" in second.stderr
+    assert sum(r.path.endswith("/model.safetensors") for r in hub.requests) == 1
 
 
 def test_disk_full_is_a_one_line_bad_input(hub, tmp_path):
