@@ -101,13 +101,18 @@ class Downloader:
         """Fetch and verify one file; return (path, size, sha256) for the manifest."""
         target = safe_join(self.staged, remote.path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_file() and not target.is_symlink():
+        # A whole file left by a killed run is kept only if a checksum from the source
+        # proves it is the listed version; a size alone (a re-uploaded object) does not.
+        if target.is_file() and not target.is_symlink() and (
+                remote.sha256 or remote.git_sha1 or remote.md5):
             try:
                 verified = checksums.verify(target, remote)
                 self.progress.file_done(remote.path, target.stat().st_size)
                 return remote.path, target.stat().st_size, verified.sha256
             except checksums.ChecksumMismatch:
-                target.unlink()
+                pass
+        if target.is_file() or target.is_symlink():
+            target.unlink()
         part = target.with_name(target.name + staging.PART_SUFFIX)
         if part.is_symlink():
             part.unlink()

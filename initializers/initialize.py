@@ -55,7 +55,14 @@ def initialize(request: InitRequest) -> dict:
         log.info("%s already holds %s: nothing to download", output, request.uri.raw)
         return manifest.read(output)
     _check_output_writable(output)
+    with staging.lock(output):
+        if manifest.satisfies(output, identity):  # the run we waited for did it
+            log.info("%s already holds %s: nothing to download", output, request.uri.raw)
+            return manifest.read(output)
+        return _fill(request, output, identity)
 
+
+def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     source = source_class(request.uri.scheme)(request)
     files = source.list_files()
     if not files:

@@ -9,13 +9,40 @@ re-verified, ``*.part`` files are resumed by sources that can (or overwritten).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 from kubetune.workspace import MANIFEST_NAME, STAGING_PREFIX
 
 PART_SUFFIX = ".part"
+log = logging.getLogger("initializer")
+
+
+@contextlib.contextmanager
+def lock(output_path: Path) -> Iterator[None]:
+    """Hold the one lock on ``output_path``'s staging area for as long as the block runs.
+
+    A restarted pod can start while the old one is still terminating; both writing one
+    staging tree would interleave files. The second waits, then usually finds the first's
+    completed manifest. The lock dies with its process, so a killed pod never leaves it held.
+    """
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    path = output_path.parent / f"{STAGING_PREFIX}{output_path.name}.lock"
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another initializer is filling %s: waiting for it", output_path)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def staging_dir_for(output_path: Path) -> Path:

@@ -56,3 +56,17 @@ def test_local_path_and_file_uri(tmp_path, tiny_model_dir):
     assert missing.returncode == 65
     assert error_lines(missing) == [f"error: model-initializer: model source {tmp_path / 'nope'} "
                                     "does not exist"]
+
+
+@pytest.mark.parametrize("name", ["../x", "a/../../x", "/etc/passwd", "a//b", "~/x", "a\\..\\x",
+                                  "link/x"])
+def test_names_escaping_the_output_are_refused(tmp_path, name):
+    from initializers.safe_paths import safe_join
+    from kubetune.errors import BadInputError
+
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / "link").symlink_to(tmp_path)  # a link planted in the tree must not redirect
+    with pytest.raises(BadInputError, match="refusing remote file name"):
+        safe_join(root, name)
+    assert safe_join(root, "a/b.json") == root / "a" / "b.json"

@@ -188,3 +188,26 @@ def test_role_arn_is_assumed_through_sts(s3, store, tmp_path):
     assert result.returncode == 0, result.stderr
     assert (out / MANIFEST).is_file()
     assert [r.method for r in store.requests if r.path == "/"] == ["POST"]  # AssumeRole
+
+
+def test_a_stale_staged_file_without_a_checksum_is_fetched_again(s3, store, tmp_path):
+    # A killed run left a whole file whose object was then re-uploaded with the same size:
+    # a multipart ETag is no checksum, so only fetching again can prove the bytes.
+    staged = tmp_path / ".kubetune-staging-model"
+    staged.mkdir()
+    (staged / "multi.safetensors").write_bytes(b"\0" * len(store.big["multi"]))
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "multi.safetensors").read_bytes() == store.big["multi"]
+
+
+def test_a_retried_large_object_fetches_only_the_failed_part_again(s3, store, tmp_path):
+    store.fault("reset", "/models/big/single.safetensors", times=1, method="GET",
+                ranged_only=True)
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "single.safetensors").read_bytes() == store.big["single"]
+    parts = [r for r in store.requests if r.range and r.path.endswith("single.safetensors")]
+    assert len(parts) == 4 + 1  # four parts, and the one that was cut off

@@ -64,6 +64,8 @@ class HuggingFaceSource:
         self.endpoint = (os.environ.get(env.HF_ENDPOINT) or DEFAULT_ENDPOINT).rstrip("/")
         self.token = request.token or credentials.hf_token()
         self.api = HfApi(endpoint=self.endpoint, token=self.token or False)
+        # huggingface_hub's shared client has no timeout: a stalled hub would hang the pod.
+        get_session().timeout = http_timeout()
         self.errors = HubErrors(self.repo_id, self.repo_type, self.endpoint, request.revision,
                                 bool(self.token))
         self.commit: str | None = None

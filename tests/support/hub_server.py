@@ -100,7 +100,7 @@ class Repo:
 class Fault:
     """Applied to the next ``times`` requests whose path matches ``match`` (a glob)."""
 
-    kind: str  # "status" | "reset" | "truncate" | "corrupt" | "slow" | "stall"
+    kind: str  # "status" | "reset" | "truncate" | "corrupt" | "slow" | "stall" | "stall_api"
     match: str
     times: int = 1
     method: str | None = None  # None: any
@@ -297,6 +297,10 @@ def _make_handler(hub: HubServer):
                                             self.headers.get("Range"),
                                             self.headers.get("Authorization")))
             fault = hub._take_fault(self.command, unquote(path))
+            if fault is not None and fault.kind == "stall_api":
+                time.sleep(fault.stall_s)  # say nothing at all, then hang up
+                self.close_connection = True
+                return
             if fault is not None and fault.kind == "status":
                 extra = {k: v for k, v in fault.headers.items() if k != "X-Error-Code"}
                 self._error(fault.status, fault.headers.get("X-Error-Code"),
@@ -436,7 +440,7 @@ def _make_handler(hub: HubServer):
                 if kind == "reset":
                     # Let the client read what was sent (an RST discards unread data),
                     # then SO_LINGER 0: close with RST, as a dropped connection looks.
-                    time.sleep(0.3)
+                    time.sleep(1.0)
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                struct.pack("ii", 1, 0))
                 else:
