@@ -1,12 +1,15 @@
-"""A local destination (a PVC path): staged beside it, then swapped in by rename."""
+"""A local destination (a PVC path): built beside it, then swapped in by rename."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+from exporter import manifest as export_manifest
 from initializers import staging
 from kubetune.errors import BadInputError
+from kubetune.workspace import EXPORT_MANIFEST_NAME
 
 
 class LocalDestination:
@@ -16,8 +19,18 @@ class LocalDestination:
             raise BadInputError(f"export destination {uri!r} must be an absolute path or "
                                 "file:///abs/path")
         self.path = Path(path)
+        self.description = str(self.path)
 
-    def stage(self) -> Path:
+    def check(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise BadInputError(f"export destination {self.path} is a file: name a directory")
+        if (self.path.is_dir() and any(self.path.iterdir())
+                and not (self.path / EXPORT_MANIFEST_NAME).is_file()):
+            # Publishing replaces the directory whole: never over something that is not ours.
+            raise BadInputError(f"export destination {self.path} holds files that are not a "
+                                "kubetune export: choose a new or empty directory")
+
+    def build_dir(self) -> Path:
         staged = staging.staging_dir_for(self.path)
         try:
             if staged.exists():
@@ -28,5 +41,25 @@ class LocalDestination:
                                 f"{exc.strerror}") from None
         return staged
 
-    def commit(self, staged: Path) -> None:
-        staging.commit(staged, self.path)
+    def read_manifest(self) -> dict | None:
+        try:
+            found = json.loads((self.path / EXPORT_MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            return None
+        for entry in found.get("files", []) if isinstance(found, dict) else []:
+            path = self.path / entry["path"]
+            if not path.is_file() or path.stat().st_size != entry["size"]:
+                return None  # damaged since it was written: export again
+        return found
+
+    def publish(self, tree: Path, manifest: dict, previous: dict | None) -> None:
+        export_manifest.write(tree, manifest)
+        # What a reader will load is what is on disk now: hash it from there.
+        export_manifest.check_tree(tree, json.loads((tree / EXPORT_MANIFEST_NAME).read_text()))
+        try:
+            staging.commit(tree, self.path)
+        except OSError as exc:
+            raise BadInputError(f"cannot move the export into {self.path}: {exc.strerror}") from None
+
+    def discard(self, tree: Path) -> None:
+        shutil.rmtree(tree, ignore_errors=True)
