@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import REPO, error_lines, kubetune
-from tests.support.trained import TrainedRun, trained_run  # noqa: F401 (fixture)
+from tests.support.trained import TrainedRun
 
 pytestmark = pytest.mark.slow
 

@@ -43,6 +43,14 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         with self.server.lock:
             self.server.requests.append((self.command, path))
+            self.server.in_flight += 1
+        try:
+            self._relay(body)
+        finally:
+            with self.server.lock:
+                self.server.in_flight -= 1
+
+    def _relay(self, body: bytes) -> None:
         delay = self.server.delays.get(self.command, 0.0)
         if delay:
             time.sleep(delay)
@@ -62,6 +70,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client was killed mid-request: what the tests do on purpose
         finally:
             upstream.close()
 
@@ -77,6 +87,7 @@ class RecordingProxy(ThreadingHTTPServer):
         self.upstream_host, self.upstream_port = parts.hostname, parts.port
         self.requests: list[tuple[str, str]] = []
         self.delays: dict[str, float] = {}
+        self.in_flight = 0
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
@@ -87,6 +98,12 @@ class RecordingProxy(ThreadingHTTPServer):
     def count(self, method: str | None = None) -> int:
         with self.lock:
             return sum(1 for m, _ in self.requests if method is None or m == method)
+
+    def settle(self, timeout: float = 30) -> None:
+        """Wait until requests already received have been relayed (a killed client's too)."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def reset(self) -> None:
         with self.lock:

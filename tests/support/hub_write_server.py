@@ -44,6 +44,8 @@ class HubState:
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
     hold_commits: threading.Event = field(default_factory=threading.Event)
+    # A held commit released with this set is dropped, as when its sender died mid-upload.
+    abandon_held: bool = False
     commit_received: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -82,10 +84,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
               content_type: str = "application/json") -> None:
+        try:
+            self._write(status, body, headers or {}, content_type)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client was killed mid-request: what the tests do on purpose
+
+    def _write(self, status: int, body: bytes, headers: dict[str, str], content_type: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
+        for key, value in headers.items():
             self.send_header(key, value)
         self.end_headers()
         if self.command != "HEAD":
@@ -159,7 +167,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.state.lock:
             if repo_id in self.state.repos:
-                return self._error(409, "You already created this model repo")
+                message = "You already created this model repo"
+                return self._json(409, {"error": message, "url": f"{self.server.endpoint}/{repo_id}"},
+                                  {"X-Error-Message": message})
             self.state.create_repo(repo_id)
         self._json(200, {"url": f"{self.server.endpoint}/{repo_id}", "name": repo_id})
 
@@ -231,9 +241,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._require_write(repo_id):
             return
         self.state.commit_received.set()
+        held = self.state.hold_commits.is_set()
         while self.state.hold_commits.is_set():
             # Held: the client sees a commit that never returns, as on a stalled link.
             threading.Event().wait(0.05)
+        if held and self.state.abandon_held:
+            return self._error(500, "commit abandoned: its sender went away")
         if revision not in repo.branches:
             return self._error(404, f"Invalid rev id: {revision}", "RevisionNotFound")
         with self.state.lock:
