@@ -24,8 +24,10 @@ class LocalDestination:
     def check(self) -> None:
         if self.path.exists() and not self.path.is_dir():
             raise BadInputError(f"export destination {self.path} is a file: name a directory")
-        if (self.path.is_dir() and any(self.path.iterdir())
-                and not (self.path / EXPORT_MANIFEST_NAME).is_file()):
+        # A fresh volume's root holds lost+found; that is still an empty destination.
+        foreign = [p for p in self.path.iterdir() if p.name != "lost+found"] \
+            if self.path.is_dir() else []
+        if foreign and not (self.path / EXPORT_MANIFEST_NAME).is_file():
             # Publishing replaces the directory whole: never over something that is not ours.
             raise BadInputError(f"export destination {self.path} holds files that are not a "
                                 "kubetune export: choose a new or empty directory")
@@ -59,7 +61,8 @@ class LocalDestination:
         try:
             staging.commit(tree, self.path)
         except OSError as exc:
-            raise BadInputError(f"cannot move the export into {self.path}: {exc.strerror}") from None
+            raise BadInputError(f"cannot move the export into {self.path}: "
+                                f"{exc.strerror}") from None
 
     def discard(self, tree: Path) -> None:
         shutil.rmtree(tree, ignore_errors=True)

@@ -58,8 +58,6 @@ def _load(files: list[Path]) -> dict:
 
 
 def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
-    import torch
-
     rank = int(config["r"])
     alpha = float(config.get("lora_alpha", rank))
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank

@@ -161,3 +161,13 @@ def test_killed_export_leaves_nothing_visible_and_a_rerun_completes(trained_run,
     assert result.returncode == 0, result.stderr[-2000:]
     assert (dest / "manifest.json").is_file()
     assert visible(tmp_path) == ["export"] and not staged.exists()
+
+
+def test_logits_check_is_skipped_for_a_base_model_over_the_size_bound(trained_run, tmp_path):
+    dest = tmp_path / "export"
+    result = kubetune("export", "--export-uri", str(dest),
+                      env=trained_run.env(KUBETUNE_EXPORT_VERIFY_MAX_BYTES="1000"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    verification = json.loads((dest / "manifest.json").read_text())["verification"]
+    assert verification["logits"].startswith("skipped: the base model takes")
+    assert verification["adapter_pairs"] > 0  # the structural check still ran

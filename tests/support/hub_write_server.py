@@ -168,7 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
         with self.state.lock:
             if repo_id in self.state.repos:
                 message = "You already created this model repo"
-                return self._json(409, {"error": message, "url": f"{self.server.endpoint}/{repo_id}"},
+                # huggingface_hub reads the existing repo's url from the 409 body.
+                url = f"{self.server.endpoint}/{repo_id}"
+                return self._json(409, {"error": message, "url": url},
                                   {"X-Error-Message": message})
             self.state.create_repo(repo_id)
         self._json(200, {"url": f"{self.server.endpoint}/{repo_id}", "name": repo_id})
