@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
-from exporter import base_model
+from exporter import base_model, dora
 from exporter.training_output import TrainingOutput
 from kubetune.errors import BadInputError
+
+log = logging.getLogger("exporter")
 
 FORMATS = ("adapter", "merged", "both")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -59,7 +62,14 @@ def write_adapter(training: TrainingOutput, model_dir: Path, dest: Path) -> None
     dest.mkdir(parents=True, exist_ok=True)
     config = adapter_config(training, model_dir)
     (dest / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    shutil.copyfile(training.checkpoint_dir / ADAPTER_WEIGHTS, dest / ADAPTER_WEIGHTS)
+    source = training.checkpoint_dir / ADAPTER_WEIGHTS
+    if dora.needs_fix(source):
+        from trainer.checkpoint_model import read_config
+
+        fixed = dora.write_fixed(source, dest / ADAPTER_WEIGHTS, read_config(Path(model_dir)))
+        log.info("adapter: %d DoRA magnitude vectors of q/k put in Hugging Face row order", fixed)
+    else:
+        shutil.copyfile(source, dest / ADAPTER_WEIGHTS)
 
 
 def write_merged(training: TrainingOutput, dest: Path) -> None:

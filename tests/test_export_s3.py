@@ -113,3 +113,20 @@ def test_unreachable_endpoint_is_transient_exit_75(trained_run, s3, proxy, tmp_p
     assert result.returncode == 75, result.stderr[-2000:]
     [line] = error_lines(result)
     assert "still failing after 2 attempts" in line
+
+
+def test_a_different_export_replaces_the_previous_one_whole(trained_run, s3, proxy, tmp_path):
+    bucket = f"exports-{uuid.uuid4().hex[:8]}"
+    s3.client().create_bucket(Bucket=bucket)
+    env = s3_env(trained_run, s3, proxy, tmp_path)
+    first = kubetune("export", "--export-uri", f"s3://{bucket}/m", "--no-verify-logits", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = kubetune("export", "--export-uri", f"s3://{bucket}/m", "--export-format", "merged",
+                      "--no-verify-logits", env=env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    stored = objects(s3, bucket)
+    manifest = json.loads(stored["m/manifest.json"])
+    assert manifest["format"] == "merged"
+    # The adapter files of the first export are gone: the prefix holds one export only.
+    assert set(stored) == {f"m/{f['path']}" for f in manifest["files"]} | {"m/manifest.json"}
+    assert "m/adapter_model.safetensors" not in stored

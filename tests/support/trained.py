@@ -53,9 +53,13 @@ class TrainedRun:
         return clean_env(KUBETUNE_WORKSPACE=str(self.workspace), **extra)
 
 
-@pytest.fixture(scope="session")
-def trained_run(tmp_path_factory) -> TrainedRun:
-    workdir = tmp_path_factory.mktemp("trained")
-    result = kubetune("local", "--workdir", str(workdir), *TRAIN_ARGS, timeout=900)
+def train(workdir: Path, method: str = "lora") -> TrainedRun:
+    result = kubetune("local", "--workdir", str(workdir), "--method", method, *TRAIN_ARGS,
+                      timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return TrainedRun(workdir)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> TrainedRun:
+    return train(tmp_path_factory.mktemp("trained"))
