@@ -20,6 +20,8 @@ pytestmark = pytest.mark.slow
 
 WRITE_TOKEN = "hf_kubetuneWriteToken0123456789"
 READ_TOKEN = "hf_kubetuneReadOnlyToken012345678"
+# Fine-grained without write rights: whoami cannot tell, the first write is refused.
+SCOPED_TOKEN = "hf_kubetuneScopedToken0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,7 @@ def hub():
     server = hub_write_server.start()
     server.add_token(WRITE_TOKEN, write=True)
     server.add_token(READ_TOKEN, write=False)
+    server.add_token(SCOPED_TOKEN, write=False, role="fineGrained")
     yield server
     server.stop()
 
@@ -45,7 +48,7 @@ def hub_env(run: TrainedRun, hub, tmp_path: Path, token: str | None = WRITE_TOKE
 
 def assert_no_token(tmp_path: Path, *results: subprocess.CompletedProcess) -> None:
     for result in results:
-        for token in (WRITE_TOKEN, READ_TOKEN):
+        for token in (WRITE_TOKEN, READ_TOKEN, SCOPED_TOKEN):
             assert token not in result.stdout + result.stderr
     for path in tmp_path.rglob("*"):
         if path.is_file() and path.name != "token":
@@ -89,7 +92,8 @@ def test_a_branch_is_created_and_main_is_left_alone(trained_run, hub, tmp_path):
 
 
 @pytest.mark.parametrize("token, expected", [
-    (READ_TOKEN, "read-only"), ("hf_notAKnownToken0123456789", "rejected the token"),
+    (READ_TOKEN, "read-only"), (SCOPED_TOKEN, "may not write"),
+    ("hf_notAKnownToken0123456789", "rejected the token"),
     (None, "needs a token with write access"),
 ])
 def test_a_token_that_cannot_write_is_refused_before_anything_is_uploaded(
@@ -127,3 +131,13 @@ def test_killed_mid_commit_leaves_the_repo_untouched_and_a_rerun_completes(train
     result = kubetune("export", "--export-uri", "hf://kubetune-test/killed", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "manifest.json" in hub.files("kubetune-test/killed")
+
+
+def test_a_hub_answering_503_is_retried(trained_run, hub, tmp_path):
+    env = hub_env(trained_run, hub, tmp_path)
+    hub.state.fail_commits = 1
+    hub.reset_log()
+    result = kubetune("export", "--export-uri", "hf://kubetune-test/flaky", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert hub.count("POST", "/commit/") == 2
+    assert "manifest.json" in hub.files("kubetune-test/flaky")

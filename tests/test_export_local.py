@@ -171,3 +171,22 @@ def test_logits_check_is_skipped_for_a_base_model_over_the_size_bound(trained_ru
     verification = json.loads((dest / "manifest.json").read_text())["verification"]
     assert verification["logits"].startswith("skipped: the base model takes")
     assert verification["adapter_pairs"] > 0  # the structural check still ran
+
+
+def test_a_full_fine_tune_exports_merged_by_default_and_refuses_an_adapter(trained_run,
+                                                                          tmp_path):
+    # A full fine-tune's checkpoint is the merged shards alone.
+    output = Path(shutil.copytree(trained_run.output_dir, tmp_path / "output"))
+    checkpoint = output / json.loads((output / "kubetune-complete.json").read_text())["checkpoint"]
+    for name in ("adapter_model.safetensors", "adapter_config.json", "adapter_model.pt"):
+        (checkpoint / name).unlink(missing_ok=True)
+    refused = export(trained_run, tmp_path / "adapter", "--export-format", "adapter",
+                     output_dir=output)
+    assert refused.returncode == 65
+    assert "EXPORT_FORMAT=merged" in error_lines(refused)[0]
+    result = export(trained_run, tmp_path / "export", output_dir=output)
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+    assert manifest["format"] == "merged"
+    assert (tmp_path / "export" / "config.json").is_file()
+    assert not (tmp_path / "export" / "adapter_config.json").exists()

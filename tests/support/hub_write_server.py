@@ -39,8 +39,11 @@ class Repo:
 
 @dataclass
 class HubState:
-    # token -> (user name, may write)
+    # token -> (user name, may write); roles: what whoami says of a token
     tokens: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
+    # Answer this many commits with 503 before accepting one, as an overloaded hub does.
+    fail_commits: int = 0
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
     hold_commits: threading.Event = field(default_factory=threading.Event)
@@ -153,7 +156,8 @@ class _Handler(BaseHTTPRequestHandler):
         user = self._user()
         if not user:
             return self._error(401, "Invalid credentials in Authorization header")
-        role = "write" if user[1] else "read"
+        token = self.headers["Authorization"][len("Bearer "):]
+        role = self.state.roles.get(token) or ("write" if user[1] else "read")
         self._json(200, {"type": "user", "name": user[0],
                          "auth": {"accessToken": {"displayName": "test", "role": role}}})
 
@@ -242,6 +246,11 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         if not self._require_write(repo_id):
             return
+        with self.state.lock:
+            failing = self.state.fail_commits > 0
+            self.state.fail_commits -= 1 if failing else 0
+        if failing:
+            return self._error(503, "Service temporarily unavailable")
         self.state.commit_received.set()
         held = self.state.hold_commits.is_set()
         while self.state.hold_commits.is_set():
@@ -313,8 +322,13 @@ class HubWriteServer(ThreadingHTTPServer):
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def add_token(self, token: str, user: str = "kubetune-test", write: bool = True) -> None:
+    def add_token(self, token: str, user: str = "kubetune-test", write: bool = True,
+                  role: str | None = None) -> None:
+        """``role``: what whoami reports, e.g. "fineGrained" for a token whose rights only
+        show when it is used."""
         self.state.tokens[token] = (user, write)
+        if role:
+            self.state.roles[token] = role
 
     def files(self, repo_id: str, revision: str = DEFAULT_BRANCH) -> dict[str, bytes]:
         repo = self.state.repos.get(repo_id)
