@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,3 +131,61 @@ def test_a_different_export_replaces_the_previous_one_whole(trained_run, s3, pro
     # The adapter files of the first export are gone: the prefix holds one export only.
     assert set(stored) == {f"m/{f['path']}" for f in manifest["files"]} | {"m/manifest.json"}
     assert "m/adapter_model.safetensors" not in stored
+
+
+@pytest.fixture
+def read_only_s3(tmp_path):
+    """A moto_server that enforces IAM, with a bucket and a user who may only read it."""
+    import boto3
+
+    from tests.support.s3_server import free_port
+
+    port = free_port()
+    moto = Path(sys.executable).with_name("moto_server")
+    # The first 4 requests (the setup below) run unauthenticated; every later one is
+    # checked against IAM.
+    process = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)],
+                               env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "moto_server did not start"
+                time.sleep(0.1)
+        admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
+                 "aws_access_key_id": "admin-key", "aws_secret_access_key": "admin-secret"}
+        iam = boto3.client("iam", **admin)
+        iam.create_user(UserName="reader")
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps({
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Resource": "*",
+                           "Action": ["s3:Get*", "s3:List*", "s3:HeadBucket"]}]}))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        boto3.client("s3", **admin).create_bucket(Bucket="readonly")
+        yield {"ENDPOINT": endpoint, "ACCESS_KEY_ID": key["AccessKeyId"],
+               "SECRET_ACCESS_KEY": key["SecretAccessKey"], "REGION": "us-east-1"}
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_credentials_that_cannot_write_are_refused_and_nothing_is_visible(trained_run,
+                                                                          read_only_s3, tmp_path):
+    import boto3
+
+    env = trained_run.env(**read_only_s3, KUBETUNE_TERMINATION_LOG=str(tmp_path / "log"),
+                          KUBETUNE_RETRY_MAX_ATTEMPTS="2")
+    result = kubetune("export", "--export-uri", "s3://readonly/run", env=env)
+    assert result.returncode == 65, result.stderr[-3000:]
+    [line] = error_lines(result)
+    assert "may not write" in line and "s3://readonly/run" in line
+    assert read_only_s3["SECRET_ACCESS_KEY"] not in result.stdout + result.stderr
+    client = boto3.client("s3", endpoint_url=read_only_s3["ENDPOINT"], region_name="us-east-1",
+                          aws_access_key_id=read_only_s3["ACCESS_KEY_ID"],
+                          aws_secret_access_key=read_only_s3["SECRET_ACCESS_KEY"])
+    assert client.list_objects_v2(Bucket="readonly").get("KeyCount", 0) == 0
