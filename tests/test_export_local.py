@@ -190,3 +190,26 @@ def test_a_full_fine_tune_exports_merged_by_default_and_refuses_an_adapter(train
     assert manifest["format"] == "merged"
     assert (tmp_path / "export" / "config.json").is_file()
     assert not (tmp_path / "export" / "adapter_config.json").exists()
+
+
+def test_a_volume_mounted_at_the_destination_is_exported_into(trained_run, tmp_path):
+    volume = tmp_path / "export-pvc"
+    volume.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(volume)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root in a container that allows it)")
+    try:
+        (volume / "lost+found").mkdir()
+        first = export(trained_run, volume, "--no-verify-logits")
+        assert first.returncode == 0, first.stderr[-2000:]
+        second = export(trained_run, volume, "--export-format", "merged")
+        assert second.returncode == 0, second.stderr[-2000:]
+        manifest = json.loads((volume / "manifest.json").read_text())
+        assert manifest["format"] == "merged"
+        # The old adapter is gone, the volume's own lost+found and nothing else stays.
+        assert visible(volume) == sorted({"lost+found", "manifest.json"} | {
+            f["path"].split("/")[0] for f in manifest["files"]})
+        assert not any(p.name.startswith(".kubetune") for p in volume.iterdir())
+        assert visible(tmp_path) == ["export-pvc"]
+    finally:
+        subprocess.run(["umount", str(volume)], check=False)
