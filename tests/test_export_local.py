@@ -213,3 +213,24 @@ def test_a_volume_mounted_at_the_destination_is_exported_into(trained_run, tmp_p
         assert visible(tmp_path) == ["export-pvc"]
     finally:
         subprocess.run(["umount", str(volume)], check=False)
+
+
+def test_a_hub_base_model_is_named_by_repo_id_and_resolved_revision(trained_run, tmp_path):
+    # The model initializer's record of an hf:// source, as it writes it for the hub.
+    model = Path(shutil.copytree(trained_run.model_dir, tmp_path / "model"))
+    record = json.loads((model / ".kubetune-manifest.json").read_text())
+    record.update(storage_uri="hf://kubetune/tiny-llama3", requested_revision="main",
+                  resolved_revision="0123456789abcdef0123456789abcdef01234567")
+    (model / ".kubetune-manifest.json").write_text(json.dumps(record))
+    dest = tmp_path / "export"
+    result = kubetune("export", "--export-uri", str(dest), "--model-dir", str(model),
+                      env=trained_run.env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = json.loads((dest / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "kubetune/tiny-llama3"
+    assert config["revision"] == "0123456789abcdef0123456789abcdef01234567"
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["base_model"] == {"name": "kubetune/tiny-llama3",
+                                      "source": "hf://kubetune/tiny-llama3",
+                                      "revision": "0123456789abcdef0123456789abcdef01234567"}
+    assert 'base_model: "kubetune/tiny-llama3"' in (dest / "README.md").read_text()
