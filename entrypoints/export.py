@@ -1,4 +1,4 @@
-"""`kubetune export`: publish the trained adapter / merged model with a manifest."""
+"""`kubetune export`: publish the trained adapter / merged model, verified, with a manifest."""
 
 from __future__ import annotations
 
@@ -14,11 +14,15 @@ from kubetune.workspace import workspace
 
 
 def run_export(output_dir: str, model_dir: str, dataset_dir: str,
-               export_uri: str | None = None, export_format: str | None = None) -> dict:
+               export_uri: str | None = None, export_format: str | None = None,
+               export_revision: str | None = None, verify_logits: bool = True,
+               verify_max_bytes: int | None = None) -> dict:
     """Export the completed training run in ``output_dir``; return the export manifest."""
     return export(ExportRequest(
         output_dir=Path(output_dir), model_dir=Path(model_dir), dataset_dir=Path(dataset_dir),
         destination=export_uri or str(workspace().export_dir), format=export_format or None,
+        revision=export_revision or None, verify_logits=verify_logits,
+        verify_max_bytes=verify_max_bytes,
     ))
 
 
@@ -27,12 +31,25 @@ def run_export(output_dir: str, model_dir: str, dataset_dir: str,
 @model_dir_option
 @dataset_dir_option
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None,
-              help=f"Destination: /abs/path or file:///abs/path [env: {env.EXPORT_URI}; "
-                   "default: $KUBETUNE_WORKSPACE/export, else /workspace/export]")
+              help=f"Destination: /abs/path, file:///abs/path, s3://bucket/prefix or "
+                   f"hf://org/repo [env: {env.EXPORT_URI}; default: $KUBETUNE_WORKSPACE/export, "
+                   "else /workspace/export]")
 @click.option("--export-format", envvar=env.EXPORT_FORMAT, default=None,
               type=click.Choice(["adapter", "merged", "both"]),
               help=f"What to export [env: {env.EXPORT_FORMAT}; default: adapter for "
                    "LoRA/DoRA/QLoRA runs, merged for full fine-tunes]")
+@click.option("--export-revision", envvar=env.EXPORT_REVISION, default=None,
+              help=f"hf:// only: the branch to commit to, created if absent "
+                   f"[env: {env.EXPORT_REVISION}; default: main]")
+@click.option("--verify-logits/--no-verify-logits", envvar=env.EXPORT_VERIFY_LOGITS,
+              default=True, show_default=True,
+              help="Check that base + adapter reproduces the merged model's logits before "
+                   f"publishing [env: {env.EXPORT_VERIFY_LOGITS}=1|0]")
+@click.option("--verify-max-bytes", envvar=env.EXPORT_VERIFY_MAX_BYTES, default=None,
+              type=click.IntRange(min=0),
+              help="Skip the logits check when the base model's weights, as float32, exceed "
+                   f"this many bytes [env: {env.EXPORT_VERIFY_MAX_BYTES}; default: a quarter "
+                   "of the memory available]")
 @step_command("exporter")
 def export_command(**options) -> None:
     """Export the trained model from the trainer's output directory."""

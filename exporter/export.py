@@ -1,19 +1,15 @@
-"""The export flow: locate, build, verify, commit with a manifest written last."""
+"""The export flow: locate, build, verify, publish with the manifest as the commit."""
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter import artifact, verify
-from exporter.destination_local import LocalDestination
-from exporter.training_output import locate
-from initializers.manifest import sha256_of
+from exporter import artifact, base_model, manifest as export_manifest, model_card, verify
+from exporter.destination import open_destination
+from exporter.training_output import TrainingOutput, locate
 from kubetune.errors import BadInputError
-from kubetune.workspace import EXPORT_MANIFEST_NAME
 
 log = logging.getLogger("exporter")
 
@@ -25,52 +21,118 @@ class ExportRequest:
     dataset_dir: Path
     destination: str
     format: str | None = None
+    revision: str | None = None
+    verify_logits: bool = True
+    # Base weights (as float32) above this skip the logits check; None: a quarter of
+    # the memory available, since the check holds about four float32 copies.
+    verify_max_bytes: int | None = None
 
 
-def _manifest(request: ExportRequest, fmt: str, tree: Path, training) -> dict:
-    from initializers import manifest as init_manifest
+def _memory_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
 
-    files = []
-    for path in sorted(p for p in tree.rglob("*") if p.is_file()):
-        rel = path.relative_to(tree).as_posix()
-        if rel != EXPORT_MANIFEST_NAME:
-            files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_of(path)})
-    model = init_manifest.read(request.model_dir) or {}
-    dataset = init_manifest.read(request.dataset_dir) or {}
-    base_name, base_revision = artifact.base_model_reference(request.model_dir)
-    config_path = training.output_dir / training.marker.get("config", "")
-    return {
-        "version": 1,
-        "format": fmt,
-        "files": files,
-        "base_model": {"name": base_name, "source": model.get("storage_uri"),
-                       "revision": base_revision},
-        "dataset": {"source": dataset.get("storage_uri"),
-                    "revision": dataset.get("resolved_revision")},
-        "training_config": config_path.read_text() if config_path.is_file() else None,
-        "metrics": training.summary(),
-        "checkpoint": training.marker.get("checkpoint"),
-        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+
+def _float32_bytes(shapes: dict[str, list[int]]) -> int:
+    total = 0
+    for shape in shapes.values():
+        count = 1
+        for dim in shape:
+            count *= dim
+        total += 4 * count
+    return total
+
+
+def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: str) -> dict:
+    """Structure always; logits when asked and the model fits. Returns what was checked."""
+    from trainer.checkpoint_model import read_config
+
+    read_config(request.model_dir)  # a missing or broken base model is a one-line error
+    base_files = base_model.weight_files(request.model_dir)
+    base_shapes = verify.shapes_of(base_files)
+    adapter_sub, merged_sub = artifact.subdirs(fmt)
+    report: dict = {}
+    adapter_file = (tree / adapter_sub / artifact.ADAPTER_WEIGHTS if adapter_sub is not None
+                    else training.checkpoint_dir / artifact.ADAPTER_WEIGHTS)
+    if adapter_sub is not None:
+        pairs = verify.check_adapter(adapter_file, base_shapes)
+        report["adapter_pairs"] = pairs
+        log.info("adapter: %d LoRA pairs fit the base model's weights", pairs)
+    merged_files = (sorted((tree / merged_sub).glob("*.safetensors")) if merged_sub is not None
+                    else training.merged_shards())
+    if merged_sub is not None:
+        report["merged_tensors"] = verify.check_merged(merged_files, base_shapes)
+        log.info("merged: %d tensors match the base model's names and shapes",
+                 report["merged_tensors"])
+
+    if adapter_sub is None:
+        # The check vouches for the adapter a user will load; none is exported here.
+        report["logits"] = "not applicable: no adapter exported"
+    elif not request.verify_logits:
+        report["logits"] = "skipped: turned off"
+        log.warning("logits check turned off (KUBETUNE_EXPORT_VERIFY_LOGITS=0)")
+    elif not merged_files:
+        report["logits"] = "skipped: the checkpoint has no merged weights to compare with"
+        log.warning("logits check skipped: %s", report["logits"])
+    else:
+        limit = request.verify_max_bytes
+        limit = _memory_available() // 4 if limit is None else limit
+        need = _float32_bytes(base_shapes)
+        if need > limit:
+            report["logits"] = (f"skipped: the base model takes {need / 1e9:.1f} GB as float32, "
+                                f"over the {limit / 1e9:.1f} GB limit")
+            log.warning("logits check %s (KUBETUNE_EXPORT_VERIFY_MAX_BYTES)", report["logits"])
+        else:
+            from exporter import verify_logits
+
+            config = artifact.adapter_config(training, request.model_dir)
+            result = verify_logits.check(request.model_dir / "config.json", base_files,
+                                         adapter_file, config, merged_files)
+            report["logits"] = result.as_dict()
+    return report
 
 
 def export(request: ExportRequest) -> dict:
+    """Export the completed run; return the manifest now at the destination."""
     training = locate(request.output_dir)
     fmt = request.format or artifact.default_format(training)
     if fmt not in artifact.FORMATS:
         raise BadInputError(f"EXPORT_FORMAT {fmt!r} is not one of {', '.join(artifact.FORMATS)}")
-    destination = LocalDestination(request.destination)
-    staged = destination.stage()
-    adapter_dir = staged if fmt == "adapter" else staged / "adapter"
-    merged_dir = staged if fmt == "merged" else staged / "merged"
-    if fmt in ("adapter", "both"):
-        artifact.write_adapter(training, request.model_dir, adapter_dir)
-        pairs = verify.check_adapter(adapter_dir / "adapter_model.safetensors", request.model_dir)
-        log.info("adapter: %d LoRA pairs fit the base model's weights", pairs)
-    if fmt in ("merged", "both"):
-        artifact.write_merged(training, merged_dir)
-    result = _manifest(request, fmt, staged, training)
-    (staged / EXPORT_MANIFEST_NAME).write_text(json.dumps(result, indent=2))
-    destination.commit(staged)
-    log.info("exported %s to %s", fmt, destination.path)
+    if fmt != "merged" and not training.is_peft:
+        raise BadInputError(f"EXPORT_FORMAT={fmt} asks for an adapter, but the run was a full "
+                            "fine-tune (no adapter_model.safetensors): use EXPORT_FORMAT=merged")
+    destination = open_destination(request.destination, request.revision,
+                                   Path(request.output_dir).resolve().parent)
+    destination.check()
+    tree = destination.build_dir()
+    try:
+        adapter_sub, merged_sub = artifact.subdirs(fmt)
+        if adapter_sub is not None:
+            artifact.write_adapter(training, request.model_dir, tree / adapter_sub)
+        if merged_sub is not None:
+            artifact.write_merged(training, tree / merged_sub)
+        base = base_model.source(request.model_dir)
+        dataset = base_model.dataset_source(request.dataset_dir)
+        metrics = training.summary()
+        (tree / "README.md").write_text(model_card.render(fmt, base, dataset, metrics,
+                                                          adapter_sub, merged_sub))
+        result = export_manifest.build(
+            tree, fmt=fmt, base_model=base, dataset=dataset,
+            training_config=training.config_text(), metrics=metrics,
+            checkpoint=training.marker.get("checkpoint"), verification={})
+        previous = destination.read_manifest()
+        if export_manifest.same_export(previous, result):
+            log.info("%s already holds this export (manifest matches): nothing to upload",
+                     destination.description)
+            return previous
+        result["verification"] = _verify(request, training, tree, fmt)
+        destination.publish(tree, result, previous)
+    finally:
+        destination.discard(tree)
+    log.info("exported %s to %s", fmt, destination.description)
     return result

@@ -1,0 +1,178 @@
+"""A Hugging Face Hub destination: one commit holds every file, ``manifest.json`` included.
+
+A hub commit is atomic, so a reader of the branch sees the previous export or the new
+one, never a mix. The repository (and branch) are created when absent and the token
+allows it. After the commit, the hub's listing of the branch is checked against the
+manifest: sizes, and each file's sha256 (LFS) or git blob id, which the hub computed
+from the bytes it stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from exporter import manifest as export_manifest
+from initializers import staging
+from kubetune import retry
+from kubetune.credentials import hf_token
+from kubetune.errors import BadInputError, TransientError
+from kubetune.workspace import EXPORT_MANIFEST_NAME
+
+log = logging.getLogger("exporter")
+
+
+def git_blob_oid(path: Path) -> str:
+    sha = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+class HubDestination:
+    def __init__(self, uri: str, revision: str | None, work_dir: Path) -> None:
+        parts = [p for p in uri[len("hf://"):].split("/") if p]
+        if len(parts) != 2:
+            raise BadInputError(f"EXPORT_URI {uri!r} must be hf://<org or user>/<repo>")
+        self.repo_id = "/".join(parts)
+        self.revision = revision or "main"
+        self.description = f"hf://{self.repo_id}@{self.revision}"
+        self.work_dir = Path(work_dir)
+        self.token = hf_token()
+        if not self.token:
+            raise BadInputError(f"uploading to {self.description} needs a token with write "
+                                "access: set ACCESS_TOKEN or HF_TOKEN (or ACCESS_TOKEN_FILE)")
+        from huggingface_hub import HfApi
+
+        endpoint = os.environ.get("HF_ENDPOINT") or None
+        self.api = HfApi(endpoint=endpoint, token=self.token)
+
+    # -- plumbing ----------------------------------------------------------------------
+    @staticmethod
+    def _status(exc: BaseException) -> int | None:
+        response = getattr(exc, "response", None)
+        return getattr(response, "status_code", None)
+
+    def _classify(self, exc: BaseException) -> retry.TransientFailure | None:
+        from huggingface_hub.errors import HfHubHTTPError
+
+        status = self._status(exc)
+        if isinstance(exc, HfHubHTTPError) and status is not None:
+            if status == 429 or status >= 500:
+                after = exc.response.headers.get("Retry-After")
+                return retry.TransientFailure(f"the hub answered {status}",
+                                              float(after) if after and after.isdigit() else None)
+            return None
+        import httpx2
+
+        if isinstance(exc, (OSError, httpx2.TransportError)):
+            return retry.TransientFailure(type(exc).__name__)
+        return None
+
+    def _call(self, what: str, func):
+        from huggingface_hub.errors import HfHubHTTPError
+
+        try:
+            return retry.call(func, f"{what} {self.description}", classify=self._classify)
+        except HfHubHTTPError as exc:
+            status = self._status(exc)
+            if status == 401:
+                raise BadInputError(f"the hub rejected the token for {self.description} (401): "
+                                    "set ACCESS_TOKEN / HF_TOKEN to a valid token") from None
+            if status == 403:
+                raise BadInputError(f"the token may not write to {self.description} (403): use "
+                                    "a token with write access to that repo or org") from None
+            raise BadInputError(f"the hub refused to {what} {self.description} ({status}): "
+                                f"{str(exc).splitlines()[0]}") from None
+
+    # -- the four steps ----------------------------------------------------------------
+    def check(self) -> None:
+        who = self._call("authenticate for", lambda: self.api.whoami())
+        role = (((who or {}).get("auth") or {}).get("accessToken") or {}).get("role")
+        if role == "read":
+            raise BadInputError(f"the token is read-only; {self.description} needs a token with "
+                                "write access (ACCESS_TOKEN / HF_TOKEN)")
+
+    def build_dir(self) -> Path:
+        tree = staging.staging_dir_for(self.work_dir / "export-upload")
+        try:
+            if tree.exists():
+                shutil.rmtree(tree)
+            tree.mkdir(parents=True)
+        except OSError as exc:
+            raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
+        return tree
+
+    def read_manifest(self) -> dict | None:
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session
+
+        url = hf_hub_url(self.repo_id, EXPORT_MANIFEST_NAME, revision=self.revision,
+                         endpoint=self.api.endpoint)
+
+        def get():
+            response = get_session().get(url, headers=build_hf_headers(token=self.token),
+                                         follow_redirects=True)
+            if response.status_code in (401, 403, 404):
+                return None  # no repo, branch or manifest yet, or not readable: export anew
+            if response.status_code == 429 or response.status_code >= 500:
+                raise retry.TransientFailure(f"the hub answered {response.status_code}")
+            return response.content if response.status_code == 200 else None
+
+        raw = self._call("read", get)
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return None
+
+    def publish(self, tree: Path, manifest: dict, previous: dict | None) -> None:
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        export_manifest.write(tree, manifest)
+        self._call("create", lambda: self.api.create_repo(self.repo_id, exist_ok=True))
+        if self.revision != "main":
+            self._call("create", lambda: self.api.create_branch(
+                self.repo_id, branch=self.revision, exist_ok=True))
+        paths = [e["path"] for e in manifest["files"]] + [EXPORT_MANIFEST_NAME]
+        stale = sorted({e["path"] for e in (previous or {}).get("files", [])} - set(paths))
+
+        def commit():
+            # Operations are single-use: build them afresh for every attempt.
+            ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(tree / p))
+                   for p in paths]
+            ops += [CommitOperationDelete(path_in_repo=p) for p in stale]
+            return self.api.create_commit(
+                self.repo_id, ops, revision=self.revision,
+                commit_message=f"kubetune export ({manifest['format']}) of "
+                               f"{manifest['base_model'].get('name')}")
+
+        info = self._call("commit to", commit)
+        log.info("committed %d files to %s as %s", len(paths), self.description,
+                 getattr(info, "oid", "?"))
+        self._check_remote(tree, paths)
+
+    def _check_remote(self, tree: Path, paths: list[str]) -> None:
+        listed = self._call("list", lambda: {
+            f.path: f for f in self.api.list_repo_tree(self.repo_id, revision=self.revision,
+                                                       recursive=True)
+            if hasattr(f, "size")})
+        for path in paths:
+            local = tree / path
+            remote = listed.get(path)
+            if remote is None or remote.size != local.stat().st_size:
+                raise TransientError(f"{self.description} lacks {path} after the commit; re-run "
+                                     "the export")
+            lfs_sha = (remote.lfs or {}).get("sha256") if isinstance(remote.lfs, dict) \
+                else getattr(remote.lfs, "sha256", None)
+            want = export_manifest.file_sha256(local) if lfs_sha else git_blob_oid(local)
+            if (lfs_sha or remote.blob_id) != want:
+                raise TransientError(f"{path} on {self.description} differs from what was "
+                                     "uploaded; re-run the export")
+
+    def discard(self, tree: Path) -> None:
+        shutil.rmtree(tree, ignore_errors=True)

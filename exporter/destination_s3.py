@@ -1,0 +1,201 @@
+"""An S3 destination: data objects first, read back and checked, ``manifest.json`` last.
+
+S3 has no rename, so the manifest is the commit: a reader loads an export only when
+``<prefix>/manifest.json`` exists, and it is written after every file it lists has been
+uploaded and read back. A previous export's manifest is deleted before its files are
+overwritten, so no reader ever pairs an old manifest with new files. Each object carries
+its sha256 as metadata: a re-run after a kill skips the objects already whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from exporter import manifest as export_manifest
+from initializers import staging
+from kubetune import retry
+from kubetune.credentials import s3_credentials
+from kubetune.errors import BadInputError, TransientError
+from kubetune.workspace import EXPORT_MANIFEST_NAME
+
+log = logging.getLogger("exporter")
+
+_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
+                    "SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling"}
+_DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                 "AllAccessDisabled", "InvalidToken", "ExpiredToken"}
+SHA_KEY = "sha256"
+
+
+class S3Destination:
+    def __init__(self, uri: str, work_dir: Path) -> None:
+        rest = uri[len("s3://"):]
+        self.bucket, _, prefix = rest.partition("/")
+        if not self.bucket:
+            raise BadInputError(f"EXPORT_URI {uri!r} names no bucket: use s3://bucket/prefix")
+        self.prefix = prefix.strip("/")
+        self.description = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.work_dir = Path(work_dir)
+        self.credentials = s3_credentials()
+        self._client = None
+
+    # -- plumbing ----------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            c = self.credentials
+            self._client = boto3.client(
+                "s3", endpoint_url=c.endpoint_url, region_name=c.region,
+                aws_access_key_id=c.access_key_id, aws_secret_access_key=c.secret_access_key,
+                # kubetune.retry is the one retry loop: botocore makes single attempts.
+                config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                              connect_timeout=10, read_timeout=120),
+            )
+        return self._client
+
+    def key(self, path: str) -> str:
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    @staticmethod
+    def _unwrap(exc: BaseException) -> BaseException:
+        from boto3.exceptions import S3UploadFailedError
+
+        # upload_file wraps the ClientError that says what went wrong.
+        if isinstance(exc, S3UploadFailedError):
+            return exc.__cause__ or exc.__context__ or exc
+        return exc
+
+    def _classify(self, exc: BaseException) -> retry.TransientFailure | None:
+        from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+        exc = self._unwrap(exc)
+
+        if isinstance(exc, (ConnectionError, HTTPClientError)):
+            return retry.TransientFailure(f"{type(exc).__name__}")
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in _TRANSIENT_CODES:
+                return retry.TransientFailure(f"S3 answered {code}")
+        return None
+
+    def _call(self, what: str, func):
+        from botocore.exceptions import ClientError, NoCredentialsError
+
+        try:
+            return retry.call(func, f"{what} ({self.description})", classify=self._classify)
+        except NoCredentialsError:
+            raise BadInputError(f"no S3 credentials for {self.description}: set ACCESS_KEY_ID "
+                                "and SECRET_ACCESS_KEY (or their *_FILE variants)") from None
+        except Exception as raised:
+            exc = self._unwrap(raised)
+            if not isinstance(exc, ClientError):
+                raise
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchBucket"):
+                raise BadInputError(f"bucket {self.bucket} does not exist: create it or fix "
+                                    "EXPORT_URI") from None
+            if code in _DENIED_CODES:
+                raise BadInputError(f"the S3 credentials may not {what} {self.description} "
+                                    f"({code}): grant s3:PutObject/GetObject/ListBucket/"
+                                    "DeleteObject on it or fix ACCESS_KEY_ID / "
+                                    "SECRET_ACCESS_KEY") from None
+            raise BadInputError(f"S3 refused to {what} {self.description}: {code}") from None
+
+    # -- the four steps ----------------------------------------------------------------
+    def check(self) -> None:
+        self._call("read", lambda: self.client.head_bucket(Bucket=self.bucket))
+
+    def build_dir(self) -> Path:
+        tree = staging.staging_dir_for(self.work_dir / "export-upload")
+        try:
+            if tree.exists():
+                shutil.rmtree(tree)
+            tree.mkdir(parents=True)
+        except OSError as exc:
+            raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
+        return tree
+
+    def read_manifest(self) -> dict | None:
+        from botocore.exceptions import ClientError
+
+        def get():
+            try:
+                body = self.client.get_object(Bucket=self.bucket,
+                                              Key=self.key(EXPORT_MANIFEST_NAME))["Body"]
+                return body.read()
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        raw = self._call("read", get)
+        try:
+            return json.loads(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+    def _uploaded_sha(self, path: str) -> str | None:
+        from botocore.exceptions import ClientError
+
+        def head():
+            try:
+                return self.client.head_object(Bucket=self.bucket, Key=self.key(path))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        found = self._call("read", head)
+        return (found or {}).get("Metadata", {}).get(SHA_KEY)
+
+    def _read_back(self, entry: dict) -> None:
+        def digest() -> tuple[str, int]:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(entry["path"]))["Body"]
+            sha, size = hashlib.sha256(), 0
+            for chunk in iter(lambda: body.read(8 << 20), b""):
+                sha.update(chunk)
+                size += len(chunk)
+            return sha.hexdigest(), size
+
+        sha, size = self._call("read", digest)
+        if sha != entry["sha256"] or size != entry["size"]:
+            raise TransientError(f"s3://{self.bucket}/{self.key(entry['path'])} read back with "
+                                 "another sha256 than was uploaded; re-run the export")
+
+    def publish(self, tree: Path, manifest: dict, previous: dict | None) -> None:
+        if previous is not None:
+            # Readers gate on the manifest: drop the old one before touching its files.
+            self._call("delete", lambda: self.client.delete_object(
+                Bucket=self.bucket, Key=self.key(EXPORT_MANIFEST_NAME)))
+        uploaded = 0
+        for entry in manifest["files"]:
+            if self._uploaded_sha(entry["path"]) == entry["sha256"]:
+                continue  # whole from an earlier, interrupted run
+            source = tree / entry["path"]
+            self._call("write", lambda: self.client.upload_file(
+                str(source), self.bucket, self.key(entry["path"]),
+                ExtraArgs={"Metadata": {SHA_KEY: entry["sha256"]}}))
+            uploaded += 1
+        for entry in manifest["files"]:
+            self._read_back(entry)
+        body = export_manifest.encode(manifest)
+        self._call("write", lambda: self.client.put_object(
+            Bucket=self.bucket, Key=self.key(EXPORT_MANIFEST_NAME), Body=body,
+            ContentType="application/json"))
+        log.info("uploaded %d of %d files to %s, read back and checked, manifest last",
+                 uploaded, len(manifest["files"]), self.description)
+        stale = {e["path"] for e in (previous or {}).get("files", [])} - {
+            e["path"] for e in manifest["files"]}
+        for path in sorted(stale):
+            self._call("delete", lambda: self.client.delete_object(Bucket=self.bucket,
+                                                                   Key=self.key(path)))
+
+    def discard(self, tree: Path) -> None:
+        shutil.rmtree(tree, ignore_errors=True)

@@ -1,0 +1,149 @@
+"""Does the exported adapter, applied to the base model, give the merged model's logits?
+
+The adapter is merged into the base weights in Hugging Face key space with PEFT's own
+rule (W + alpha/r * B @ A; DoRA rescales by the magnitude vector), independently of
+torchtune's merge code, so the check vouches for the adapter as PEFT will apply it,
+including the q/k row permutation torchtune applies when it converts LoRA B to HF
+layout. Both weight sets then run through one forward pass built with torchtune's
+component builders from config.json (the builders the trainer used; a hand-written
+decoder would be a second model implementation to keep in step with them). Logits are
+compared in float32 on a few fixed token sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune.errors import BadInputError
+
+log = logging.getLogger("exporter")
+
+SEQUENCES, SEQ_LEN, SEED = 3, 24, 0
+# max |Δlogit| allowed, relative to max(1, max |logit|) of the merged model. float32
+# weights agree to ~1e-6 on the tiny model; 16-bit shards round every merged weight once
+# more in torchtune's merge than in ours, which moves logits by up to a few 1e-3.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+@dataclass
+class LogitsReport:
+    max_abs_diff: float
+    scale: float
+    tolerance: float
+    sequences: int
+    seq_len: int
+    dtype: str
+
+    def as_dict(self) -> dict:
+        return {"max_abs_diff": self.max_abs_diff, "logit_scale": self.scale,
+                "tolerance": self.tolerance, "sequences": self.sequences,
+                "seq_len": self.seq_len, "dtype": self.dtype}
+
+
+def weights_bytes(files: list[Path]) -> int:
+    return sum(p.stat().st_size for p in files)
+
+
+def _load(files: list[Path]) -> dict:
+    from safetensors.torch import load_file
+
+    state: dict = {}
+    for path in files:
+        state.update(load_file(str(path)))
+    return state
+
+
+def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
+    rank = int(config["r"])
+    alpha = float(config.get("lora_alpha", rank))
+    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    merged = dict(base)
+    prefix = "base_model.model."
+    for key, a in adapter.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        module = key[len(prefix):-len(".lora_A.weight")]
+        b = adapter[f"{prefix}{module}.lora_B.weight"].float()
+        weight = base[f"{module}.weight"].float() + scaling * (b @ a.float())
+        magnitude = adapter.get(f"{prefix}{module}.lora_magnitude_vector",
+                                adapter.get(f"{prefix}{module}.lora_magnitude_vector.weight"))
+        if magnitude is not None:
+            norm = weight.norm(p=2, dim=1)
+            weight = weight * (magnitude.float() / norm).unsqueeze(1)
+        merged[f"{module}.weight"] = weight.to(dtype)
+    return merged
+
+
+def _model(config: dict):
+    from torchtune.config._utils import _get_component_from_path
+
+    from trainer.checkpoint_model import architecture_of
+
+    arch = architecture_of(config)
+    return arch, _get_component_from_path(arch.component(lora=False))(**arch.dims)
+
+
+def _to_tune(arch, config: dict, state: dict) -> dict:
+    dims = arch.dims
+    head_dim = int(config.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
+    args = dict(num_heads=dims["num_heads"], num_kv_heads=dims["num_kv_heads"],
+                dim=dims["embed_dim"], head_dim=head_dim)
+    if arch.family == "qwen2":
+        from torchtune.models.qwen2._convert_weights import qwen2_hf_to_tune
+
+        return qwen2_hf_to_tune(state, tie_word_embeddings=dims["tie_word_embeddings"], **args)
+    from torchtune.models.convert_weights import hf_to_tune
+
+    return hf_to_tune(state, **args)
+
+
+def _logits(model, arch, config: dict, state: dict, tokens):
+    import torch
+
+    model.load_state_dict(_to_tune(arch, config, {k: v.float() for k, v in state.items()}),
+                          strict=True)
+    with torch.no_grad():
+        out = model(tokens)
+    return (torch.cat(out, dim=1) if isinstance(out, list) else out).float()
+
+
+def check(base_config: Path, base_files: list[Path], adapter_file: Path, adapter_config: dict,
+          merged_files: list[Path], tolerance: float | None = None) -> LogitsReport:
+    """Refuse (BadInputError) when base + adapter does not reproduce the merged logits."""
+    import torch
+
+    config = json.loads(Path(base_config).read_text())
+    merged = _load(merged_files)
+    dtype = next(iter(merged.values())).dtype
+    dtype_name = str(dtype).removeprefix("torch.")
+    tol = tolerance if tolerance is not None else TOLERANCE.get(dtype_name, 3e-2)
+    arch, model = _model(config)
+    model.eval()
+    generator = torch.Generator().manual_seed(SEED)
+    tokens = torch.randint(0, int(config["vocab_size"]), (SEQUENCES, SEQ_LEN), generator=generator)
+    want = _logits(model, arch, config, merged, tokens)
+    del merged
+    from safetensors.torch import load_file
+
+    adapted = _apply_adapter(_load(base_files), load_file(str(adapter_file)), adapter_config,
+                             dtype)
+    got = _logits(model, arch, config, adapted, tokens)
+    diff = float((got - want).abs().max())
+    scale = max(1.0, float(want.abs().max()))
+    report = LogitsReport(diff, scale, tol, SEQUENCES, SEQ_LEN, dtype_name)
+    if not math.isfinite(diff) or diff > tol * scale:
+        # Known cause: torchtune 0.6.1 merges LoRA into the live base weights at every
+        # epoch's checkpoint when training on CPU, so later adapters miss earlier epochs.
+        raise BadInputError(f"the adapter applied to the base model does not reproduce the "
+                            f"merged model (max |logit difference| {diff:.3g} > {tol:g} x "
+                            f"{scale:.3g}), so it is not what training produced; export refused. "
+                            "A multi-epoch LoRA run on CPU causes this (torchtune 0.6.1 folds "
+                            "each epoch into the base weights): export EXPORT_FORMAT=merged or "
+                            "train one epoch")
+    log.info("logits: base + adapter matches the merged model on %d sequences of %d tokens "
+             "(max |diff| %.3g, tolerance %g x %.3g)", SEQUENCES, SEQ_LEN, diff, tol, scale)
+    return report

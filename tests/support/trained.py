@@ -1,0 +1,65 @@
+"""One real LoRA run of the tiny model per test session, for the exporter's tests.
+
+`kubetune local` runs both initializers, a short torchtune LoRA run and the default
+export, each as its own process, exactly as `make demo` does, only with fewer steps.
+One epoch: torchtune 0.6.1 on CPU folds each epoch's LoRA into the live base weights
+when it saves a checkpoint, so only a one-epoch CPU run has an adapter that matches its
+merged model (the exporter's logits check refuses the others).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import clean_env, kubetune
+
+TRAIN_ARGS = [
+    "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train", "epochs=1",
+    "max_steps_per_epoch=6", "batch_size=8", "gradient_accumulation_steps=1",
+    "optimizer.lr=3e-3", "lr_scheduler.num_warmup_steps=2", "model.lora_rank=8",
+    "model.lora_alpha=16", "model.apply_lora_to_output=True", "seed=0",
+]
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    workdir: Path
+
+    @property
+    def workspace(self) -> Path:
+        return self.workdir / "workspace"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.workspace / "output"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.workspace / "model"
+
+    @property
+    def dataset_dir(self) -> Path:
+        return self.workspace / "dataset"
+
+    @property
+    def base_source(self) -> Path:
+        return self.workdir / "sources" / "tiny-llama3"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A pod's environment for the exporter over this run's workspace."""
+        return clean_env(KUBETUNE_WORKSPACE=str(self.workspace), **extra)
+
+
+def train(workdir: Path, method: str = "lora") -> TrainedRun:
+    result = kubetune("local", "--workdir", str(workdir), "--method", method, *TRAIN_ARGS,
+                      timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return TrainedRun(workdir)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> TrainedRun:
+    return train(tmp_path_factory.mktemp("trained"))

@@ -1,0 +1,71 @@
+"""What a user's serving stack does with an export: transformers + peft load the adapter on
+the base model, and its logits match the exported merged model.
+
+peft and transformers are test-only dependencies in a venv of their own (.venv-serving,
+created once and kept): peft 0.21 refuses to import beside torchao 0.15, which torchtune
+needs, and a serving image has no torchtune anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import REPO, kubetune
+from tests.support.trained import TrainedRun, train
+
+pytestmark = pytest.mark.slow
+
+SERVING_VENV = REPO / ".venv-serving"
+SERVING_PINS = ["torch==2.13.0", "transformers==5.18.0", "peft==0.21.0", "safetensors==0.8.0",
+                "accelerate==1.15.0"]
+# float32 end to end; the tiny model's logits agree to ~1e-6 (both sides sum the same
+# float32 products in different orders).
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="session")
+def serving_python() -> Path:
+    python = SERVING_VENV / "bin" / "python"
+    marker = SERVING_VENV / (".installed-" + "-".join(SERVING_PINS))
+    if not marker.is_file():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(SERVING_VENV)], check=True)
+        installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet",
+                                    *SERVING_PINS], capture_output=True, text=True, timeout=1200)
+        assert installed.returncode == 0, installed.stderr[-3000:]
+        marker.write_text("")
+    return python
+
+
+@pytest.fixture(scope="module")
+def dora_run(tmp_path_factory) -> TrainedRun:
+    return train(tmp_path_factory.mktemp("trained-dora"), method="dora")
+
+
+@pytest.mark.parametrize("method", ["lora", "dora"])
+def test_peft_applies_the_exported_adapter_like_the_merged_model(request, serving_python,
+                                                                  tmp_path, method):
+    # DoRA: torchtune writes q/k magnitude vectors in its own row order; PEFT would scale
+    # the wrong rows (max |diff| ~1e-3 here) unless the exporter reorders them.
+    trained_run = request.getfixturevalue("trained_run" if method == "lora" else "dora_run")
+    dest = tmp_path / "export"
+    result = kubetune("export", "--export-uri", str(dest), "--export-format", "both",
+                      env=trained_run.env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = subprocess.run([str(serving_python), str(REPO / "tests/support/serve_adapter.py"),
+                             str(dest)], capture_output=True, text=True, timeout=600,
+                            env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                                 "HOME": str(tmp_path)})
+    assert served.returncode == 0, served.stderr[-3000:]
+    report = json.loads(served.stdout.strip().splitlines()[-1])
+    print(f"{method}: peft vs merged: {report}")
+    assert report["base_model"] == str(trained_run.base_source.resolve())
+    assert report["tokens"] > 10
+    assert report["max_abs_diff"] <= TOLERANCE * max(1.0, report["logit_scale"])
+    assert report["adapter_effect"] > 100 * TOLERANCE
+    config = json.loads((dest / "adapter" / "adapter_config.json").read_text())
+    assert config.get("use_dora", False) is (method == "dora")
