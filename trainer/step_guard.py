@@ -17,6 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any, Iterator
 
+from kubetune import env
 from kubetune.errors import EXIT_TRANSIENT
 from trainer import resume
 
@@ -34,7 +35,7 @@ class Guard:
 
     def __init__(self, settings: dict, output_dir: str) -> None:
         self.output_dir = Path(output_dir)
-        self.stop_file = settings.get("stop_file")
+        self.stop_file = os.environ.get(env.STOP_FILE)
         self.save_every = int(settings.get("save_every_n_steps") or 0)
         self.fingerprint = str(settings.get("fingerprint") or "")
         self.resume_offset = int(settings.get("resume_steps_in_epoch") or 0)
