@@ -1,7 +1,7 @@
 """Make torchtune's recipes run where they assume CUDA: on CPU, with gloo.
 
 The distributed recipes open ``cuda:nccl,cpu:gloo`` process groups and read CUDA memory
-statistics unconditionally; on a machine without CUDA both fail before the first step.
+statistics and empty the CUDA cache unconditionally; on a machine without CUDA both fail before the first step.
 We patch those two library entry points (never the recipe code): the process group
 falls back to gloo, and memory statistics report the process's peak resident memory.
 """
@@ -58,4 +58,13 @@ def apply() -> list[str]:
     memory.get_memory_stats = get_memory_stats
     training.get_memory_stats = get_memory_stats
     adapted.append("memory statistics read the process's peak RSS (no CUDA)")
+
+    def cleanup_before_training() -> None:
+        # torchtune's empties the device cache, which torch.cpu does not have.
+        import gc
+
+        gc.collect()
+
+    memory.cleanup_before_training = cleanup_before_training
+    training.cleanup_before_training = cleanup_before_training
     return adapted

@@ -8,6 +8,7 @@ import collections
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,12 +71,18 @@ def _stream(pipe, sink, tail: collections.deque) -> None:
             tail.append(line.rstrip())
 
 
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:\s*")
+# torchrun's own report of a failed worker: the worker's exception says more.
+_WRAPPER_ERRORS = ("ChildFailedError", "SignalException")
+
+
 def _error_line(tail: collections.deque) -> str:
     """The exception line of the recipe's traceback, else its last line."""
     for line in reversed(tail):
-        text = line.split("] ", 1)[-1] if line.startswith("[") else line
+        text = _RANK_PREFIX.sub("", line)
         head = text.split(":", 1)[0]
-        if head.endswith(("Error", "Exception")) and " " not in head:
+        if head.endswith(("Error", "Exception")) and " " not in head \
+                and not head.endswith(_WRAPPER_ERRORS):
             return text
     return tail[-1] if tail else "the recipe exited without output"
 

@@ -130,6 +130,11 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
         new_tok["merges_file"] = str(tok_cfg.merges_file)
     if tok_cfg.get("prompt_template"):
         new_tok["prompt_template"] = tok_cfg.prompt_template
+    limit = checkpoint.max_seq_len
+    if new_tok["max_seq_len"] is not None and int(new_tok["max_seq_len"]) > limit:
+        log.info("tokenizer.max_seq_len %s exceeds the checkpoint's max_position_embeddings: "
+                 "using %d", new_tok["max_seq_len"], limit)
+        new_tok["max_seq_len"] = limit
     cfg.tokenizer = OmegaConf.create(new_tok)
     check_tokenizer(cfg.tokenizer)
 
