@@ -74,9 +74,15 @@ def method_of(model_cfg, recipe: str) -> str:
         return "full"
     if _truthy(get("use_dora", False)):
         return "dora"
-    if _truthy(get("quantize_base", False)):
+    # torchtune's QLoRA configs name a qlora_* builder instead of setting quantize_base.
+    if _truthy(get("quantize_base", False)) or (
+            "qlora" in str(get("_component_", "")) and get("quantize_base") is None):
         return "qlora"
     return "lora"
+
+
+# What entrypoints/local.py (and older callers) list: method -> single-device choice.
+METHODS = {m: _CHOICES[(m, False)] for m in METHOD_NAMES}
 
 
 def check_recipe(recipe: str, method: str, topology: Topology) -> list[str]:

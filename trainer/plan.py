@@ -17,7 +17,7 @@ from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
 from trainer import dataset_check, dataset_location, hardware, methods, resume, speed, topology
-from trainer.checkpoint_model import LORA_KEYS, CheckpointModel, read_checkpoint_model
+from trainer.checkpoint_model import CheckpointModel, read_checkpoint_model
 from trainer.recipe_config import apply_overrides, load_config, resolve_recipe
 from trainer.tune_command import TuneRunRequest
 from trainer.validate import check_nf4, check_tokenizer
@@ -95,7 +95,9 @@ def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
                      f"vocab={arch.dims['vocab_size']}): using {component}")
     new_model = {"_component_": component, **arch.dims}
     if lora:
-        new_model.update({k: model_cfg[k] for k in LORA_KEYS if k in model_cfg})
+        new_model.update({k: model_cfg[k] for k in arch.lora_keys if k in model_cfg})
+        new_model["quantize_base"] = method == "qlora"
+        new_model["use_dora"] = method == "dora"
     cfg.model = OmegaConf.create(new_model)
     return notes
 

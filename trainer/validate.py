@@ -56,7 +56,7 @@ def check_tokenizer(tok_cfg: DictConfig) -> None:
     component = str(tok_cfg.get("_component_", ""))
     path = Path(str(tok_cfg.get("path")))
     data = _readable(path, "tokenizer.path")
-    if "llama3" in component or path.name == "tokenizer.model" and "qwen" not in component:
+    if "llama3" in component:
         first = data.split(b"\n", 1)[0].split()
         try:
             if len(first) != 2:
@@ -67,7 +67,7 @@ def check_tokenizer(tok_cfg: DictConfig) -> None:
             raise BadInputError(f"tokenizer.path {path} is not a tiktoken BPE file "
                                 "(lines of '<base64 token> <rank>'), which "
                                 f"{component.rsplit('.', 1)[-1]} reads") from None
-    elif "qwen" in component or path.suffix == ".json":
+    elif "qwen" in component:
         try:
             json.loads(data)
         except ValueError:
