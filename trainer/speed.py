@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from omegaconf import DictConfig, OmegaConf
 
 CHUNKED_CE = "torchtune.modules.loss.CEWithChunkedOutputLoss"
@@ -38,6 +40,17 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
         notes.append("speed: chunked cross-entropy (CEWithChunkedOutputLoss)")
 
     optimizer = cfg.get("optimizer")
+    component = str(optimizer.get("_component_", "")) if isinstance(optimizer, DictConfig) else ""
+    if component.startswith("bitsandbytes.") and (
+            device == "cpu" or importlib.util.find_spec("bitsandbytes") is None) \
+            and not {"optimizer", "optimizer._component_"} & user_keys:
+        # torchtune's full single-device configs pick 8-bit paged AdamW: CUDA-only, and
+        # bitsandbytes is not in our images.
+        cfg.optimizer = OmegaConf.create({"_component_": "torch.optim.AdamW",
+                                          "lr": optimizer.get("lr", 2e-5),
+                                          "weight_decay": optimizer.get("weight_decay", 0.01)})
+        optimizer = cfg.optimizer
+        notes.append(f"optimizer {component} is unavailable here: using torch.optim.AdamW")
     if isinstance(optimizer, DictConfig) and "Adam" in str(optimizer.get("_component_", "")):
         if device.startswith("cuda"):
             if not _user_set(user_keys, "optimizer.fused") and not optimizer.get("fused"):
