@@ -94,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = OmegaConf.load(config_path)
     settings = OmegaConf.to_container(cfg.get("kubetune") or OmegaConf.create({}))
 
+    import torch
+
+    if str(cfg.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+        # The launcher probed the driver without torch; torch disagrees.
+        print(f"error: trainer: the config asks for {cfg.device} but torch sees no CUDA "
+              "device: run with device=cpu or check the GPU driver", file=sys.stderr)
+        return 65
     cpu_adapt.apply()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()

@@ -16,6 +16,7 @@ from typing import Mapping
 
 from kubetune import env
 from kubetune.errors import BadInputError
+from trainer import hardware
 from trainer.tune_command import TuneRunRequest
 
 DEFAULT_PORT = 29500
@@ -58,10 +59,8 @@ def _int(value: str, what: str) -> int:
 
 
 def devices_per_node(device: str) -> int:
-    import torch
-
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return max(1, torch.cuda.device_count())
+    if device.startswith("cuda"):
+        return max(1, hardware.cuda_device_count())
     return 1
 
 
