@@ -128,12 +128,17 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int, gpu: 
     ours_records = [json.loads(line) for line in metrics.read_text().splitlines()]
     summary = json.loads((ours_out / "summary.json").read_text())
 
+    # The launcher's own work before it starts the recipe: a dry run plans everything.
+    plan_start = time.monotonic()
+    subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
+                   capture_output=True)
+    plan_s = time.monotonic() - plan_start
     result = {
         "device": device, "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
         "steps": steps,
         "plain": {**plain, "tokens_per_s": median_tps(plain_records, "tokens_per_second_per_gpu", 1)},
         "ours": {**ours, "tokens_per_s": median_tps(ours_records, "tokens_per_second", 1),
-                 "mfu": summary.get("mfu")},
+                 "mfu": summary.get("mfu"), "launcher_plan_s": plan_s},
     }
     if gpu:
         result["plain"]["peak_cuda_reserved_gib"] = max(
@@ -151,6 +156,7 @@ def ratios(p: dict, o: dict) -> dict:
         "startup_overhead_s": o["first_step_s"] - p["first_step_s"],
         "startup_overhead_fraction_of_plain": (o["first_step_s"] - p["first_step_s"])
         / p["first_step_s"],
+        "launcher_plan_fraction_of_plain_startup": o["launcher_plan_s"] / p["first_step_s"],
     }
 
 
@@ -183,7 +189,7 @@ def main() -> None:
     result = runs[0]
     for side in ("plain", "ours"):
         for key in result[side]:
-            values = sorted(r[side][key] for r in runs if r[side][key] is not None)
+            values = sorted(r[side][key] for r in runs if isinstance(r[side][key], (int, float)))
             result[side][key] = values[len(values) // 2] if values else None
     result["repeats"] = args.repeats
     result["ratios"] = ratios(result["plain"], result["ours"])

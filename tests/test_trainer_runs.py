@@ -132,8 +132,10 @@ def test_qlora_on_shapes_nf4_accepts(tmp_path, tiny_dataset_dir):
 
 
 def test_dora_without_a_dataset_path_uses_the_initializers_descriptor(
-        tmp_path, tiny_model_dir, tiny_dataset_dir):
-    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, None)
+        tmp_path, model_copy, tiny_dataset_dir):
+    # A checkpoint whose special tokens are listed only in tokenizer_config.json.
+    (model_copy / "tokenizer.json").unlink()
+    pvc = make_pvc(tmp_path / "pvc", model_copy, None)
     # As for an S3 dataset: the args name no path; the dataset initializer wrote one.
     init = subprocess.run([sys.executable, "-m", "entrypoints", "init-dataset"],
                           env=pvc.env(STORAGE_URI=f"file://{tiny_dataset_dir}"), cwd=REPO,
@@ -145,7 +147,11 @@ def test_dora_without_a_dataset_path_uses_the_initializers_descriptor(
                       "dataset=torchtune.datasets.instruct_dataset", "epochs=1", *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "using the dataset initializer's 1 parquet file(s)" in result.stderr
-    assert "use_dora: true" in (pvc.output / "kubetune-config.yaml").read_text()
+    merged = (pvc.output / "kubetune-config.yaml").read_text()
+    assert "use_dora: true" in merged
+    assert "special_tokens_path: " + str(pvc.output / "kubetune-special-tokens.json") in merged
+    special = json.loads((pvc.output / "kubetune-special-tokens.json").read_text())
+    assert {"id": 256, "content": "<|begin_of_text|>"} in special["added_tokens"]
     assert pvc.complete()
 
 

@@ -39,6 +39,22 @@ class Architecture:
 class Tokenizer:
     component: str
     args: dict
+    # Special tokens read from tokenizer_config.json when the checkpoint has no
+    # tokenizer.json: written beside the merged config as one torchtune can read.
+    special_tokens: dict[str, int] | None = None
+
+
+SPECIAL_TOKENS_FILE = "kubetune-special-tokens.json"
+
+
+def special_tokens_from_config(model_dir: Path) -> dict[str, int] | None:
+    path = model_dir / "tokenizer_config.json"
+    try:
+        decoder = json.loads(path.read_text()).get("added_tokens_decoder") or {}
+        tokens = {entry["content"]: int(token_id) for token_id, entry in decoder.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return tokens or None
 
 
 @dataclass
@@ -150,7 +166,9 @@ def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Token
         if special.is_file():
             # torchtune otherwise assumes Llama-3's fixed ids (128000+).
             args["special_tokens_path"] = str(special)
-        return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args)
+            return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args)
+        return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args,
+                         special_tokens_from_config(model_dir))
     if family == "qwen2":
         vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
         for f in (vocab, merges):
@@ -160,7 +178,9 @@ def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Token
         args = {"path": str(vocab), "merges_file": str(merges), "max_seq_len": max_seq_len}
         if special.is_file():
             args["special_tokens_path"] = str(special)
-        return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args)
+            return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args)
+        return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args,
+                         special_tokens_from_config(model_dir))
     if family in ("mistral", "gemma"):
         path = model_dir / "tokenizer.model"
         if not path.is_file():

@@ -24,6 +24,7 @@ from kubetune.errors import KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact
 from kubetune.workspace import COMPLETION_MARKER_NAME, REPO_ID_NAME
 from trainer import resume
+from trainer.checkpoint_model import SPECIAL_TOKENS_FILE
 from trainer.metric_logger import METRICS_NAME
 from trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
 from trainer.summary import summarize
@@ -192,12 +193,17 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         if plan_.resumed_from is None:
             (output_dir / METRICS_NAME).unlink(missing_ok=True)
             resume.clear(output_dir)
+    special = plan_.checkpoint.tokenizer.special_tokens
+    if special:
+        # torchtune reads special-token ids from a tokenizer.json's added_tokens.
+        _write_atomic(output_dir / SPECIAL_TOKENS_FILE, json.dumps(
+            {"added_tokens": [{"id": i, "content": t} for t, i in special.items()]}))
     _write_atomic(config_path, OmegaConf.to_yaml(plan_.cfg))
     log.info("launching: %s", " ".join(command))
 
     stop_file = Path(tempfile.gettempdir()) / f"kubetune-stop-{os.getpid()}"
     stop_file.unlink(missing_ok=True)
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()
     tail: collections.deque = collections.deque(maxlen=200)
     child = subprocess.Popen(command, env=_child_env(plan_, stop_file), stderr=subprocess.PIPE,
                              start_new_session=True)
@@ -210,6 +216,13 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
     wall = time.monotonic() - start
 
     stopped = supervisor.stopped_at is not None and code != 0
+    if code != 0 and not stopped:
+        # Another node was told to stop: all ranks saved together and exited 75.
+        record = resume.read_record(output_dir)
+        path = output_dir / resume.RESUME_RECORD_NAME
+        stopped = (record is not None and record.reason == "signal"
+                   and record.fingerprint == plan_.fingerprint
+                   and path.stat().st_mtime >= started_at)
     if stopped:
         reason = "stopped by signal" + (" (grace period over)" if supervisor.killed else "")
     else:

@@ -17,7 +17,7 @@ from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
 from trainer import dataset_check, dataset_location, hardware, methods, resume, speed, topology
-from trainer.checkpoint_model import CheckpointModel, read_checkpoint_model
+from trainer.checkpoint_model import SPECIAL_TOKENS_FILE, CheckpointModel, read_checkpoint_model
 from trainer.recipe_config import apply_overrides, load_config, resolve_recipe
 from trainer.tune_command import TuneRunRequest
 from trainer.validate import check_nf4, check_tokenizer
@@ -132,13 +132,15 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
         new_tok["merges_file"] = str(tok_cfg.merges_file)
     if tok_cfg.get("prompt_template"):
         new_tok["prompt_template"] = tok_cfg.prompt_template
+    if tokenizer.special_tokens and "special_tokens_path" not in new_tok:
+        new_tok["special_tokens_path"] = f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"
     limit = checkpoint.max_seq_len
     if new_tok["max_seq_len"] is not None and int(new_tok["max_seq_len"]) > limit:
         log.info("tokenizer.max_seq_len %s exceeds the checkpoint's max_position_embeddings: "
                  "using %d", new_tok["max_seq_len"], limit)
         new_tok["max_seq_len"] = limit
     cfg.tokenizer = OmegaConf.create(new_tok)
-    check_tokenizer(cfg.tokenizer)
+    check_tokenizer(cfg.tokenizer, {f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"})
 
 
 def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:

@@ -51,8 +51,9 @@ def _readable(path: Path, what: str) -> bytes:
         raise BadInputError(f"{what} {path} is unreadable: {exc.strerror}") from None
 
 
-def check_tokenizer(tok_cfg: DictConfig) -> None:
-    """The tokenizer files exist, are readable and are the format the builder parses."""
+def check_tokenizer(tok_cfg: DictConfig, pending: set[str] = frozenset()) -> None:
+    """The tokenizer files exist, are readable and are the format the builder parses
+    (``pending``: files the launcher writes itself at start)."""
     component = str(tok_cfg.get("_component_", ""))
     path = Path(str(tok_cfg.get("path")))
     data = _readable(path, "tokenizer.path")
@@ -76,7 +77,7 @@ def check_tokenizer(tok_cfg: DictConfig) -> None:
         if merges:
             _readable(Path(str(merges)), "tokenizer.merges_file")
     special = tok_cfg.get("special_tokens_path")
-    if special:
+    if special and str(special) not in pending:
         try:
             tokens = json.loads(_readable(Path(str(special)), "tokenizer.special_tokens_path"))
             tokens["added_tokens"]
