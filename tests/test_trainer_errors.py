@@ -88,3 +88,11 @@ def test_output_dir_not_writable(pvc, tmp_path):
     result = tune_run(pvc, *LORA, f"output_dir={blocker / 'output'}", *args,
                       *dataset_args(pvc))
     assert_one_line_error(result, pvc, "is not writable", "output_dir")
+
+
+def test_hub_dataset_name_fails_fast_instead_of_downloading(tmp_path, tiny_model_dir):
+    pvc = make_pvc(tmp_path / "pvc2", tiny_model_dir, None)
+    (pvc.root / "dataset").mkdir()  # an empty dataset volume: the initializer did not run
+    result = tune_run(pvc, *LORA, *pvc.runtime_args(), "dataset.source=tatsu-lab/alpaca")
+    assert_one_line_error(result, pvc, "the trainer does not download",
+                          "run the dataset initializer")

@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: trainer: the config asks for {cfg.device} but torch sees no CUDA "
               "device: run with device=cpu or check the GPU driver", file=sys.stderr)
         return 65
+    if os.environ.get("LOCAL_RANK") is not None:
+        from trainer.launch import die_with_parent
+
+        die_with_parent()  # torchrun's workers go when torchrun goes
     cpu_adapt.apply()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()

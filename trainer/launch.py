@@ -63,6 +63,21 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     return child
 
 
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux; elsewhere a no-op).
+
+    The recipe runs in its own session so a stop can signal it as a group; without this
+    a launcher killed outright (SIGKILL, OOM) would leave it training on, unsupervised.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _stream(pipe, sink, tail: collections.deque) -> None:
     for raw in iter(pipe.readline, b""):
         line = redact(raw.decode("utf-8", "replace"))
@@ -206,7 +221,7 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
     start, started_at = time.monotonic(), time.time()
     tail: collections.deque = collections.deque(maxlen=200)
     child = subprocess.Popen(command, env=_child_env(plan_, stop_file), stderr=subprocess.PIPE,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=die_with_parent)
     with _Supervisor(child, stop_file, plan_.grace_period_s) as supervisor:
         reader = threading.Thread(target=_stream, args=(child.stderr, sys.stderr, tail),
                                   daemon=True)
