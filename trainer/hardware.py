@@ -44,8 +44,10 @@ def gpu_compute_capabilities() -> tuple[float, ...]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return ()
-    if not _torch_build_has_cuda() or not shutil.which("nvidia-smi"):
+    if not _torch_build_has_cuda():
         return ()
+    if not shutil.which("nvidia-smi"):
+        return _capabilities_from_torch()
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,compute_cap",
                               "--format=csv,noheader"], capture_output=True, text=True,
@@ -64,6 +66,16 @@ def gpu_compute_capabilities() -> tuple[float, ...]:
     if visible is not None:
         return tuple(caps[i.strip()] for i in visible.split(",") if i.strip() in caps)
     return tuple(caps.values())
+
+
+def _capabilities_from_torch() -> tuple[float, ...]:
+    # The slow path (seconds): a CUDA build of torch without nvidia-smi beside it.
+    import torch
+
+    if not torch.cuda.is_available():
+        return ()
+    return tuple(float("%d.%d" % torch.cuda.get_device_capability(i))
+                 for i in range(torch.cuda.device_count()))
 
 
 def cuda_device_count() -> int:
