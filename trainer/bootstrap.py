@@ -42,6 +42,13 @@ def recipe_class(module: ModuleType) -> type:
     raise RuntimeError(f"{module.__file__} defines no recipe class (setup/train/cleanup)")
 
 
+def defines_save(cls: type) -> bool:
+    """Whether the recipe saves through its own method (LoRA, full single-device), not
+    through torchtune's CheckpointClient (full distributed; the interface's stub)."""
+    return any("save_checkpoint" in vars(k) for k in cls.__mro__
+               if k.__module__ == cls.__module__)
+
+
 def install(cls: type, guard: Guard) -> None:
     original_setup = cls.setup
 
@@ -53,7 +60,7 @@ def install(cls: type, guard: Guard) -> None:
 
     cls.setup = setup
 
-    if hasattr(cls, "save_checkpoint"):
+    if defines_save(cls):
         original_save = cls.save_checkpoint
 
         @functools.wraps(original_save)

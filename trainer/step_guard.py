@@ -74,7 +74,7 @@ class Guard:
         total = recipe.total_epochs
         self.forced_reason = reason
         try:
-            if hasattr(recipe, "save_checkpoint"):
+            if not hasattr(recipe, "_checkpoint_client"):
                 # The recipe keeps optimizer and loader state only for a non-final epoch.
                 recipe.total_epochs = max(total, epoch + 2)
                 try:
