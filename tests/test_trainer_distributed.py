@@ -37,6 +37,10 @@ def test_two_processes_lora_distributed_on_cpu(tmp_path, tiny_model_dir, tiny_da
     assert summary["world_size"] == 2 and summary["steps"] == 3
     assert pvc.complete()
     assert (pvc.output / "epoch_0" / "adapter_model.safetensors").is_file()
+    # A pod's log gets progress lines, not carriage-return bars (the recipe forces rank
+    # 0's bar on; the bootstrap turns it off without a terminal).
+    assert "it/s]" not in result.stderr
+    assert "train: step 1 | epoch 0 | loss" in result.stdout
 
 
 def test_two_nodes_full_finetune_on_loopback(tmp_path, tiny_model_dir, tiny_dataset_dir):

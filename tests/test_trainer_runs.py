@@ -53,10 +53,15 @@ def test_sdk_lora_args_train_the_tiny_llama(tmp_path, tiny_model_dir, tiny_datas
     assert args == SDK_LORA_ARGS
 
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
-    result = tune_run(pvc, "lora_finetune_single_device", "--config",
-                      "llama3_2/1B_lora_single_device", *pvc.runtime_args(),
-                      *on_pvc(args, pvc), "max_steps_per_epoch=3")
+    secret = "hf_kubetuneTestSecret123456"
+    env = pvc.env(HF_TOKEN=secret)
+    run_args = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
+                *pvc.runtime_args(), *on_pvc(args, pvc), "max_steps_per_epoch=3"]
+    result = tune_run(pvc, *run_args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert secret not in result.stdout + result.stderr
+    assert not [p for p in pvc.output.rglob("*") if p.is_file() and secret.encode() in
+                p.read_bytes()]
     # The controller's fixed 1B name yields to the checkpoint's real size.
     assert "the checkpoint's config.json is llama3 (layers=2, dim=64" in result.stderr
     metrics = pvc.metrics()
@@ -71,6 +76,11 @@ def test_sdk_lora_args_train_the_tiny_llama(tmp_path, tiny_model_dir, tiny_datas
     assert adapter["r"] == 8 and adapter["base_model_name_or_path"]
     marker = json.loads((pvc.output / "kubetune-complete.json").read_text())
     assert marker["checkpoint"] == "epoch_0"
+
+    # The pod restarted after finishing (e.g. the JobSet restarted): nothing is redone.
+    again = tune_run(pvc, *run_args, env=env)
+    assert again.returncode == 0 and "nothing to do" in again.stderr
+    assert (pvc.output / "kubetune-complete.json").read_text() == json.dumps(marker, indent=2)
 
 
 def _renamed_columns_dataset(path, rows=64):

@@ -94,6 +94,22 @@ def install(cls: type, guard: Guard) -> None:
         cls.setup = remember
 
 
+def quiet_progress_bars() -> None:
+    """Without a terminal (a pod's log), tqdm's carriage-return bars are noise: the metric
+    logger prints progress lines. Recipes pass ``disable=`` themselves, which overrides
+    TQDM_DISABLE, so the class they import is replaced before they import it."""
+    import tqdm
+
+    original = tqdm.tqdm
+
+    class QuietTqdm(original):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    tqdm.tqdm = QuietTqdm
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     recipe_path, recipe_args = Path(argv[0]), argv[1:]
@@ -115,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_adapt.apply()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()
+    if os.environ.get("TQDM_DISABLE") == "1":
+        quiet_progress_bars()
     module = load_recipe_module(recipe_path)
     install(recipe_class(module), guard)
 
