@@ -134,7 +134,9 @@ def test_qlora_on_shapes_nf4_accepts(tmp_path, tiny_dataset_dir):
     result = tune_run(pvc, "lora_finetune_single_device", "--config",
                       "llama3_2/1B_qlora_single_device", *pvc.runtime_args(),
                       "model.quantize_base=True", "dataset=torchtune.datasets.instruct_dataset",
-                      f"dataset.data_dir={pvc.dataset / 'data'}", "dataset.source=parquet",
+                      # The SDK's form for a dataset URI naming one file.
+                      f"dataset.data_files={pvc.dataset / 'data' / 'train.parquet'}",
+                      "dataset.source=parquet",
                       "epochs=1", *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "quantize_base: true" in (pvc.output / "kubetune-config.yaml").read_text()
@@ -154,6 +156,7 @@ def test_dora_without_a_dataset_path_uses_the_initializers_descriptor(
     result = tune_run(pvc, "lora_finetune_single_device", "--config",
                       "llama3_2/1B_lora_single_device", *pvc.runtime_args(),
                       "model.use_dora=True", "model.lora_attn_modules=[q_proj,v_proj]",
+                      "loss=torchtune.modules.loss.CEWithChunkedOutputLoss",
                       "dataset=torchtune.datasets.instruct_dataset", "epochs=1", *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "using the dataset initializer's 1 parquet file(s)" in result.stderr
