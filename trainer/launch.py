@@ -199,7 +199,9 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         log.info(note)
     check_writable(output_dir)
     primary = plan_.is_primary_node
-    if primary and _already_complete(plan_):
+    if _already_complete(plan_):
+        # Every node decides the same from the shared volume: a node that went on alone
+        # would wait for the others at the rendezvous forever.
         log.info("%s already holds this run's completed training: nothing to do", output_dir)
         return 0
     if primary:
