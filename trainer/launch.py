@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kubetune import env
-from kubetune.errors import KubetuneError, TransientError
+from kubetune.errors import BadInputError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact
 from kubetune.workspace import COMPLETION_MARKER_NAME, REPO_ID_NAME
 from trainer import resume
@@ -87,6 +87,8 @@ def _stream(pipe, sink, tail: collections.deque) -> None:
             tail.append(line.rstrip())
 
 
+# A job too big for its devices: the user's to fix, and a restart would fail the same way.
+_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "can't allocate memory")
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:\s*")
 # torchrun's own report of a failed worker: the worker's exception says more.
 _WRAPPER_ERRORS = ("ChildFailedError", "SignalException")
@@ -259,7 +261,12 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         raise TransientError(f"stopped by signal before any resumable checkpoint within the "
                              f"{plan_.grace_period_s:.0f} s grace period: a restart starts over")
     if code != 0:
-        raise KubetuneError(f"recipe {plan_.request.recipe} failed: {_error_line(tail)}")
+        cause = _error_line(tail)
+        if any(sign in cause for sign in _OUT_OF_MEMORY):
+            raise BadInputError(
+                f"out of memory ({cause[:160]}): lower batch_size or tokenizer.max_seq_len, "
+                "set enable_activation_checkpointing=True, or use method qlora / more devices")
+        raise KubetuneError(f"recipe {plan_.request.recipe} failed: {cause}")
     if not primary:
         return 0
     _fix_adapter_configs(output_dir, plan_.checkpoint.model_dir)
