@@ -65,3 +65,12 @@ def test_bad_lora_config_json_is_one_line(tmp_path, tiny_model_dir, tiny_dataset
                    KUBETUNE_TERMINATION_LOG=str(tmp_path / "termination-log"))
     assert result.returncode == 65
     assert len(error_lines(result)) == 1 and "LORA_CONFIG is not a JSON object" in result.stderr
+
+
+def test_other_tune_subcommands_go_to_torchtune():
+    from tests.support.cli import clean_env, tune
+
+    result = tune("ls", env=clean_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "lora_finetune_single_device" in result.stdout
+    assert "llama3_2/1B_lora_single_device" in result.stdout
