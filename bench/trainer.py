@@ -193,8 +193,9 @@ def main() -> None:
     model, dataset = prepare(args.workdir, rows, gpu)
     runs = [run(args.workdir, model, dataset, args.steps, batch, gpu)
             for _ in range(args.repeats)]
-    for each in runs:
-        print(json.dumps(each["ratios"]), file=sys.stderr)
+    per_run = [dict(each["ratios"]) for each in runs]
+    for each in per_run:
+        print(json.dumps(each), file=sys.stderr)
     result = runs[0]
     for side in ("plain", "ours"):
         for key in result[side]:
@@ -203,11 +204,10 @@ def main() -> None:
     result["repeats"] = args.repeats
     # Paired: each run's ratio is taken between two runs seconds apart, so a neighbour's
     # load shifts both; the median of those ratios is the figure to quote.
-    result["ratios"] = {key: sorted(r["ratios"][key] for r in runs)[len(runs) // 2]
-                        for key in runs[0]["ratios"]}
-    result["ratio_ranges"] = {key: [min(r["ratios"][key] for r in runs),
-                                    max(r["ratios"][key] for r in runs)]
-                              for key in runs[0]["ratios"]}
+    result["ratios"] = {key: sorted(r[key] for r in per_run)[len(per_run) // 2]
+                        for key in per_run[0]}
+    result["ratio_ranges"] = {key: [min(r[key] for r in per_run), max(r[key] for r in per_run)]
+                              for key in per_run[0]}
     print(json.dumps(result, indent=2))
 
 
