@@ -165,6 +165,14 @@ def _fix_adapter_configs(output_dir: Path, model_dir: Path) -> None:
             _write_atomic(path, json.dumps(config, indent=2))
 
 
+def _final_epoch_dir(plan_: RunPlan) -> str | None:
+    """This run's last epoch: the newest epoch_N could be a longer earlier run's leftover."""
+    final = f"epoch_{int(plan_.cfg.get('epochs') or 1) - 1}"
+    if (plan_.output_dir / final).is_dir():
+        return final
+    return _latest_epoch_dir(plan_.output_dir)
+
+
 def _latest_epoch_dir(output_dir: Path) -> str | None:
     epochs = sorted((p for p in output_dir.glob("epoch_*") if p.name[6:].isdigit()),
                     key=lambda p: int(p.name[6:]))
@@ -249,7 +257,7 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
     if primary:
         summary = summarize(output_dir, wall, reason, plan_.checkpoint.architecture.dims,
                             str(plan_.cfg.device), plan_.topology.world_size,
-                            _latest_epoch_dir(output_dir))
+                            _final_epoch_dir(plan_))
         _write_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
     if stopped:
         record = resume.read_record(output_dir)
