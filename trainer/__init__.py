@@ -1,7 +1,10 @@
 """The trainer step: turn a `tune run` request (from Kubeflow Trainer, or from
 `kubetune train`) into one fully merged torchtune config and run torchtune's recipe on it.
 
-Flow: ``tune_command`` (parse) -> ``recipe_config`` (base config + overrides) ->
-``checkpoint_model`` / ``hardware`` / ``dataset_location`` (corrections from what is
-really on disk and in the machine) -> ``launch`` (run, record, mark complete).
+In the launcher process: ``tune_command`` (parse) -> ``plan`` (``recipe_config`` base
+config + overrides, corrected by ``checkpoint_model`` / ``hardware`` / ``topology`` /
+``methods`` / ``dataset_location`` / ``dataset_check`` / ``validate`` / ``speed`` /
+``resume``) -> ``launch`` (run, SIGTERM, ``summary``, completion marker).
+In the recipe process(es): ``bootstrap`` (``cpu_adapt``, ``step_guard``) around
+torchtune's own recipe file, logging through ``metric_logger``.
 """

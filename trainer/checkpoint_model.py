@@ -24,6 +24,12 @@ class Architecture:
     model_type: str  # FullModelHFCheckpointer model_type
     dims: dict = field(default_factory=dict)
 
+    @property
+    def lora_keys(self) -> tuple[str, ...]:
+        if self.family == "gemma":  # its LoRA builder ties the output: no output LoRA
+            return tuple(k for k in LORA_KEYS if k != "apply_lora_to_output")
+        return LORA_KEYS
+
     def component(self, lora: bool) -> str:
         name = f"lora_{self.builder}" if lora else self.builder
         return f"torchtune.models.{self.family}.{name}"
@@ -33,6 +39,22 @@ class Architecture:
 class Tokenizer:
     component: str
     args: dict
+    # Special tokens read from tokenizer_config.json when the checkpoint has no
+    # tokenizer.json: written beside the merged config as one torchtune can read.
+    special_tokens: dict[str, int] | None = None
+
+
+SPECIAL_TOKENS_FILE = "kubetune-special-tokens.json"
+
+
+def special_tokens_from_config(model_dir: Path) -> dict[str, int] | None:
+    path = model_dir / "tokenizer_config.json"
+    try:
+        decoder = json.loads(path.read_text()).get("added_tokens_decoder") or {}
+        tokens = {entry["content"]: int(token_id) for token_id, entry in decoder.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return tokens or None
 
 
 @dataclass
@@ -101,8 +123,17 @@ def architecture_of(cfg: dict) -> Architecture:
         dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
         dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
         return Architecture("qwen2", "qwen2", "QWEN2", dims)
+    if model_type == "mistral":
+        dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
+        return Architecture("mistral", "mistral", "MISTRAL", dims)
+    if model_type == "gemma":
+        dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
+        dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
+        dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
+        return Architecture("gemma", "gemma", "GEMMA", dims)
     raise BadInputError(
-        f"model_type {model_type!r} in config.json is not supported yet; supported: llama, qwen2"
+        f"model_type {model_type!r} in config.json is not supported; supported: llama, qwen2, "
+        "mistral, gemma"
     )
 
 
@@ -135,7 +166,9 @@ def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Token
         if special.is_file():
             # torchtune otherwise assumes Llama-3's fixed ids (128000+).
             args["special_tokens_path"] = str(special)
-        return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args)
+            return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args)
+        return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args,
+                         special_tokens_from_config(model_dir))
     if family == "qwen2":
         vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
         for f in (vocab, merges):
@@ -145,7 +178,16 @@ def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Token
         args = {"path": str(vocab), "merges_file": str(merges), "max_seq_len": max_seq_len}
         if special.is_file():
             args["special_tokens_path"] = str(special)
-        return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args)
+            return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args)
+        return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args,
+                         special_tokens_from_config(model_dir))
+    if family in ("mistral", "gemma"):
+        path = model_dir / "tokenizer.model"
+        if not path.is_file():
+            raise BadInputError(f"tokenizer {path} is missing: a {family} checkpoint ships a "
+                                "sentencepiece tokenizer.model")
+        return Tokenizer(f"torchtune.models.{family}.{family}_tokenizer",
+                         {"path": str(path), "max_seq_len": max_seq_len})
     raise BadInputError(f"no tokenizer known for model family {family}")
 
 

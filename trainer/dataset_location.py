@@ -32,6 +32,24 @@ def read_descriptor(dataset_dir: Path) -> dict | None:
         raise BadInputError(f"dataset descriptor {path} is unreadable: {exc}") from None
 
 
+def _scan(dataset_dir: Path) -> dict | None:
+    """Without a descriptor (a directory not written by our initializer), the data files
+    of the one format it holds, if it holds exactly one."""
+    if not dataset_dir.is_dir():
+        return None
+    by_format: dict[str, list[str]] = {}
+    for path in sorted(dataset_dir.rglob("*")):
+        rel = path.relative_to(dataset_dir)
+        fmt = path.suffix.lstrip(".")
+        if path.is_file() and fmt in BUILDER_FOR_FORMAT and not any(
+                part.startswith(".") for part in rel.parts):
+            by_format.setdefault(BUILDER_FOR_FORMAT[fmt], []).append(str(rel))
+    if len(by_format) != 1:
+        return None
+    (builder, files), = by_format.items()
+    return {"format": builder, "files": files}
+
+
 def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
     """Fix ``dataset_cfg`` in place; return log lines saying what changed."""
     if not isinstance(dataset_cfg, DictConfig):
@@ -56,7 +74,7 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
         if missing:
             raise BadInputError(f"dataset.data_files {missing[0]} does not exist")
         return notes
-    descriptor = read_descriptor(dataset_dir)
+    descriptor = read_descriptor(dataset_dir) or _scan(Path(dataset_dir))
     if descriptor is None:
         source = dataset_cfg.get("source")
         raise BadInputError(

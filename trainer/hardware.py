@@ -1,9 +1,21 @@
-"""Choose device and dtype for the machine the trainer actually runs on."""
+"""Choose device and dtype for the machine the trainer actually runs on.
+
+Probed without importing torch: the launcher's start-up is added to every run, and
+importing torch costs seconds that the recipe process pays again anyway. The probe reads
+the torch build (``torch/version.py``), the NVIDIA driver's device list and the CPU
+flags; the recipe process re-checks with torch (``trainer.bootstrap``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -15,25 +27,88 @@ class Hardware:
     notes: list[str]
 
 
-def cpu_supports_bf16() -> bool:
+def _torch_build_has_cuda() -> bool:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    for line in text.splitlines():
+        if line.startswith("cuda") and "=" in line:
+            return line.split("=", 1)[1].strip() not in ("None", "")
+    return False
+
+
+@lru_cache(maxsize=1)
+def gpu_compute_capabilities() -> tuple[float, ...]:
+    """Compute capability of each GPU this process may use (empty without CUDA)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return ()
+    if not _torch_build_has_cuda():
+        return ()
+    if not shutil.which("nvidia-smi"):
+        return _capabilities_from_torch()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,compute_cap",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if out.returncode != 0:
+        return ()
+    caps = {}
+    for line in out.stdout.strip().splitlines():
+        index, _, cap = line.partition(",")
+        try:
+            caps[index.strip()] = float(cap.strip())
+        except ValueError:
+            continue
+    if visible is not None:
+        return tuple(caps[i.strip()] for i in visible.split(",") if i.strip() in caps)
+    return tuple(caps.values())
+
+
+def _capabilities_from_torch() -> tuple[float, ...]:
+    # The slow path (seconds): a CUDA build of torch without nvidia-smi beside it.
     import torch
 
+    if not torch.cuda.is_available():
+        return ()
+    return tuple(float("%d.%d" % torch.cuda.get_device_capability(i))
+                 for i in range(torch.cuda.device_count()))
+
+
+def cuda_device_count() -> int:
+    return len(gpu_compute_capabilities())
+
+
+def cpu_supports_bf16() -> bool:
+    """What torch's mkldnn check answers: AVX-512 BW/VL/DQ, AVX512-BF16 or AMX-BF16."""
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
         return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & flags) or \
+        {"avx512bw", "avx512vl", "avx512dq"} <= flags
 
 
 def choose(requested_device: str | None, requested_dtype: str | None) -> Hardware:
     """Keep what was asked where the machine can do it; otherwise say what changed."""
-    import torch
-
     notes: list[str] = []
     dtype = requested_dtype or "bf16"
     device = requested_device or "cuda"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    caps = gpu_compute_capabilities()
+    if device.startswith("cuda") and not caps:
         notes.append(f"no CUDA device: running on cpu instead of {device}")
         device = "cpu"
+    if device.startswith("cuda") and dtype == "bf16" and min(caps) < 8.0:
+        notes.append("this GPU has no bf16 (compute capability < 8.0): using fp32 instead")
+        dtype = "fp32"
     if device == "cpu" and dtype == "bf16" and not cpu_supports_bf16():
         notes.append("this CPU has no native bf16: using fp32 instead of bf16")
         dtype = "fp32"

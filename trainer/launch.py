@@ -1,4 +1,6 @@
-"""Plan a training run (one merged config) and run torchtune's recipe on it."""
+"""Run a planned training: write the merged config, run torchtune's recipe (through
+``trainer.bootstrap``) as a child, turn SIGTERM into a resumable stop, and record the
+outcome (``summary.json``, then the completion marker, last)."""
 
 from __future__ import annotations
 
@@ -6,23 +8,27 @@ import collections
 import json
 import logging
 import os
-import resource
+import re
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from kubetune.errors import BadInputError, KubetuneError
-from kubetune.workspace import COMPLETION_MARKER_NAME, Workspace
-from trainer import dataset_location, hardware
-from trainer.checkpoint_model import LORA_KEYS, read_checkpoint_model
-from trainer.metric_logger import METRICS_NAME, read_metrics
-from trainer.recipe_config import apply_overrides, load_config, resolve_recipe
-from trainer.tune_command import TuneRunRequest
+from kubetune import env
+from kubetune.errors import BadInputError, KubetuneError, TransientError
+from kubetune.redact import SECRET_VARIABLES, redact
+from kubetune.workspace import COMPLETION_MARKER_NAME, REPO_ID_NAME
+from trainer import resume
+from trainer.checkpoint_model import SPECIAL_TOKENS_FILE
+from trainer.metric_logger import METRICS_NAME
+from trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
+from trainer.summary import summarize
+from trainer.validate import check_writable
 
 log = logging.getLogger("trainer")
 
@@ -30,114 +36,141 @@ MERGED_CONFIG_NAME = "kubetune-config.yaml"
 SUMMARY_NAME = "summary.json"
 
 # Variables that keep every library in the recipe process off the network.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
 
 
-@dataclass
-class RunPlan:
-    request: TuneRunRequest
-    cfg: DictConfig
-    recipe_path: Path
-    distributed: bool
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def output_dir(self) -> Path:
-        return Path(self.cfg.output_dir)
-
-    def command(self, config_path: Path) -> list[str]:
-        if self.distributed:
-            torchrun = list(self.request.torchrun_args)
-            if not any(a.startswith("--rdzv") or a == "--standalone" for a in torchrun):
-                torchrun.append("--standalone")  # as `tune run` does without an endpoint
-            return [sys.executable, "-m", "torch.distributed.run", *torchrun,
-                    str(self.recipe_path), "--config", str(config_path)]
-        return [sys.executable, str(self.recipe_path), "--config", str(config_path)]
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
-def _is_lora(model_cfg: DictConfig) -> bool:
-    return any(k in model_cfg for k in LORA_KEYS) or "lora" in str(model_cfg.get("_component_"))
+def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
+    child = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES
+             and not k.endswith(tuple(f"{s}_FILE" for s in SECRET_VARIABLES))}
+    child.update(OFFLINE_ENV)
+    child[env.STOP_FILE] = str(stop_file)
+    child["PYTHONUNBUFFERED"] = "1"
+    if not sys.stdout.isatty():
+        child["TQDM_DISABLE"] = "1"  # progress comes from our metric logger instead
+    if plan_.cfg.device == "cpu" and plan_.topology.nproc_per_node > 1 \
+            and "OMP_NUM_THREADS" not in os.environ:
+        # Share the cores between the processes instead of oversubscribing them.
+        child["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1)
+                                           // plan_.topology.nproc_per_node))
+    return child
 
 
-def plan(request: TuneRunRequest, workspace: Workspace) -> RunPlan:
-    recipe_path, supports_distributed = resolve_recipe(request.recipe)
-    cfg = apply_overrides(load_config(request.config), request.overrides)
-    notes: list[str] = []
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux; elsewhere a no-op).
 
-    cfg.output_dir = str(cfg.get("output_dir") or workspace.output_dir)
-    model_dir = Path(OmegaConf.select(cfg, "checkpointer.checkpoint_dir") or workspace.model_dir)
-    checkpoint = read_checkpoint_model(model_dir)
-    arch = checkpoint.architecture
-
-    # The checkpoint wins over the config's fixed size: same LoRA settings, real dimensions.
-    model_cfg = cfg.get("model") or OmegaConf.create({})
-    lora = _is_lora(model_cfg)
-    component = arch.component(lora)
-    if model_cfg.get("_component_") != component:
-        notes.append(f"model: config {request.config} names {model_cfg.get('_component_')}; "
-                     f"the checkpoint's config.json is {arch.family} "
-                     f"(layers={arch.dims['num_layers']}, dim={arch.dims['embed_dim']}): "
-                     f"using {component}")
-    new_model = {"_component_": component, **arch.dims}
-    new_model.update({k: model_cfg[k] for k in LORA_KEYS if k in model_cfg})
-    cfg.model = OmegaConf.create(new_model)
-
-    ckpt_cfg = cfg.get("checkpointer") or OmegaConf.create({})
-    ckpt_cfg._component_ = ckpt_cfg.get("_component_", "torchtune.training.FullModelHFCheckpointer")
-    ckpt_cfg.checkpoint_dir = str(model_dir)
-    ckpt_cfg.checkpoint_files = checkpoint.weight_files
-    ckpt_cfg.model_type = arch.model_type
-    ckpt_cfg.output_dir = "${output_dir}"
-    cfg.checkpointer = ckpt_cfg
-
-    tok_cfg = cfg.get("tokenizer") or OmegaConf.create({})
-    tokenizer = checkpoint.tokenizer
-    given = tok_cfg.get("path")
-    if given and not Path(str(given)).is_file():
-        raise BadInputError(f"tokenizer.path {given} does not exist: the model directory "
-                            f"{model_dir} must hold the tokenizer files")
-    new_tok = {"_component_": tokenizer.component, **tokenizer.args,
-               "max_seq_len": tok_cfg.get("max_seq_len")}
-    if given:
-        new_tok["path"] = str(given)
-    if tok_cfg.get("merges_file"):
-        new_tok["merges_file"] = str(tok_cfg.merges_file)
-    if tok_cfg.get("prompt_template"):
-        new_tok["prompt_template"] = tok_cfg.prompt_template
-    cfg.tokenizer = OmegaConf.create(new_tok)
-
-    hw = hardware.choose(cfg.get("device"), cfg.get("dtype"))
-    notes += hw.notes
-    cfg.device, cfg.dtype = hw.device, hw.dtype
-    if hw.device == "cpu":
-        # Fused AdamW and CUDA memory statistics are GPU features.
-        if "optimizer" in cfg and cfg.optimizer.get("fused"):
-            cfg.optimizer.fused = False
-        cfg.log_peak_memory_stats = False
-
-    if "dataset" in cfg:
-        notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
-
-    cfg.metric_logger = OmegaConf.create({
-        "_component_": "trainer.metric_logger.JsonLinesMetricLogger",
-        "log_dir": "${output_dir}",
-    })
-    distributed = "distributed" in Path(recipe_path).stem or bool(request.torchrun_args)
-    if distributed and not supports_distributed:
-        raise BadInputError(f"recipe {request.recipe} cannot run distributed; "
-                            "drop the torchrun options")
-    return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
-                   distributed=distributed, notes=notes)
-
-
-def _check_writable(output_dir: Path) -> None:
+    The recipe runs in its own session so a stop can signal it as a group; without this
+    a launcher killed outright (SIGKILL, OOM) would leave it training on, unsupervised.
+    """
     try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".kubetune-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise BadInputError(f"output_dir {output_dir} is not writable: {exc.strerror}") from None
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stream(pipe, sink, tail: collections.deque) -> None:
+    for raw in iter(pipe.readline, b""):
+        line = redact(raw.decode("utf-8", "replace"))
+        sink.write(line)
+        sink.flush()
+        if line.strip():
+            tail.append(line.rstrip())
+
+
+# A job too big for its devices: the user's to fix, and a restart would fail the same way.
+_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "can't allocate memory")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:\s*")
+# torchrun's own report of a failed worker: the worker's exception says more.
+_WRAPPER_ERRORS = ("ChildFailedError", "SignalException")
+
+
+def _error_line(tail: collections.deque) -> str:
+    """The exception line of the recipe's traceback, else its last line."""
+    for line in reversed(tail):
+        text = _RANK_PREFIX.sub("", line)
+        head = text.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and " " not in head \
+                and not head.endswith(_WRAPPER_ERRORS):
+            return text
+    return tail[-1] if tail else "the recipe exited without output"
+
+
+class _Supervisor:
+    """SIGTERM (pod eviction) -> ask the recipe to stop at the next step; kill it when
+    the grace period runs out."""
+
+    def __init__(self, child: subprocess.Popen, stop_file: Path, grace_s: float) -> None:
+        self.child, self.stop_file, self.grace_s = child, stop_file, grace_s
+        self.stopped_at: float | None = None
+        self.killed = False
+        self._previous = {}
+
+    def __enter__(self) -> "_Supervisor":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self.stop_file.unlink(missing_ok=True)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stopped_at is not None:
+            return
+        self.stopped_at = time.monotonic()
+        log.info("%s: saving a resumable checkpoint at the next step (grace period %.0f s)",
+                 signal.Signals(signum).name, self.grace_s)
+        self.stop_file.write_text(str(signum))
+        threading.Thread(target=self._deadline, daemon=True).start()
+
+    def _deadline(self) -> None:
+        try:
+            self.child.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            self.killed = True
+            log.info("grace period over: stopping the recipe without a new checkpoint")
+            try:
+                os.killpg(self.child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _fix_adapter_configs(output_dir: Path, model_dir: Path) -> None:
+    """torchtune writes ``base_model_name_or_path: null`` without original_repo_id.json."""
+    name = None
+    repo_id_file = model_dir / REPO_ID_NAME
+    if repo_id_file.is_file():
+        try:
+            name = json.loads(repo_id_file.read_text()).get("repo_id")
+        except (OSError, ValueError):
+            pass
+    for path in output_dir.glob("epoch_*/adapter_config.json"):
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not config.get("base_model_name_or_path"):
+            config["base_model_name_or_path"] = name or str(model_dir)
+            _write_atomic(path, json.dumps(config, indent=2))
+
+
+def _final_epoch_dir(plan_: RunPlan) -> str | None:
+    """This run's last epoch: the newest epoch_N could be a longer earlier run's leftover."""
+    final = f"epoch_{int(plan_.cfg.get('epochs') or 1) - 1}"
+    if (plan_.output_dir / final).is_dir():
+        return final
+    return _latest_epoch_dir(plan_.output_dir)
 
 
 def _latest_epoch_dir(output_dir: Path) -> str | None:
@@ -146,83 +179,113 @@ def _latest_epoch_dir(output_dir: Path) -> str | None:
     return epochs[-1].name if epochs else None
 
 
-def summarize(output_dir: Path, wall_time_s: float, exit_reason: str) -> dict:
-    metrics = [m for m in read_metrics(output_dir) if "loss" in m]
-    tps = [m["tokens_per_second"] for m in metrics if "tokens_per_second" in m]
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {
-        "steps": len(metrics),
-        "first_loss": metrics[0]["loss"] if metrics else None,
-        "last_loss": metrics[-1]["loss"] if metrics else None,
-        "tokens_per_second": sum(tps) / len(tps) if tps else None,
-        "wall_time_s": round(wall_time_s, 3),
-        "peak_memory_bytes": peak_kib * 1024,
-        "exit_reason": exit_reason,
-        "checkpoint": _latest_epoch_dir(output_dir),
-    }
+def _print_dry_run(plan_: RunPlan, command: list[str]) -> None:
+    print(f"recipe: {plan_.request.recipe} ({plan_.recipe_path})")
+    print(f"method: {plan_.method}; topology: {plan_.topology.kind} "
+          f"({plan_.topology.nnodes} node(s) x {plan_.topology.nproc_per_node} process(es))")
+    for note in plan_.notes:
+        print(f"note: {note}")
+    print("config:")
+    print(OmegaConf.to_yaml(plan_.cfg), end="")
+    print("command: " + " ".join(command))
 
 
-def _stream(pipe, sink, tail: collections.deque) -> None:
-    for raw in iter(pipe.readline, b""):
-        line = raw.decode("utf-8", "replace")
-        sink.write(line)
-        sink.flush()
-        if line.strip():
-            tail.append(line.rstrip())
-
-
-def _error_line(tail: collections.deque) -> str:
-    """The exception line of the recipe's traceback, else its last line."""
-    for line in reversed(tail):
-        head = line.split(":", 1)[0]
-        if head.endswith(("Error", "Exception")) and " " not in head:
-            return line
-    return tail[-1] if tail else "the recipe exited without output"
+def _already_complete(plan_: RunPlan) -> bool:
+    marker = plan_.output_dir / COMPLETION_MARKER_NAME
+    try:
+        return json.loads(marker.read_text()).get("fingerprint") == plan_.fingerprint
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def run(plan_: RunPlan, dry_run: bool = False) -> int:
-    for note in plan_.notes:
-        log.info(note)
     output_dir = plan_.output_dir
     config_path = output_dir / MERGED_CONFIG_NAME
     command = plan_.command(config_path)
     if dry_run:
-        print(f"recipe: {plan_.request.recipe} ({plan_.recipe_path})")
-        print("config:")
-        print(OmegaConf.to_yaml(plan_.cfg), end="")
-        print("command: " + " ".join(command))
+        _print_dry_run(plan_, command)
         return 0
-
-    _check_writable(output_dir)
-    for stale in (output_dir / COMPLETION_MARKER_NAME, output_dir / METRICS_NAME,
-                  output_dir / SUMMARY_NAME):
-        stale.unlink(missing_ok=True)
-    config_path.write_text(OmegaConf.to_yaml(plan_.cfg))
+    for note in plan_.notes:
+        log.info(note)
+    check_writable(output_dir)
+    primary = plan_.is_primary_node
+    if _already_complete(plan_):
+        # Every node decides the same from the shared volume: a node that went on alone
+        # would wait for the others at the rendezvous forever.
+        log.info("%s already holds this run's completed training: nothing to do", output_dir)
+        return 0
+    if primary:
+        (output_dir / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
+        (output_dir / SUMMARY_NAME).unlink(missing_ok=True)
+        if plan_.resumed_from is None:
+            (output_dir / METRICS_NAME).unlink(missing_ok=True)
+            resume.clear(output_dir)
+    special = plan_.checkpoint.tokenizer.special_tokens
+    if special:
+        # torchtune reads special-token ids from a tokenizer.json's added_tokens.
+        _write_atomic(output_dir / SPECIAL_TOKENS_FILE, json.dumps(
+            {"added_tokens": [{"id": i, "content": t} for t, i in special.items()]}))
+    _write_atomic(config_path, OmegaConf.to_yaml(plan_.cfg))
     log.info("launching: %s", " ".join(command))
 
-    env = {**os.environ, **OFFLINE_ENV}
-    if not sys.stdout.isatty():
-        env["TQDM_DISABLE"] = "1"  # progress comes from our metric logger instead
-    start = time.monotonic()
+    stop_file = Path(tempfile.gettempdir()) / f"kubetune-stop-{os.getpid()}"
+    stop_file.unlink(missing_ok=True)
+    start, started_at = time.monotonic(), time.time()
     tail: collections.deque = collections.deque(maxlen=200)
-    child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    reader = threading.Thread(target=_stream, args=(child.stderr, sys.stderr, tail), daemon=True)
-    reader.start()
-    code = child.wait()
-    reader.join()
+    child = subprocess.Popen(command, env=_child_env(plan_, stop_file), stderr=subprocess.PIPE,
+                             start_new_session=True, preexec_fn=die_with_parent)
+    with _Supervisor(child, stop_file, plan_.grace_period_s) as supervisor:
+        reader = threading.Thread(target=_stream, args=(child.stderr, sys.stderr, tail),
+                                  daemon=True)
+        reader.start()
+        code = child.wait()
+        reader.join(timeout=10)
     wall = time.monotonic() - start
 
-    summary = summarize(output_dir, wall, "completed" if code == 0 else f"failed ({code})")
-    (output_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
+    stopped = supervisor.stopped_at is not None and code != 0
+    if code != 0 and not stopped:
+        # Another node was told to stop: all ranks saved together and exited 75.
+        record = resume.read_record(output_dir)
+        path = output_dir / resume.RESUME_RECORD_NAME
+        stopped = (record is not None and record.reason == "signal"
+                   and record.fingerprint == plan_.fingerprint
+                   and path.stat().st_mtime >= started_at)
+    if stopped:
+        reason = "stopped by signal" + (" (grace period over)" if supervisor.killed else "")
+    else:
+        reason = "completed" if code == 0 else f"failed (exit {code})"
+    if primary:
+        summary = summarize(output_dir, wall, reason, plan_.checkpoint.architecture.dims,
+                            str(plan_.cfg.device), plan_.topology.world_size,
+                            _final_epoch_dir(plan_))
+        _write_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
+    if stopped:
+        record = resume.read_record(output_dir)
+        if record is not None and record.fingerprint == plan_.fingerprint:
+            raise TransientError(
+                f"stopped by signal; resumable checkpoint {output_dir / record.epoch_dir} "
+                f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): a restart "
+                "with the same config resumes from it")
+        raise TransientError(f"stopped by signal before any resumable checkpoint within the "
+                             f"{plan_.grace_period_s:.0f} s grace period: a restart starts over")
     if code != 0:
-        raise KubetuneError(f"recipe {plan_.request.recipe} failed: {_error_line(tail)}")
+        cause = _error_line(tail)
+        if any(sign in cause for sign in _OUT_OF_MEMORY):
+            raise BadInputError(
+                f"out of memory ({cause[:160]}): lower batch_size or tokenizer.max_seq_len, "
+                "set enable_activation_checkpointing=True, or use method qlora / more devices")
+        raise KubetuneError(f"recipe {plan_.request.recipe} failed: {cause}")
+    if not primary:
+        return 0
+    _fix_adapter_configs(output_dir, plan_.checkpoint.model_dir)
+    resume.clear(output_dir)
     marker = {"checkpoint": summary["checkpoint"], "config": MERGED_CONFIG_NAME,
-              "steps": summary["steps"], "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                        time.gmtime())}
+              "steps": summary["steps"], "fingerprint": plan_.fingerprint,
+              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     # Written last: the exporter trusts only an output_dir that has this marker.
-    tmp = output_dir / (COMPLETION_MARKER_NAME + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=2))
-    os.replace(tmp, output_dir / COMPLETION_MARKER_NAME)
-    log.info("done: %s steps, loss %s -> %s, checkpoint %s", summary["steps"],
-             summary["first_loss"], summary["last_loss"], output_dir / str(summary["checkpoint"]))
+    _write_atomic(output_dir / COMPLETION_MARKER_NAME, json.dumps(marker, indent=2))
+    log.info("done: %s steps, loss %s -> %s, %s tokens/s, checkpoint %s", summary["steps"],
+             summary["first_loss"], summary["last_loss"],
+             f"{summary['tokens_per_second']:.0f}" if summary["tokens_per_second"] else "?",
+             output_dir / str(summary["checkpoint"]))
     return 0

@@ -1,9 +1,15 @@
 """A torchtune metric logger (chosen by config) that writes JSON lines a program reads
-and prints progress lines ``kubectl logs`` shows without carriage-return bars."""
+and prints progress lines ``kubectl logs`` shows without carriage-return bars.
+
+Each line: step, epoch, loss, lr, tokens (this step, all ranks), tokens_per_second (as
+the recipe measured it, per device), peak_memory_bytes (CUDA peak reserved on GPU, peak
+resident memory on CPU), time_s since the logger started.
+"""
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -18,6 +24,17 @@ def _scalar(value: Any) -> Any:
     return value
 
 
+def peak_memory_bytes() -> int:
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_reserved())
+    except Exception:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class JsonLinesMetricLogger:
     """Implements torchtune's MetricLoggerInterface (log, log_dict, log_config, close)."""
 
@@ -28,21 +45,40 @@ class JsonLinesMetricLogger:
         self._start = time.monotonic()
         self._print_every_s = print_every_s
         self._last_print = float("-inf")
+        self._epoch: int | None = None
+        self._step_tokens: int | None = None
+
+    # Called by trainer.step_guard, which sees the batches the recipe trains on.
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+
+    def note_step_tokens(self, tokens: int) -> None:
+        self._step_tokens = int(tokens)
 
     def log(self, name: str, data: Any, step: int) -> None:
         self.log_dict({name: data}, step)
 
     def log_dict(self, payload: Mapping[str, Any], step: int) -> None:
-        record = {"step": int(step), "time_s": round(time.monotonic() - self._start, 3)}
+        record: dict[str, Any] = {"step": int(step)}
+        if self._epoch is not None:
+            record["epoch"] = self._epoch
         for key, value in payload.items():
             key = "tokens_per_second" if key == "tokens_per_second_per_gpu" else key
             record[key] = _scalar(value)
+        if "loss" in record:
+            if self._step_tokens is not None:
+                record["tokens"] = self._step_tokens
+                self._step_tokens = None
+            record["peak_memory_bytes"] = peak_memory_bytes()
+        record["time_s"] = round(time.monotonic() - self._start, 3)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         now = time.monotonic()
         if now - self._last_print >= self._print_every_s or step == 1:
             self._last_print = now
             parts = [f"step {record['step']}"]
+            if "epoch" in record:
+                parts.append(f"epoch {record['epoch']}")
             if "loss" in record:
                 parts.append(f"loss {record['loss']:.4f}")
             if "lr" in record:
@@ -66,4 +102,10 @@ def read_metrics(output_dir: Path) -> list[dict]:
     path = Path(output_dir) / METRICS_NAME
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut short by a kill
+    return records

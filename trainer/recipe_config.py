@@ -1,32 +1,48 @@
 """Find a torchtune recipe and config by name, and merge ``key=value`` overrides.
 
 Override semantics are torchtune's (``key=value``, ``~key`` removes, ``comp=dotted.path``
-replaces a component's ``_component_``), with one repair: values may contain ``=``
-(system prompts do), which torchtune's own parser rejects.
+replaces a component's ``_component_``), with two repairs: values may contain ``=``
+(system prompts do), which torchtune's own parser rejects, and free-text values (system
+prompt, split) are kept as strings rather than parsed as YAML.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
 
+# Free text, taken as written: parsed as YAML, "Answer: briefly" would become a mapping.
+LITERAL_KEYS = {"new_system_prompt", "split"}
 
+
+def _torchtune_dir() -> Path:
+    spec = importlib.util.find_spec("torchtune")
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInputError("torchtune is not installed: install kubetune[train]")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@functools.lru_cache(maxsize=1)
 def _registry():
-    # torchtune's recipe registry is what `tune run` itself resolves names with.
-    from torchtune._recipe_registry import get_all_recipes
-
-    return get_all_recipes()
+    # torchtune's recipe registry is what `tune run` itself resolves names with. It is
+    # loaded from its file: importing the torchtune package costs seconds (torch, torchao)
+    # that the launcher would add to every start.
+    path = _torchtune_dir() / "_recipe_registry.py"
+    spec = importlib.util.spec_from_file_location("kubetune_torchtune_registry", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_all_recipes()
 
 
 def _recipes_root() -> Path:
     # Beside the torchtune package, where torchtune's own `tune run` looks (the directory
     # refuses to be imported as a package).
-    import torchtune
-
-    return Path(torchtune.__file__).parent.parent / "recipes"
+    return _torchtune_dir().parent / "recipes"
 
 
 def resolve_recipe(name: str) -> tuple[Path, bool]:
@@ -68,6 +84,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """Apply torchtune-style ``key=value`` overrides to ``cfg`` (a copy is returned)."""
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     dotlist = []
+    literal: list[tuple[str, str]] = []
     for arg in overrides:
         if arg.startswith("~"):
             key = arg[1:].split("=", 1)[0]
@@ -77,6 +94,9 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         if "=" not in arg:
             raise BadInputError(f"override {arg!r}: config overrides take the form key=value")
         key, value = arg.split("=", 1)
+        if key.rsplit(".", 1)[-1] in LITERAL_KEYS:
+            literal.append((key, value))
+            continue
         node = OmegaConf.select(cfg, key, default=None)
         if isinstance(node, DictConfig) and "_component_" in node:
             key = f"{key}._component_"
@@ -85,7 +105,10 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         cli = OmegaConf.from_dotlist(dotlist)
     except Exception as exc:
         raise BadInputError(f"config overrides could not be parsed: {exc}") from None
-    return OmegaConf.merge(cfg, cli)
+    merged = OmegaConf.merge(cfg, cli)
+    for key, value in literal:
+        OmegaConf.update(merged, key, value, merge=False, force_add=True)
+    return merged
 
 
 def set_value(cfg: DictConfig, key: str, value) -> None:

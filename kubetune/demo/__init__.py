@@ -3,5 +3,7 @@ tests never reach a hub. Generation is seeded, so the same call writes the same 
 
 from kubetune.demo.tiny_dataset import write_tiny_dataset
 from kubetune.demo.tiny_model import TinyModelSpec, write_tiny_model
+from kubetune.demo.tiny_qwen2 import TinyQwen2Spec, write_tiny_qwen2
 
-__all__ = ["TinyModelSpec", "write_tiny_dataset", "write_tiny_model"]
+__all__ = ["TinyModelSpec", "TinyQwen2Spec", "write_tiny_dataset", "write_tiny_model",
+           "write_tiny_qwen2"]

@@ -21,6 +21,15 @@ class TinyModelSpec:
     rms_norm_eps: float = 1e-5
     seed: int = 0
     repo_id: str = "kubetune/tiny-llama3"
+    # Larger shapes (benchmarks): an embedding bigger than the byte tokenizer needs,
+    # Llama-3.2's tied output, and bf16 weights to halve the file.
+    vocab_size: int | None = None
+    tie_word_embeddings: bool = False
+    torch_dtype: str = "float32"
+
+    @property
+    def vocab(self) -> int:
+        return self.vocab_size or tiny_tokenizer.vocab_size()
 
     @property
     def head_dim(self) -> int:
@@ -41,15 +50,18 @@ class TinyModelSpec:
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
+            "rope_scaling": ({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192}
+                             if self.tie_word_embeddings else None),
             "attention_bias": False,
             "mlp_bias": False,
-            "tie_word_embeddings": False,
-            "vocab_size": tiny_tokenizer.vocab_size(),
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "vocab_size": self.vocab,
             "bos_token_id": ids["<|begin_of_text|>"],
             "eos_token_id": [ids["<|end_of_text|>"], ids["<|eot_id|>"]],
             "pad_token_id": ids["<|finetune_right_pad_id|>"],
-            "torch_dtype": "float32",
+            "torch_dtype": self.torch_dtype,
             "initializer_range": 0.02,
             "pretraining_tp": 1,
             "use_cache": True,
@@ -66,7 +78,8 @@ def _random_state_dict(spec: TinyModelSpec) -> dict:
 
     d, ff, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
     q_out, kv_out = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
-    vocab = tiny_tokenizer.vocab_size()
+    vocab = spec.vocab
+    dtype = torch.bfloat16 if spec.torch_dtype == "bfloat16" else torch.float32
     tensors = {"model.embed_tokens.weight": normal(vocab, d)}
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -82,8 +95,9 @@ def _random_state_dict(spec: TinyModelSpec) -> dict:
             p + "post_attention_layernorm.weight": torch.ones(d),
         })
     tensors["model.norm.weight"] = torch.ones(d)
-    tensors["lm_head.weight"] = normal(vocab, d)
-    return tensors
+    if not spec.tie_word_embeddings:
+        tensors["lm_head.weight"] = normal(vocab, d)
+    return {name: t.to(dtype) for name, t in tensors.items()}
 
 
 def write_tiny_model(model_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:

@@ -1,0 +1,215 @@
+"""Trainer benchmark: kubetune's `tune run` vs a plain torchtune `tune run` of the same
+upstream config on the same data, in one script. Each repeat runs both sides back to
+back; the reported ratios are medians of the per-repeat ratios.
+
+Reports, for each: tokens/s (mean over steps after the first, as the recipe measures
+them, all devices), peak memory (largest process of the run's tree: resident memory on
+CPU; CUDA peak reserved on GPU as the recipe logs it), and the start-up time from process
+start to the first finished step. The launcher's overhead is the difference of start-up
+times, reported as a fraction of the plain run's start-up.
+
+The plain run gets only what upstream torchtune needs to run this checkpoint at all
+(the model's real dimensions, tokenizer and checkpoint paths, device and dtype); our
+launcher gets the upstream config name and the user's arguments, as Kubeflow Trainer
+sends them, and adds its own choices (defaults, checks, metrics, stop/resume guard).
+
+CPU (always): the tiny Llama-3. GPU (when CUDA is present): a Llama-3.2-1B-shaped model
+with random weights, bf16, and MFU from summary.json.
+
+    python bench/trainer.py [--steps 20] [--rows 4096] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kubetune.demo import TinyModelSpec, write_tiny_dataset, write_tiny_model  # noqa: E402
+from trainer.checkpoint_model import read_checkpoint_model  # noqa: E402
+
+LLAMA_3_2_1B = TinyModelSpec(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                             num_attention_heads=32, num_key_value_heads=8,
+                             max_position_embeddings=131072, vocab_size=128256,
+                             tie_word_embeddings=True, torch_dtype="bfloat16")
+
+
+def measured(command: list[str], env: dict, log: Path, first_step: callable) -> dict:
+    """Run ``command`` via a wrapper that reports its tree's peak RSS; time the first step."""
+    wrapper = [sys.executable, __file__, "--measure", "--", *command]
+    start = time.monotonic()
+    with open(log, "w") as out:
+        child = subprocess.Popen(wrapper, env=env, cwd=REPO, stdout=out,
+                                 stderr=subprocess.STDOUT)
+        first = None
+        while child.poll() is None:
+            if first is None and first_step():
+                first = time.monotonic() - start
+            time.sleep(0.05)
+    if child.returncode != 0:
+        raise SystemExit(f"{command[:4]} failed ({child.returncode}): see {log}")
+    peak = int(re.findall(r"^kubetune-bench-peak-rss (\d+)$", log.read_text(), re.M)[-1])
+    return {"first_step_s": first, "wall_s": time.monotonic() - start, "peak_rss": peak}
+
+
+def plain_metrics(log_dir: Path) -> list[dict]:
+    records = []
+    for path in sorted(log_dir.glob("log_*.txt")):
+        for line in path.read_text().splitlines():
+            m = re.match(r"Step (\d+) \| (.*)", line)
+            if m:
+                fields = dict(kv.split(":", 1) for kv in m.group(2).split())
+                records.append({"step": int(m.group(1)),
+                                **{k: float(v) for k, v in fields.items()}})
+    return [r for r in records if "loss" in r]
+
+
+def median_tps(records: list[dict], key: str, world: int) -> float:
+    # Median, not mean: on a shared machine single steps stall when a neighbour runs.
+    timed = sorted(r[key] for r in (records[1:] if len(records) > 2 else records))
+    return timed[len(timed) // 2] * world
+
+
+def prepare(workdir: Path, rows: int, gpu: bool) -> tuple[Path, Path]:
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    model = write_tiny_model(workdir / "model", LLAMA_3_2_1B if gpu else TinyModelSpec())
+    dataset = write_tiny_dataset(workdir / "dataset", rows=rows)
+    return model, dataset
+
+
+def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int, gpu: bool) -> dict:
+    for side in ("plain", "ours"):
+        shutil.rmtree(workdir / side, ignore_errors=True)
+    ckpt = read_checkpoint_model(model)
+    device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
+    recipe, config = "lora_finetune_single_device", "llama3_2/1B_lora_single_device"
+    user_args = [f"checkpointer.checkpoint_dir={model}",
+                 f"tokenizer.path={model / 'original' / 'tokenizer.model'}",
+                 "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
+                 f"dataset.data_dir={dataset / 'data'}", "epochs=1", f"batch_size={batch}",
+                 "gradient_accumulation_steps=1", f"max_steps_per_epoch={steps}",
+                 f"dtype={dtype}", "seed=0"]
+    if gpu:
+        # Full 2048-token sequences, every token trained on: the work a GPU is sized for,
+        # and what tokens/s (which counts trained tokens) and MFU should measure.
+        user_args += ["dataset.packed=True", "tokenizer.max_seq_len=2048",
+                      "dataset.train_on_input=True"]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("KUBETUNE_")}
+    env["TQDM_DISABLE"] = "1"
+
+    # Plain torchtune: the same upstream config, with what it needs to load this checkpoint.
+    plain_out = workdir / "plain"
+    dims = {k: v for k, v in ckpt.architecture.dims.items()}
+    plain_args = [*user_args, f"output_dir={plain_out}", f"device={device}",
+                  f"model._component_={ckpt.architecture.component(lora=True)}",
+                  *[f"model.{k}={v}" for k, v in dims.items()],
+                  f"checkpointer.checkpoint_files=[{','.join(ckpt.weight_files)}]",
+                  f"checkpointer.model_type={ckpt.architecture.model_type}",
+                  f"tokenizer.special_tokens_path={model / 'tokenizer.json'}",
+                  "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
+                  f"metric_logger.log_dir={plain_out / 'logs'}",
+                  f"log_peak_memory_stats={gpu}", f"optimizer.fused={gpu}"]
+    plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", recipe, "--config",
+                 config, *plain_args]
+    plain = measured(plain_cmd, env, workdir / "plain.log",
+                     lambda: bool(plain_metrics(plain_out / "logs")))
+    plain_records = plain_metrics(plain_out / "logs")
+
+    ours_out = workdir / "ours"
+    ours_cmd = [sys.executable, "-m", "entrypoints.tune", "run", recipe, "--config", config,
+                f"output_dir={ours_out}", *user_args]
+    metrics = ours_out / "metrics.jsonl"
+    ours = measured(ours_cmd, env, workdir / "ours.log",
+                    lambda: metrics.is_file() and metrics.stat().st_size > 0)
+    ours_records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    summary = json.loads((ours_out / "summary.json").read_text())
+
+    # The launcher's own work before it starts the recipe: a dry run plans everything.
+    plan_start = time.monotonic()
+    subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
+                   capture_output=True)
+    plan_s = time.monotonic() - plan_start
+    result = {
+        "device": device, "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
+        "steps": steps,
+        "plain": {**plain, "tokens_per_s": median_tps(plain_records, "tokens_per_second_per_gpu", 1)},
+        "ours": {**ours, "tokens_per_s": median_tps(ours_records, "tokens_per_second", 1),
+                 "mfu": summary.get("mfu"), "launcher_plan_s": plan_s},
+    }
+    if gpu:
+        result["plain"]["peak_cuda_reserved_gib"] = max(
+            r.get("peak_memory_reserved", 0) for r in plain_records)
+        result["ours"]["peak_cuda_reserved_gib"] = max(
+            r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3
+    result["ratios"] = ratios(result["plain"], result["ours"])
+    return result
+
+
+def ratios(p: dict, o: dict) -> dict:
+    return {
+        "tokens_per_s_ours_over_plain": o["tokens_per_s"] / p["tokens_per_s"],
+        "peak_rss_ours_over_plain": o["peak_rss"] / p["peak_rss"],
+        "startup_overhead_s": o["first_step_s"] - p["first_step_s"],
+        "startup_overhead_fraction_of_plain": (o["first_step_s"] - p["first_step_s"])
+        / p["first_step_s"],
+        "launcher_plan_fraction_of_plain_startup": o["launcher_plan_s"] / p["first_step_s"],
+    }
+
+
+def measure_child(command: list[str]) -> int:
+    code = subprocess.call(command)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(f"kubetune-bench-peak-rss {peak}", flush=True)
+    return code
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--measure":
+        sys.exit(measure_child(sys.argv[3:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="default: 32 on CPU (tiny samples), 4 packed sequences on GPU")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="alternating runs of each side; medians are reported")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-trainer"))
+    args = parser.parse_args()
+    import torch
+
+    gpu = torch.cuda.is_available()
+    rows = args.rows if not gpu else max(args.rows, 65536)
+    batch = args.batch_size or (4 if gpu else 32)
+    model, dataset = prepare(args.workdir, rows, gpu)
+    runs = [run(args.workdir, model, dataset, args.steps, batch, gpu)
+            for _ in range(args.repeats)]
+    per_run = [dict(each["ratios"]) for each in runs]
+    for each in per_run:
+        print(json.dumps(each), file=sys.stderr)
+    result = runs[0]
+    for side in ("plain", "ours"):
+        for key in result[side]:
+            values = sorted(r[side][key] for r in runs if isinstance(r[side][key], (int, float)))
+            result[side][key] = values[len(values) // 2] if values else None
+    result["repeats"] = args.repeats
+    # Paired: each run's ratio is taken between two runs seconds apart, so a neighbour's
+    # load shifts both; the median of those ratios is the figure to quote.
+    result["ratios"] = {key: sorted(r[key] for r in per_run)[len(per_run) // 2]
+                        for key in per_run[0]}
+    result["ratio_ranges"] = {key: [min(r[key] for r in per_run), max(r[key] for r in per_run)]
+                              for key in per_run[0]}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""A tiny Qwen2-architecture causal LM in Hugging Face layout, random weights, seeded.
+
+Its tokenizer is byte-level BPE in the files a Qwen2 checkpoint ships: ``vocab.json`` +
+``merges.txt`` (what torchtune's ``qwen2_tokenizer`` reads) and ``tokenizer.json`` (whose
+``added_tokens`` give the special-token ids, here small ones, not Qwen's 151643+).
+Qwen2 differs from Llama where it matters to a loader: biases on q/k/v, tied embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune.demo.tiny_tokenizer import NUM_BYTES, _byte_to_unicode
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Qwen2's pre-tokenizer split (digits one at a time).
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def special_token_ids() -> dict[str, int]:
+    return {token: NUM_BYTES + i for i, token in enumerate(SPECIAL_TOKENS)}
+
+
+def vocab_size() -> int:
+    return NUM_BYTES + len(SPECIAL_TOKENS)
+
+
+@dataclass(frozen=True)
+class TinyQwen2Spec:
+    hidden_size: int = 64
+    intermediate_size: int = 160
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 512
+    rope_theta: float = 1000000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    seed: int = 0
+    repo_id: str = "kubetune/tiny-qwen2"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def config_json(self) -> dict:
+        ids = special_token_ids()
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "max_window_layers": self.num_hidden_layers,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "vocab_size": vocab_size(),
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "torch_dtype": "float32",
+            "initializer_range": 0.02,
+            "attention_dropout": 0.0,
+            "use_cache": True,
+        }
+
+
+def _random_state_dict(spec: TinyQwen2Spec) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(spec.seed)
+
+    def normal(*shape: int) -> "torch.Tensor":
+        return torch.randn(*shape, generator=generator) * 0.02
+
+    d, ff, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    q_out, kv_out = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
+    tensors = {"model.embed_tokens.weight": normal(vocab_size(), d)}
+    for i in range(spec.num_hidden_layers):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "self_attn.q_proj.weight": normal(q_out, d),
+            p + "self_attn.q_proj.bias": normal(q_out),
+            p + "self_attn.k_proj.weight": normal(kv_out, d),
+            p + "self_attn.k_proj.bias": normal(kv_out),
+            p + "self_attn.v_proj.weight": normal(kv_out, d),
+            p + "self_attn.v_proj.bias": normal(kv_out),
+            p + "self_attn.o_proj.weight": normal(d, q_out),
+            p + "mlp.gate_proj.weight": normal(ff, d),
+            p + "mlp.up_proj.weight": normal(ff, d),
+            p + "mlp.down_proj.weight": normal(d, ff),
+            p + "input_layernorm.weight": torch.ones(d),
+            p + "post_attention_layernorm.weight": torch.ones(d),
+        })
+    tensors["model.norm.weight"] = torch.ones(d)
+    if not spec.tie_word_embeddings:
+        tensors["lm_head.weight"] = normal(vocab_size(), d)
+    return tensors
+
+
+def _write_tokenizer(model_dir: Path, max_length: int) -> None:
+    ids = special_token_ids()
+    byte_chars = _byte_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(NUM_BYTES)}
+    (model_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    # No merges: every byte is its own token, exact in torchtune and in `tokenizers`.
+    (model_dir / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer_json = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": ids[t], "content": t, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True}
+            for t in SPECIAL_TOKENS
+        ],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": SPLIT_PATTERN},
+                 "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                 "use_regex": False},
+            ],
+        },
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": False,
+                           "trim_offsets": False, "use_regex": False},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                    "use_regex": False},
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None,
+            "continuing_subword_prefix": "", "end_of_word_suffix": "",
+            "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "vocab": vocab, "merges": [],
+        },
+    }
+    (model_dir / "tokenizer.json").write_text(json.dumps(tokenizer_json, indent=1))
+    tokenizer_config = {
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": max_length,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "added_tokens_decoder": {
+            str(ids[t]): {"content": t, "lstrip": False, "normalized": False,
+                          "rstrip": False, "single_word": False, "special": True}
+            for t in SPECIAL_TOKENS
+        },
+    }
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
+
+
+def write_tiny_qwen2(model_dir: Path, spec: TinyQwen2Spec = TinyQwen2Spec()) -> Path:
+    """Write the tiny Qwen2 model to ``model_dir`` (created) and return it."""
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(spec.config_json(), indent=2))
+    _write_tokenizer(model_dir, spec.max_position_embeddings)
+    save_file(_random_state_dict(spec), str(model_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    return model_dir

@@ -1,0 +1,76 @@
+"""`kubetune train` options and env vars, and `--dry-run`: what a user sees before a run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.support.cli import REPO, error_lines
+
+pytestmark = pytest.mark.slow
+
+
+def train(*args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("KUBETUNE_", "PET_")) and k != "LORA_CONFIG"}
+    env.update(env_vars)
+    return subprocess.run([sys.executable, "-m", "entrypoints", "train", *args], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def merged_config(stdout: str) -> dict:
+    text = stdout.split("config:\n", 1)[1].split("\ncommand: ", 1)[0]
+    return yaml.safe_load(text)
+
+
+def test_dry_run_shows_recipe_config_and_command_from_env_and_options(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    result = train(
+        "--dry-run", "--epochs", "2", "--lora-dropout", "0.05", "--warmup-steps", "7",
+        "--lr-scheduler", "linear", "--column-map", "input=input,output=output",
+        "--system-prompt", "Add: a=b", "--no-train-on-input", "gradient_accumulation_steps=2",
+        KUBETUNE_MODEL_DIR=str(tiny_model_dir), KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),
+        KUBETUNE_OUTPUT_DIR=str(tmp_path / "out"), KUBETUNE_METHOD="dora",
+        KUBETUNE_LEARNING_RATE="0.002", KUBETUNE_EPOCHS="5",  # the option wins: 2
+        KUBETUNE_BATCH_SIZE="3", LORA_CONFIG='{"r": 4, "lora_alpha": 16, '
+                                             '"target_modules": ["q_proj", "o_proj", "up_proj"]}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recipe: lora_finetune_single_device" in result.stdout
+    cfg = merged_config(result.stdout)
+    assert cfg["epochs"] == 2 and cfg["batch_size"] == 3
+    assert cfg["optimizer"]["lr"] == 0.002
+    assert cfg["gradient_accumulation_steps"] == 2
+    assert cfg["lr_scheduler"] == {"_component_": "trainer.schedules.linear_schedule_with_warmup",
+                                   "num_warmup_steps": 7}
+    model = cfg["model"]
+    assert model["use_dora"] is True and model["lora_rank"] == 4
+    assert model["lora_alpha"] == 16 and model["lora_dropout"] == 0.05
+    assert model["lora_attn_modules"] == ["q_proj", "output_proj"]
+    assert model["apply_lora_to_mlp"] is True
+    dataset = cfg["dataset"]
+    assert dataset["new_system_prompt"] == "Add: a=b" and dataset["train_on_input"] is False
+    assert dataset["column_map"] == {"input": "input", "output": "output"}
+    assert "-m trainer.bootstrap" in result.stdout.split("command: ", 1)[1]
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_bad_lora_config_json_is_one_line(tmp_path, tiny_model_dir, tiny_dataset_dir):
+    result = train("--dry-run", KUBETUNE_MODEL_DIR=str(tiny_model_dir),
+                   KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),
+                   KUBETUNE_OUTPUT_DIR=str(tmp_path / "out"), LORA_CONFIG="{r: 4}",
+                   KUBETUNE_TERMINATION_LOG=str(tmp_path / "termination-log"))
+    assert result.returncode == 65
+    assert len(error_lines(result)) == 1 and "LORA_CONFIG is not a JSON object" in result.stderr
+
+
+def test_other_tune_subcommands_go_to_torchtune():
+    from tests.support.cli import clean_env, tune
+
+    result = tune("ls", env=clean_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "lora_finetune_single_device" in result.stdout
+    assert "llama3_2/1B_lora_single_device" in result.stdout

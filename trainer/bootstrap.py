@@ -1,0 +1,153 @@
+"""What the launcher runs instead of a recipe script: ``python -m trainer.bootstrap
+<recipe.py> --config <merged.yaml>`` (directly, or as torchrun's worker).
+
+It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
+CPU; step-level stop/save/resume via ``step_guard``) and then calls the recipe's own
+``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import logging
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from omegaconf import OmegaConf
+
+from trainer import cpu_adapt
+from trainer.step_guard import Guard, StopRequested
+
+log = logging.getLogger("trainer")
+
+
+def load_recipe_module(path: Path) -> ModuleType:
+    # A real module (kept in sys.modules) so pickling and torch.compile find its classes.
+    spec = importlib.util.spec_from_file_location("kubetune_recipe", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def recipe_class(module: ModuleType) -> type:
+    for value in vars(module).values():
+        if (inspect.isclass(value) and value.__module__ == module.__name__
+                and all(hasattr(value, m) for m in ("setup", "train", "cleanup"))):
+            return value
+    raise RuntimeError(f"{module.__file__} defines no recipe class (setup/train/cleanup)")
+
+
+def defines_save(cls: type) -> bool:
+    """Whether the recipe saves through its own method (LoRA, full single-device), not
+    through torchtune's CheckpointClient (full distributed; the interface's stub)."""
+    return any("save_checkpoint" in vars(k) for k in cls.__mro__
+               if k.__module__ == cls.__module__)
+
+
+def install(cls: type, guard: Guard) -> None:
+    original_setup = cls.setup
+
+    @functools.wraps(original_setup)
+    def setup(self, *args, **kwargs):
+        result = original_setup(self, *args, **kwargs)
+        guard.after_setup(self)
+        return result
+
+    cls.setup = setup
+
+    if defines_save(cls):
+        original_save = cls.save_checkpoint
+
+        @functools.wraps(original_save)
+        def save_checkpoint(self, epoch: int, *args, **kwargs):
+            result = original_save(self, epoch, *args, **kwargs)
+            guard.after_save(self, self.epochs_run, epoch, epoch + 1 < self.total_epochs)
+            return result
+
+        cls.save_checkpoint = save_checkpoint
+    else:
+        from torchtune.training.checkpointing._checkpoint_client import CheckpointClient
+
+        original_client_save = CheckpointClient.save_checkpoint
+        current: dict = {}
+
+        @functools.wraps(original_client_save)
+        def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
+            result = original_client_save(self, model, optimizer, training_progress, epoch,
+                                          *args, **kwargs)
+            guard.after_save(current.get("recipe"), training_progress.epochs_run, epoch,
+                             epoch + 1 < training_progress.total_epochs)
+            return result
+
+        CheckpointClient.save_checkpoint = client_save
+        inner_setup = cls.setup
+
+        def remember(self, *args, **kwargs):
+            current["recipe"] = self
+            return inner_setup(self, *args, **kwargs)
+
+        cls.setup = remember
+
+
+def quiet_progress_bars() -> None:
+    """Without a terminal (a pod's log), tqdm's carriage-return bars are noise: the metric
+    logger prints progress lines. Recipes pass ``disable=`` themselves, which overrides
+    TQDM_DISABLE, so the class they import is replaced before they import it."""
+    import tqdm
+
+    original = tqdm.tqdm
+
+    class QuietTqdm(original):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    tqdm.tqdm = QuietTqdm
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    recipe_path, recipe_args = Path(argv[0]), argv[1:]
+    config_path = recipe_args[recipe_args.index("--config") + 1]
+    cfg = OmegaConf.load(config_path)
+    settings = OmegaConf.to_container(cfg.get("kubetune") or OmegaConf.create({}))
+
+    import torch
+
+    if str(cfg.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+        # The launcher probed the driver without torch; torch disagrees.
+        print(f"error: trainer: the config asks for {cfg.device} but torch sees no CUDA "
+              "device: run with device=cpu or check the GPU driver", file=sys.stderr)
+        return 65
+    if os.environ.get("LOCAL_RANK") is not None:
+        from trainer.launch import die_with_parent
+
+        die_with_parent()  # torchrun's workers go when torchrun goes
+    cpu_adapt.apply()
+    guard = Guard(settings, str(cfg.output_dir))
+    guard.install_signal_handler()
+    if os.environ.get("TQDM_DISABLE") == "1":
+        quiet_progress_bars()
+    module = load_recipe_module(recipe_path)
+    install(recipe_class(module), guard)
+
+    # The recipe's `recipe_main` is wrapped by torchtune's config.parse, which reads argv.
+    sys.argv = [str(recipe_path), *recipe_args]
+    try:
+        module.recipe_main()
+    except StopRequested as stop:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: process groups and loader workers may block it,
+        # and the launcher is waiting within the pod's grace period.
+        os._exit(stop.exit_code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Plan a training run: one fully merged torchtune config, the recipe, the process
+topology and the command, from a `tune run` request and what is really on disk and in
+the machine. Every check a user's input can fail runs here, before anything starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from kubetune import env
+from kubetune.errors import BadInputError
+from kubetune.workspace import Workspace
+from trainer import dataset_check, dataset_location, hardware, methods, resume, speed, topology
+from trainer.checkpoint_model import SPECIAL_TOKENS_FILE, CheckpointModel, read_checkpoint_model
+from trainer.recipe_config import apply_overrides, load_config, resolve_recipe
+from trainer.tune_command import TuneRunRequest
+from trainer.validate import check_nf4, check_tokenizer
+
+log = logging.getLogger("trainer")
+
+DEFAULT_GRACE_PERIOD_S = 30.0
+
+
+@dataclass
+class RunPlan:
+    request: TuneRunRequest
+    cfg: DictConfig
+    recipe_path: Path
+    distributed: bool
+    topology: topology.Topology
+    method: str
+    checkpoint: CheckpointModel
+    fingerprint: str = ""
+    resumed_from: resume.ResumeRecord | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.cfg.output_dir)
+
+    @property
+    def grace_period_s(self) -> float:
+        return float(OmegaConf.select(self.cfg, "kubetune.grace_period_s")
+                     or DEFAULT_GRACE_PERIOD_S)
+
+    @property
+    def is_primary_node(self) -> bool:
+        return self.topology.node_rank == 0 or not self.distributed
+
+    def command(self, config_path: Path) -> list[str]:
+        bootstrap = ["-m", "trainer.bootstrap", str(self.recipe_path), "--config",
+                     str(config_path)]
+        if self.distributed:
+            return [sys.executable, "-m", "torch.distributed.run",
+                    *self.topology.torchrun_args(), *bootstrap]
+        return [sys.executable, *bootstrap]
+
+
+def _override_keys(overrides: list[str]) -> set[str]:
+    return {arg.lstrip("~").split("=", 1)[0] for arg in overrides}
+
+
+def _config_for(name: str) -> tuple[DictConfig, list[str]]:
+    """Load ``name``; a controller-composed name torchtune lacks falls back to its variant."""
+    try:
+        return load_config(name), []
+    except BadInputError:
+        family_size, _, variant = name.partition("/")
+        for suffix in sorted(methods.VARIANT_TEMPLATES, key=len, reverse=True):
+            if variant.endswith(suffix) and "/" in name:
+                template = methods.VARIANT_TEMPLATES[suffix]
+                return load_config(template), [
+                    f"config {name}: torchtune has none by that name; using {template}'s "
+                    "defaults (the model comes from the checkpoint either way)"]
+        raise
+
+
+def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
+                   config_name: str) -> list[str]:
+    arch = checkpoint.architecture
+    model_cfg = cfg.get("model") or OmegaConf.create({})
+    lora = method != "full"
+    component = arch.component(lora)
+    notes = []
+    if model_cfg.get("_component_") != component:
+        notes.append(f"model: config {config_name} names {model_cfg.get('_component_')}; "
+                     f"the checkpoint's config.json is {arch.family} "
+                     f"(layers={arch.dims['num_layers']}, dim={arch.dims['embed_dim']}, "
+                     f"vocab={arch.dims['vocab_size']}): using {component}")
+    new_model = {"_component_": component, **arch.dims}
+    if lora:
+        new_model.update({k: model_cfg[k] for k in arch.lora_keys if k in model_cfg})
+        new_model["quantize_base"] = method == "qlora"
+        new_model["use_dora"] = method == "dora"
+    cfg.model = OmegaConf.create(new_model)
+    return notes
+
+
+def _checkpointer_section(cfg: DictConfig, checkpoint: CheckpointModel) -> None:
+    ckpt_cfg = cfg.get("checkpointer") or OmegaConf.create({})
+    ckpt_cfg._component_ = ckpt_cfg.get("_component_",
+                                        "torchtune.training.FullModelHFCheckpointer")
+    ckpt_cfg.checkpoint_dir = str(checkpoint.model_dir)
+    ckpt_cfg.checkpoint_files = checkpoint.weight_files
+    ckpt_cfg.model_type = checkpoint.architecture.model_type
+    ckpt_cfg.output_dir = "${output_dir}"
+    ckpt_cfg.recipe_checkpoint = None
+    cfg.checkpointer = ckpt_cfg
+
+
+def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
+                       user_keys: set[str]) -> None:
+    tok_cfg = cfg.get("tokenizer") or OmegaConf.create({})
+    tokenizer = checkpoint.tokenizer
+    # A base config's own path points at torchtune's download location: only a path the
+    # request names can replace the checkpoint's.
+    given = tok_cfg.get("path") if "tokenizer.path" in user_keys else None
+    new_tok = {"_component_": tokenizer.component, **tokenizer.args,
+               "max_seq_len": tok_cfg.get("max_seq_len")}
+    if given and Path(str(given)).name == Path(tokenizer.args["path"]).name:
+        new_tok["path"] = str(given)
+    elif given:
+        log.info("tokenizer.path %s does not fit a %s checkpoint: using %s", given,
+                 checkpoint.architecture.family, tokenizer.args["path"])
+    if tok_cfg.get("merges_file") and "tokenizer.merges_file" in user_keys:
+        new_tok["merges_file"] = str(tok_cfg.merges_file)
+    if tok_cfg.get("prompt_template"):
+        new_tok["prompt_template"] = tok_cfg.prompt_template
+    if tokenizer.special_tokens and "special_tokens_path" not in new_tok:
+        new_tok["special_tokens_path"] = f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"
+    limit = checkpoint.max_seq_len
+    if new_tok["max_seq_len"] is not None and int(new_tok["max_seq_len"]) > limit:
+        log.info("tokenizer.max_seq_len %s exceeds the checkpoint's max_position_embeddings: "
+                 "using %d", new_tok["max_seq_len"], limit)
+        new_tok["max_seq_len"] = limit
+    cfg.tokenizer = OmegaConf.create(new_tok)
+    check_tokenizer(cfg.tokenizer, {f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"})
+
+
+def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
+    section = cfg.get("kubetune") or OmegaConf.create({})
+    if section.get("grace_period_s") is None:
+        section.grace_period_s = float(environ.get(env.GRACE_PERIOD_S) or DEFAULT_GRACE_PERIOD_S)
+    if section.get("save_every_n_steps") is None:
+        section.save_every_n_steps = int(environ.get(env.SAVE_EVERY_N_STEPS) or 0)
+    cfg.kubetune = section
+
+
+def plan(request: TuneRunRequest, workspace: Workspace,
+         environ: Mapping[str, str] | None = None) -> RunPlan:
+    environ = os.environ if environ is None else environ
+    recipe_path, supports_distributed = resolve_recipe(request.recipe)
+    base, notes = _config_for(request.config)
+    cfg = apply_overrides(base, request.overrides)
+    user_keys = _override_keys(request.overrides)
+
+    cfg.output_dir = str(cfg.get("output_dir") or workspace.output_dir)
+    model_dir = Path(OmegaConf.select(cfg, "checkpointer.checkpoint_dir") or workspace.model_dir)
+    checkpoint = read_checkpoint_model(model_dir)
+    method = methods.method_of(cfg.get("model"), request.recipe)
+
+    hw = hardware.choose(cfg.get("device"), cfg.get("dtype"))
+    notes += hw.notes
+    cfg.device, cfg.dtype = hw.device, hw.dtype
+
+    distributed = request.recipe.endswith("_distributed") or "distributed" in recipe_path.stem
+    topo = topology.resolve(request, hw.device, environ)
+    if distributed and not supports_distributed:
+        raise BadInputError(f"recipe {request.recipe} cannot run distributed")
+    notes += methods.check_recipe(request.recipe, method, topo)
+    if not distributed:
+        topo = topology.Topology(1, 1, 0, None)
+
+    notes += _model_section(cfg, checkpoint, method, request.config)
+    if method == "qlora":
+        check_nf4(checkpoint.architecture.dims)
+    _checkpointer_section(cfg, checkpoint)
+    _tokenizer_section(cfg, checkpoint, user_keys)
+
+    cfg.log_peak_memory_stats = hw.device.startswith("cuda")
+    if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
+        cfg.enable_activation_offloading = False
+        notes.append("activation offloading needs CUDA: off on cpu")
+
+    found = None
+    if "dataset" in cfg:
+        notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
+        found = dataset_check.sample(cfg.dataset)
+        if found is not None:
+            dataset_check.check_columns(cfg.dataset, found)
+    max_seq_len = int(cfg.tokenizer.get("max_seq_len") or min(checkpoint.max_seq_len, 2048))
+    notes += speed.apply(
+        cfg, user_keys, hw.device, topo.world_size,
+        dataset_check.mean_chars(cfg.dataset, found) if found else None,
+        found.total_rows if found else None, max_seq_len)
+
+    cfg.metric_logger = OmegaConf.create({
+        "_component_": "trainer.metric_logger.JsonLinesMetricLogger",
+        "log_dir": "${output_dir}",
+    })
+    _kubetune_section(cfg, environ)
+    cfg.resume_from_checkpoint = False
+    fingerprint = resume.fingerprint(cfg)
+    cfg.kubetune.fingerprint = fingerprint
+    resumed = resume.apply(cfg, Path(cfg.output_dir))
+    if resumed is not None:
+        cfg.kubetune.resume_steps_in_epoch = resumed.steps_in_epoch
+        notes.append(f"resuming from {Path(cfg.output_dir) / resumed.epoch_dir}: "
+                     f"{resumed.epochs_run} epoch(s) + {resumed.steps_in_epoch} step(s) done "
+                     f"(global step {resumed.global_step}, saved on {resumed.reason})")
+    return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
+                   distributed=distributed, topology=topo, method=method,
+                   checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
+                   notes=notes)

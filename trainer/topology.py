@@ -1,0 +1,92 @@
+"""How many processes, on how many nodes, meeting where: from torchrun options in the
+command, else the ``PET_*`` variables Kubeflow Trainer's torch plugin sets.
+
+Upstream's `tune run` leaves these to torchrun, which reads ``PET_*`` itself; we resolve
+them here so the recipe choice, the validation and the dry run see the same numbers the
+run will use. ``auto`` processes per node means one per GPU; without GPUs it means one
+process (torchrun would start one per CPU core, each fighting the others for the same
+cores, and every process holds a whole model copy).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from kubetune import env
+from kubetune.errors import BadInputError
+from trainer import hardware
+from trainer.tune_command import TuneRunRequest
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Topology:
+    nnodes: int
+    nproc_per_node: int
+    node_rank: int
+    rdzv_endpoint: str | None
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def kind(self) -> str:
+        if self.nnodes > 1:
+            return "multi-node"
+        return "multi-device" if self.nproc_per_node > 1 else "single-device"
+
+    def torchrun_args(self) -> list[str]:
+        args = [f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc_per_node}"]
+        if self.nnodes == 1:
+            # One node needs no rendezvous service (nor the DNS name of its own pod).
+            return args + ["--standalone"]
+        return args + [f"--node_rank={self.node_rank}", "--rdzv_backend=static",
+                       f"--rdzv_endpoint={self.rdzv_endpoint}"]
+
+
+def _int(value: str, what: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise BadInputError(f"{what}={value!r} is not a whole number") from None
+    if number < 0:
+        raise BadInputError(f"{what}={value} must not be negative")
+    return number
+
+
+def devices_per_node(device: str) -> int:
+    if device.startswith("cuda"):
+        return max(1, hardware.cuda_device_count())
+    return 1
+
+
+def resolve(request: TuneRunRequest, device: str,
+            environ: Mapping[str, str] | None = None) -> Topology:
+    environ = os.environ if environ is None else environ
+
+    def pick(option: str, variable: str, default: str) -> str:
+        return request.torchrun_option(option) or environ.get(variable) or default
+
+    nnodes = _int(pick("--nnodes", env.PET_NNODES, "1"), "nnodes")
+    nproc_raw = pick("--nproc_per_node", env.PET_NPROC_PER_NODE, "auto")
+    nproc = devices_per_node(device) if nproc_raw in ("auto", "gpu") else \
+        _int(nproc_raw, "nproc_per_node")
+    node_rank = _int(pick("--node_rank", env.PET_NODE_RANK, "0"), "node_rank")
+    if nnodes < 1 or nproc < 1:
+        raise BadInputError(f"nnodes={nnodes} and nproc_per_node={nproc} must be at least 1")
+    if node_rank >= nnodes:
+        raise BadInputError(f"node_rank {node_rank} is not below nnodes {nnodes}")
+    endpoint = request.torchrun_option("--rdzv_endpoint")
+    if endpoint is None and environ.get(env.PET_MASTER_ADDR):
+        endpoint = f"{environ[env.PET_MASTER_ADDR]}:{environ.get(env.PET_MASTER_PORT) or DEFAULT_PORT}"
+    if nnodes > 1 and not endpoint:
+        raise BadInputError(f"{nnodes} nodes need a rendezvous endpoint: pass "
+                            f"--rdzv_endpoint=host:port or set {env.PET_MASTER_ADDR}")
+    if endpoint and ":" not in endpoint:
+        endpoint = f"{endpoint}:{DEFAULT_PORT}"
+    return Topology(nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank,
+                    rdzv_endpoint=endpoint)
