@@ -14,12 +14,10 @@ from kubetune.workspace import COMPLETION_MARKER_NAME
 from trainer.methods import METHODS, recipe_for
 
 # Training arguments for the embedded tiny model: enough steps for the loss to fall
-# clearly, in seconds on two CPU cores. One epoch: torchtune 0.6.1 on CPU folds each
-# epoch's LoRA into the live base weights when it saves that epoch's checkpoint, so a
-# later epoch's adapter no longer matches its merged model and the exporter refuses it.
+# clearly, in seconds on two CPU cores.
 DEMO_TRAIN_ARGS = [
     "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train",
-    "epochs=1", "batch_size=2", "gradient_accumulation_steps=1", "optimizer.lr=3e-3",
+    "epochs=3", "batch_size=8", "gradient_accumulation_steps=1", "optimizer.lr=3e-3",
     "lr_scheduler.num_warmup_steps=10", "model.lora_rank=8", "model.lora_alpha=16",
     "model.apply_lora_to_output=True", "seed=0",
 ]

@@ -108,3 +108,14 @@ def test_rerun_downloads_nothing_and_trains_again(demo_run):
     again = kubetune("local", "--workdir", str(workdir))
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("nothing to download") == 2
+
+
+def test_multi_epoch_cpu_adapter_reproduces_the_merged_model(demo_run):
+    # Three epochs on CPU: torchtune 0.6.1's checkpoint merge would fold each epoch's
+    # adapter into the live base weights (on CPU `.cpu()` does not copy), leaving an
+    # adapter that no longer reproduces the merged model; the exporter checks it does.
+    workdir, _, _ = demo_run
+    manifest = json.loads((workdir / "workspace" / "export" / "manifest.json").read_text())
+    assert manifest["metrics"]["epochs"] == 3
+    logits = manifest["verification"]["logits"]
+    assert logits["max_abs_diff"] <= logits["tolerance"] * max(1.0, logits["logit_scale"])

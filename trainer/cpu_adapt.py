@@ -2,8 +2,14 @@
 
 The distributed recipes open ``cuda:nccl,cpu:gloo`` process groups and read CUDA memory
 statistics and empty the CUDA cache unconditionally; on a machine without CUDA both fail before the first step.
-We patch those two library entry points (never the recipe code): the process group
+We patch those library entry points (never the recipe code): the process group
 falls back to gloo, and memory statistics report the process's peak resident memory.
+
+One more is a silent one: to save a merged checkpoint, the LoRA recipes copy the model's
+state with ``{k: v.cpu() ...}`` and fold each adapter into that copy in place. On CPU
+``.cpu()`` returns the very tensor, so every epoch's save folds the adapter into the live
+base weights, and training after the first epoch runs on a corrupted base (the exported
+adapter then no longer reproduces the merged model). The merge is made to work on a copy.
 """
 
 from __future__ import annotations
@@ -67,4 +73,26 @@ def apply() -> list[str]:
 
     memory.cleanup_before_training = cleanup_before_training
     training.cleanup_before_training = cleanup_before_training
+
+    from torchtune.modules import peft
+
+    peft.get_merged_lora_ckpt = merge_on_a_copy(peft.get_merged_lora_ckpt)
+    adapted.append("LoRA merges for checkpoints work on a copy of the base weights")
     return adapted
+
+
+def merge_on_a_copy(merge):
+    """Wrap torchtune's ``get_merged_lora_ckpt`` so it cannot modify the weights it is given."""
+
+    @functools.wraps(merge)
+    def merged(state_dict: dict, *args, **kwargs) -> dict:
+        suffix = ".lora_a.weight"
+        copy = dict(state_dict)
+        for key in state_dict:
+            if key.endswith(suffix):
+                base = key[: -len(suffix)] + ".weight"
+                if base in copy:
+                    copy[base] = copy[base].clone()
+        return merge(copy, *args, **kwargs)
+
+    return merged
