@@ -54,8 +54,11 @@ def test_summary_numbers_are_those_the_logs_show(demo_run):
     first, last = re.match(r"([\d.]+) \(first\) -> ([\d.]+) \(last\)", printed["loss"]).groups()
     assert float(first) == pytest.approx(metrics[0]["loss"], abs=1e-4)
     assert float(last) == pytest.approx(metrics[-1]["loss"], abs=1e-4)
-    mean_tps = sum(m["tokens_per_second"] for m in metrics) / len(metrics)
+    # tokens/s: the mean over logged steps, leaving out the first (warm-up) step.
+    timed = metrics[1:]
+    mean_tps = sum(m["tokens_per_second"] for m in timed) / len(timed)
     assert float(printed["tokens/s"]) == pytest.approx(mean_tps, abs=1)
+    assert summary_json["tokens"] == sum(m["tokens"] for m in metrics)
     # Every logged step is also a progress line readable in `kubectl logs` (no \r bars).
     assert "\r" not in result.stdout
 
