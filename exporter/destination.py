@@ -8,9 +8,11 @@ write the export into), ``read_manifest`` (the export already there, if any) and
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Protocol
 
+from initializers import staging
 from kubetune.errors import BadInputError
 
 
@@ -44,3 +46,15 @@ def open_destination(uri: str, revision: str | None, work_dir: Path) -> Destinat
         return LocalDestination(uri)
     raise BadInputError(f"EXPORT_URI {uri!r} is not supported: use /abs/path, file:///abs/path, "
                         "s3://bucket/prefix or hf://org/repo")
+
+
+def fresh_build_dir(work_dir: Path) -> Path:
+    """An empty local tree (beside the workspace, on its volume) for a remote export."""
+    tree = staging.staging_dir_for(work_dir / "export-upload")
+    try:
+        if tree.exists():
+            shutil.rmtree(tree)
+        tree.mkdir(parents=True)
+    except OSError as exc:
+        raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
+    return tree

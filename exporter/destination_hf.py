@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from exporter import manifest as export_manifest
-from initializers import staging
+from exporter.destination import fresh_build_dir
 from kubetune import retry
 from kubetune.credentials import hf_token
 from kubetune.errors import BadInputError, TransientError
@@ -99,14 +99,7 @@ class HubDestination:
                                 "write access (ACCESS_TOKEN / HF_TOKEN)")
 
     def build_dir(self) -> Path:
-        tree = staging.staging_dir_for(self.work_dir / "export-upload")
-        try:
-            if tree.exists():
-                shutil.rmtree(tree)
-            tree.mkdir(parents=True)
-        except OSError as exc:
-            raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
-        return tree
+        return fresh_build_dir(self.work_dir)
 
     def read_manifest(self) -> dict | None:
         from huggingface_hub import hf_hub_url

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from exporter import manifest as export_manifest
-from initializers import staging
+from exporter.destination import fresh_build_dir
 from kubetune import retry
 from kubetune.credentials import s3_credentials
 from kubetune.errors import BadInputError, TransientError
@@ -113,14 +113,7 @@ class S3Destination:
         self._call("read", lambda: self.client.head_bucket(Bucket=self.bucket))
 
     def build_dir(self) -> Path:
-        tree = staging.staging_dir_for(self.work_dir / "export-upload")
-        try:
-            if tree.exists():
-                shutil.rmtree(tree)
-            tree.mkdir(parents=True)
-        except OSError as exc:
-            raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
-        return tree
+        return fresh_build_dir(self.work_dir)
 
     def read_manifest(self) -> dict | None:
         from botocore.exceptions import ClientError

@@ -120,6 +120,31 @@ def test_direct_byo_model_runtime_with_export_uri_from_a_runtime_patch(
     assert not (ws / "export").exists()
 
 
+@pytest.mark.slow
+def test_multinode_full_finetune_runtime_on_two_nodes(tmp_path, tiny_model_dir,
+                                                      tiny_dataset_dir):
+    # The gang-scheduled runtime is one stage: every node stages the sources on its own
+    # disk (/local, a per-pod volume here), the nodes rendezvous and train together, and
+    # node 0 exports to the shared claim.
+    job = trainjob(tmp_path, "kubetune-llama3.1-8b-full-multinode", {"trainer": {
+        "numNodes": 2, "numProcPerNode": 1,
+        "resourcesPerNode": {"limits": {"cpu": "1", "memory": "4Gi"}},
+        "env": [{"name": "MODEL_URI", "value": f"file://{tiny_model_dir}"},
+                {"name": "DATASET_URI", "value": f"file://{tiny_dataset_dir}"}],
+        "args": ["epochs=1", "max_steps_per_epoch=3", "batch_size=4",
+                 "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train"]}})
+    result = run(tmp_path, "kubetune-llama3.1-8b-full-multinode.yaml", job)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    for node in ("node-0", "node-1"):
+        assert f"==> {node}: ok" in result.stdout
+    ws = tmp_path / "run" / "workspace"
+    summary = json.loads((ws / "output" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 3
+    manifest = json.loads((ws / "export" / "manifest.json").read_text())
+    assert manifest["format"] == "merged"
+    assert any(f["path"].endswith(".safetensors") for f in manifest["files"])
+
+
 def policy_runtime(tmp_path: Path, node_exit: int) -> Path:
     """The BYO-model runtime with steps that only exit: the node fails once with
     ``node_exit``, then succeeds (a marker on the PVC remembers the first attempt)."""
