@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune.demo import tiny_tokenizer
+from kubetune.demo.decoder_weights import random_decoder
 
 
 @dataclass(frozen=True)
@@ -71,32 +72,12 @@ class TinyModelSpec:
 def _random_state_dict(spec: TinyModelSpec) -> dict:
     import torch
 
-    generator = torch.Generator().manual_seed(spec.seed)
-
-    def normal(*shape: int) -> "torch.Tensor":
-        return torch.randn(*shape, generator=generator) * 0.02
-
-    d, ff, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
-    q_out, kv_out = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
-    vocab = spec.vocab
+    tensors = random_decoder(
+        seed=spec.seed, vocab=spec.vocab, hidden=spec.hidden_size,
+        intermediate=spec.intermediate_size, layers=spec.num_hidden_layers,
+        heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim, tied=spec.tie_word_embeddings)
     dtype = torch.bfloat16 if spec.torch_dtype == "bfloat16" else torch.float32
-    tensors = {"model.embed_tokens.weight": normal(vocab, d)}
-    for i in range(spec.num_hidden_layers):
-        p = f"model.layers.{i}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": normal(q_out, d),
-            p + "self_attn.k_proj.weight": normal(kv_out, d),
-            p + "self_attn.v_proj.weight": normal(kv_out, d),
-            p + "self_attn.o_proj.weight": normal(d, q_out),
-            p + "mlp.gate_proj.weight": normal(ff, d),
-            p + "mlp.up_proj.weight": normal(ff, d),
-            p + "mlp.down_proj.weight": normal(d, ff),
-            p + "input_layernorm.weight": torch.ones(d),
-            p + "post_attention_layernorm.weight": torch.ones(d),
-        })
-    tensors["model.norm.weight"] = torch.ones(d)
-    if not spec.tie_word_embeddings:
-        tensors["lm_head.weight"] = normal(vocab, d)
     return {name: t.to(dtype) for name, t in tensors.items()}
 
 

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubetune.demo.decoder_weights import random_decoder
 from kubetune.demo.tiny_tokenizer import NUM_BYTES, _byte_to_unicode
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -77,36 +78,11 @@ class TinyQwen2Spec:
 
 
 def _random_state_dict(spec: TinyQwen2Spec) -> dict:
-    import torch
-
-    generator = torch.Generator().manual_seed(spec.seed)
-
-    def normal(*shape: int) -> "torch.Tensor":
-        return torch.randn(*shape, generator=generator) * 0.02
-
-    d, ff, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
-    q_out, kv_out = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
-    tensors = {"model.embed_tokens.weight": normal(vocab_size(), d)}
-    for i in range(spec.num_hidden_layers):
-        p = f"model.layers.{i}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": normal(q_out, d),
-            p + "self_attn.q_proj.bias": normal(q_out),
-            p + "self_attn.k_proj.weight": normal(kv_out, d),
-            p + "self_attn.k_proj.bias": normal(kv_out),
-            p + "self_attn.v_proj.weight": normal(kv_out, d),
-            p + "self_attn.v_proj.bias": normal(kv_out),
-            p + "self_attn.o_proj.weight": normal(d, q_out),
-            p + "mlp.gate_proj.weight": normal(ff, d),
-            p + "mlp.up_proj.weight": normal(ff, d),
-            p + "mlp.down_proj.weight": normal(d, ff),
-            p + "input_layernorm.weight": torch.ones(d),
-            p + "post_attention_layernorm.weight": torch.ones(d),
-        })
-    tensors["model.norm.weight"] = torch.ones(d)
-    if not spec.tie_word_embeddings:
-        tensors["lm_head.weight"] = normal(vocab_size(), d)
-    return tensors
+    return random_decoder(
+        seed=spec.seed, vocab=vocab_size(), hidden=spec.hidden_size,
+        intermediate=spec.intermediate_size, layers=spec.num_hidden_layers,
+        heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim, tied=spec.tie_word_embeddings, qkv_bias=True)
 
 
 def _write_tokenizer(model_dir: Path, max_length: int) -> None:
