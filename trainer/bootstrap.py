@@ -141,12 +141,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module.recipe_main()
     except StopRequested as stop:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Skip interpreter teardown: process groups and loader workers may block it,
-        # and the launcher is waiting within the pod's grace period.
-        os._exit(stop.exit_code)
+        _exit_now(stop.exit_code)
+    except SystemExit as done:  # torchtune's config.parse ends every recipe with sys.exit
+        if os.environ.get("LOCAL_RANK") is not None:
+            # A torchrun worker whose recipe finished (checkpoint saved, process group
+            # destroyed): interpreter teardown can still abort in c10d/gloo's C++
+            # destructors ("terminate called without an active exception"), which turns
+            # a finished run into a failed one and leaves the other nodes waiting at
+            # torchrun's exit barrier. Nothing is left to tear down that matters.
+            _exit_now(done.code if isinstance(done.code, int) else int(done.code is not None))
+        raise
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """Flush what the launcher reads, then leave without interpreter teardown."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -90,9 +92,11 @@ def check_writable(output_dir: Path) -> None:
     """Create ``output_dir`` if needed and prove a file can be written there."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".kubetune-write-test"
-        probe.write_text("")
-        probe.unlink()
+        # A probe of its own: every node of a multi-node job probes the same shared
+        # volume at once, and one node must not delete another's probe.
+        fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".kubetune-write-test-")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise BadInputError(f"output_dir {output_dir} is not writable ({exc.strerror}): mount "
                             "the volume read-write or set output_dir / --output-dir") from None
