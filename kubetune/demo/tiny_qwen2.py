@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune.demo.decoder_weights import random_decoder
-from kubetune.demo.tiny_tokenizer import NUM_BYTES, _byte_to_unicode
+from kubetune.demo.tiny_tokenizer import (NUM_BYTES, _byte_to_unicode, added_tokens,
+                                           added_tokens_decoder)
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Qwen2's pre-tokenizer split (digits one at a time).
@@ -96,11 +97,7 @@ def _write_tokenizer(model_dir: Path, max_length: int) -> None:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [
-            {"id": ids[t], "content": t, "single_word": False, "lstrip": False,
-             "rstrip": False, "normalized": False, "special": True}
-            for t in SPECIAL_TOKENS
-        ],
+        "added_tokens": added_tokens(ids),
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {
             "type": "Sequence",
@@ -129,11 +126,7 @@ def _write_tokenizer(model_dir: Path, max_length: int) -> None:
         "pad_token": "<|endoftext|>",
         "model_max_length": max_length,
         "tokenizer_class": "Qwen2Tokenizer",
-        "added_tokens_decoder": {
-            str(ids[t]): {"content": t, "lstrip": False, "normalized": False,
-                          "rstrip": False, "single_word": False, "special": True}
-            for t in SPECIAL_TOKENS
-        },
+        "added_tokens_decoder": added_tokens_decoder(ids),
     }
     (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
 

@@ -54,6 +54,18 @@ def _byte_to_unicode() -> dict[int, str]:
     return dict(zip(printable, (chr(c) for c in chars)))
 
 
+def added_tokens(ids: dict[str, int]) -> list[dict]:
+    """``tokenizer.json``'s ``added_tokens``: what HF and torchtune read special ids from."""
+    return [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True} for t, i in ids.items()]
+
+
+def added_tokens_decoder(ids: dict[str, int]) -> dict[str, dict]:
+    """``tokenizer_config.json``'s view of the same special tokens."""
+    return {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                     "single_word": False, "special": True} for t, i in ids.items()}
+
+
 def special_token_ids() -> dict[str, int]:
     return {token: NUM_BYTES + i for i, token in enumerate(SPECIAL_TOKENS)}
 
@@ -77,11 +89,7 @@ def write_tokenizer(model_dir: Path, max_length: int) -> None:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [
-            {"id": ids[t], "content": t, "single_word": False, "lstrip": False,
-             "rstrip": False, "normalized": False, "special": True}
-            for t in SPECIAL_TOKENS
-        ],
+        "added_tokens": added_tokens(ids),
         "normalizer": None,
         "pre_tokenizer": {
             "type": "Sequence",
@@ -122,11 +130,7 @@ def write_tokenizer(model_dir: Path, max_length: int) -> None:
         "model_input_names": ["input_ids", "attention_mask"],
         "model_max_length": max_length,
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "added_tokens_decoder": {
-            str(ids[t]): {"content": t, "lstrip": False, "normalized": False,
-                          "rstrip": False, "single_word": False, "special": True}
-            for t in SPECIAL_TOKENS
-        },
+        "added_tokens_decoder": added_tokens_decoder(ids),
     }
     (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     (model_dir / "special_tokens_map.json").write_text(
