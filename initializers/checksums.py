@@ -8,12 +8,32 @@ the file a second time; for the rest, `verify` reads it once for all checksums.
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from initializers.sources.base import RemoteFile
 
 CHUNK = 4 * 1024 * 1024
+# Below this a chunk is hashed inline: handing it to another thread costs more than it saves.
+PARALLEL_MIN = 256 * 1024
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _digest_pool() -> ThreadPoolExecutor:
+    # hashlib releases the GIL on large updates, so a second digest of the same chunk runs
+    # on another core; one pool for the process keeps the thread count fixed however many
+    # files are hashed at once.
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1)),
+                                       thread_name_prefix="digest")
+        return _pool
 
 
 @dataclass(frozen=True)
@@ -39,12 +59,20 @@ class Hasher:
         self._md5 = hashlib.md5(usedforsecurity=False) if remote.md5 else None
 
     def update(self, chunk: bytes | memoryview) -> None:
+        """Feed every digest ``chunk``; returns once all are done with it, so the caller may
+        reuse its buffer."""
         self.size += len(chunk)
+        others = [d for d in (self._md5, self._git) if d is not None]
+        if not others or len(chunk) < PARALLEL_MIN or (os.cpu_count() or 1) < 2:
+            for digest in (self._sha256, *others):
+                digest.update(chunk)
+            return
+        # MD5 is about three times slower than sha256 here: each extra digest takes its own
+        # core, and the chunk costs the slowest digest instead of the sum of all.
+        pending = [_digest_pool().submit(digest.update, chunk) for digest in others]
         self._sha256.update(chunk)
-        if self._git:
-            self._git.update(chunk)
-        if self._md5:
-            self._md5.update(chunk)
+        for future in pending:
+            future.result()
 
     def verified(self) -> Verified:
         """The result, or ChecksumMismatch if the size or any published checksum differs."""

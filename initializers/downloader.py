@@ -146,8 +146,12 @@ class Downloader:
     def fetch_all(self, files: list[RemoteFile]) -> list[tuple[str, int, str]]:
         # Largest first: a big file started last would leave one stream running alone.
         ordered = sorted(files, key=lambda f: -(f.size or 0))
+        count = min(workers(), len(files))
+        plan = getattr(self.source, "plan", None)
+        if plan is not None:
+            plan(ordered, count)
         results: list[tuple[str, int, str]] = []
-        with ThreadPoolExecutor(max_workers=min(workers(), len(files)),
+        with ThreadPoolExecutor(max_workers=count,
                                 thread_name_prefix="fetch") as pool:
             futures = [pool.submit(self.fetch_one, f) for f in ordered]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)

@@ -211,3 +211,72 @@ def test_a_retried_large_object_fetches_only_the_failed_part_again(s3, store, tm
     assert (out / "single.safetensors").read_bytes() == store.big["single"]
     parts = [r for r in store.requests if r.range and r.path.endswith("single.safetensors")]
     assert len(parts) == 4 + 1  # four parts, and the one that was cut off
+
+
+def test_objects_enough_to_fill_every_worker_come_as_whole_streams(s3, store, tmp_path):
+    # Two large objects, two workers: one stream each already; ranges would add nothing.
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out, KUBETUNE_DOWNLOAD_WORKERS="2")
+    assert result.returncode == 0, result.stderr
+    assert (out / "single.safetensors").read_bytes() == store.big["single"]
+    assert (out / "multi.safetensors").read_bytes() == store.big["multi"]
+    gets = [r for r in store.requests if r.method == "GET" and r.path.endswith(".safetensors")]
+    assert len(gets) == 2 and not any(r.range for r in gets)
+
+
+def test_only_the_large_objects_left_over_after_filling_the_workers_are_split(
+        s3, tmp_path, monkeypatch):
+    from initializers.request import InitRequest
+    from initializers.sources.base import RemoteFile
+    from initializers.sources.s3 import S3Source
+    from initializers.storage_uri import parse
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    source = S3Source(InitRequest(kind="model", uri=parse("s3://models/big"),
+                                  output_path=tmp_path / "model"))
+    big = [RemoteFile(path=f"{i}", size=source.part_size + 100 - i, key=f"k{i}")
+           for i in range(5)]
+    small = RemoteFile(path="config.json", size=10, key="config")
+    source.plan([*big, small], workers=2)
+    # Two rounds of two whole streams; the fifth would run alone, so its parts share the pool.
+    assert [source._splits(f) for f in [*big, small]] == [False] * 4 + [True, False]
+
+
+def test_a_whole_stream_cut_off_goes_on_from_the_last_byte_written(s3, store, tmp_path):
+    store.fault("reset", "/models/big/single.safetensors", times=1, method="GET")
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out, KUBETUNE_DOWNLOAD_WORKERS="2")
+    assert result.returncode == 0, result.stderr
+    assert "retry 1/3" in result.stderr
+    assert (out / "single.safetensors").read_bytes() == store.big["single"]
+    gets = [r.range for r in store.requests if r.path.endswith("single.safetensors")]
+    assert len(gets) == 2 and gets[0] is None
+    start = int(gets[1].removeprefix("bytes=").rstrip("-"))
+    assert 0 < start < len(store.big["single"])
+
+
+@pytest.mark.parametrize("prefix_ok", [True, False])
+def test_a_killed_run_s_partial_object_is_resumed_only_when_its_md5_can_prove_it(
+        s3, store, tmp_path, prefix_ok):
+    staged = tmp_path / ".kubetune-staging-model"
+    staged.mkdir()
+    have = MB
+    single = store.big["single"][:have]
+    (staged / "single.safetensors.part").write_bytes(
+        single if prefix_ok else bytes(b ^ 0xFF for b in single))
+    # A multipart ETag proves nothing about old bytes: that object starts over.
+    (staged / "multi.safetensors.part").write_bytes(store.big["multi"][:have])
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out, KUBETUNE_DOWNLOAD_WORKERS="2")
+    assert result.returncode == 0, result.stderr
+    assert (out / "single.safetensors").read_bytes() == store.big["single"]
+    assert (out / "multi.safetensors").read_bytes() == store.big["multi"]
+    single_gets = [r.range for r in store.requests if r.path.endswith("single.safetensors")]
+    multi_gets = [r.range for r in store.requests if r.path.endswith("multi.safetensors")]
+    assert multi_gets == [None]
+    if prefix_ok:
+        assert single_gets == [f"bytes={have}-"]
+    else:
+        assert single_gets == [f"bytes={have}-", None]
+        assert "single.safetensors: md5 differs from the source's checksum" in result.stderr

@@ -48,3 +48,8 @@ class Source(Protocol):
         maps to one) for failures worth another attempt. ``progress`` is optional so
         that sources written before it keep working.
         """
+
+    # Optional: ``plan(files, workers)`` is called once before any fetch with the whole
+    # listing in fetch order and the number of files fetched at once, for a source that
+    # paces its transfers by them (S3 splits objects into ranged parts only when that adds
+    # parallelism).

@@ -4,11 +4,18 @@ Credentials: Kubeflow's ``ACCESS_KEY_ID`` / ``SECRET_ACCESS_KEY`` (inline or ``*
 ``ROLE_ARN`` (assumed through STS), else boto3's standard chain (IRSA, instance profile,
 ``AWS_*``). ``ENDPOINT`` points at MinIO, Ceph or any S3-compatible store.
 
-Objects larger than one part are fetched as ranged GETs in parallel, each written at its
-offset as it streams in: memory is bounded by (part workers x read chunk), not by the
-object's size or count. Every GET carries ``If-Match: <etag>`` so an object replaced mid-download
-is detected, and single-part ETags (the MD5 of the content) are checked. Bytes are hashed
-as they land, so verifying costs no second read of the file.
+An object is fetched as one stream, hashed as it arrives, unless splitting it adds
+parallelism: while at least as many large objects are left as there are download workers,
+whole-object streams already keep every worker busy, and ranges would only add requests
+and a second read of each part for hashing. The rest (one big shard, or the last few
+that would otherwise run alone) come as ranged GETs in parallel, each written at its
+offset as it streams in. Either way memory is bounded by (streams x read chunk), not by
+an object's size or count.
+
+Every GET carries ``If-Match: <etag>`` so an object replaced mid-download is detected, and
+single-part ETags (the MD5 of the content) are checked. A stream cut off mid-object goes
+on from the last byte written (a range cut off keeps the parts already whole), so a reset
+costs the request, not the object.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from initializers.checksums import Hasher, Verified
+from initializers.checksums import Hasher, Verified, hash_into
 from initializers.filters import keep
 from initializers.request import InitRequest
 from initializers.sources.base import ProgressCallback, RemoteFile
@@ -104,8 +111,13 @@ class S3Source:
         self.part_size = _int_env(env.S3_PART_SIZE_MB, DEFAULT_PART_MB) * 1024 * 1024
         self.part_workers = _int_env(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS)
         self._part_pool: ThreadPoolExecutor | None = None
+        # Keys of the objects to fetch in ranged parts; None until `plan` (then: all large).
+        self._split: set[str] | None = None
         # (key, etag, size) -> {part start: response headers} of parts written this run.
         self._done_parts: dict[tuple, dict[int, dict]] = {}
+        # (key, etag, size) of whole-object streams begun this run: their bytes so far are
+        # that version's, so a retry goes on from them.
+        self._streams: set[tuple] = set()
         self._lock = threading.Lock()
         creds = credentials.s3_credentials()
         timeout = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
@@ -163,6 +175,19 @@ class S3Source:
                                     md5=etag if MD5_ETAG.match(etag) else None, key=obj["Key"]))
         return files
 
+    def plan(self, files: list[RemoteFile], workers: int) -> None:
+        """Choose the objects to split into ranged parts; ``files`` come in fetch order."""
+        large = [f for f in files if (f.size or 0) > self.part_size]
+        # The first objects fill every worker with a whole stream each; those left over
+        # when the workers outnumber what remains would run alone, so they are split.
+        whole = len(large) - len(large) % max(1, workers)
+        self._split = {f.key for f in large[whole:]}
+
+    def _splits(self, remote: RemoteFile) -> bool:
+        if (remote.size or 0) <= self.part_size:
+            return False
+        return self._split is None or remote.key in self._split
+
     def _get(self, key: str, etag: str | None, byte_range: str | None = None):
         kwargs = {"Bucket": self.bucket, "Key": key}
         if etag:
@@ -199,21 +224,54 @@ class S3Source:
             return replace(remote, md5=None)
         return remote
 
+    def _resume_point(self, remote: RemoteFile, destination: Path) -> int:
+        """How many leading bytes of ``destination`` a whole-object stream can keep."""
+        version = (remote.key, remote.etag, remote.size)
+        try:
+            have = destination.stat().st_size
+        except FileNotFoundError:
+            return 0
+        if not 0 < have < (remote.size or 0):
+            return 0
+        # Bytes written earlier in this run are of this very version (every GET is pinned
+        # to the ETag). Those left by a killed run may be of an object since replaced: kept
+        # only when the MD5 ETag will prove the whole (a mismatch starts over).
+        return have if version in self._streams or remote.md5 else 0
+
+    def _fetch_whole(self, remote: RemoteFile, destination: Path,
+                     progress: ProgressCallback | None) -> Verified:
+        have = self._resume_point(remote, destination)
+        self._streams.add((remote.key, remote.etag, remote.size))
+        response = self._get(remote.key, remote.etag, f"bytes={have}-" if have else None)
+        if have and not response.get("ContentRange"):
+            have = 0  # the store ignored the range and sent the whole object
+        hasher = Hasher(self._checked(remote, response))
+        if have:
+            hash_into(hasher, destination, limit=have)
+            if progress:
+                progress(0)
+        with open(destination, "r+b" if have else "wb") as out:
+            out.seek(have)
+            out.truncate()
+            for chunk in _chunks(response["Body"]):
+                out.write(chunk)
+                hasher.update(chunk)
+                if progress:
+                    progress(len(chunk))
+        if remote.size is not None and hasher.size < remote.size:
+            raise TransientFailure(f"{remote.path}: the body ended after {hasher.size} of "
+                                   f"{remote.size} bytes")
+        return hasher.verified()
+
     def fetch(self, remote: RemoteFile, destination: Path,
               progress: ProgressCallback | None = None) -> Verified:
+        if not self._splits(remote):
+            return self._fetch_whole(remote, destination, progress)
         size = remote.size or 0
-        if size <= self.part_size:
-            response = self._get(remote.key, remote.etag)
-            hasher = Hasher(self._checked(remote, response))
-            with open(destination, "wb") as out:
-                for chunk in _chunks(response["Body"]):
-                    out.write(chunk)
-                    hasher.update(chunk)
-                    if progress:
-                        progress(len(chunk))
-            return hasher.verified()
-        ranges = [(start, min(start + self.part_size, size) - 1)
-                  for start in range(0, size, self.part_size)]
+        # Even parts no larger than part_size: no tail part of a few bytes.
+        count = -(-size // self.part_size)
+        bounds = [size * i // count for i in range(count + 1)]
+        ranges = [(start, end - 1) for start, end in zip(bounds, bounds[1:])]
         # Parts already written by an earlier attempt in this run are kept: one reset on
         # a 10 GB object costs one part again, not the object. (They are hashed again
         # from disk like the others, so a bad part still fails the checksum.)

@@ -70,9 +70,9 @@ class FaultProxy:
             self.faults.clear()
             self.requests.clear()
 
-    def _take(self, method: str, path: str, ranged: bool) -> ProxyFault | None:
+    def _take(self, method: str, path: str, ranged: str | None) -> ProxyFault | None:
         with self._lock:
-            self.requests.append(ProxiedRequest(method, path, "range" if ranged else None))
+            self.requests.append(ProxiedRequest(method, path, ranged))
             for fault in self.faults:
                 if (fault.times > 0 and (fault.method in (None, method))
                         and (ranged or not fault.ranged_only)
@@ -91,7 +91,7 @@ def _handler(proxy: FaultProxy):
 
         def _forward(self) -> None:
             path = unquote(urlsplit(self.path).path)
-            fault = proxy._take(self.command, path, "Range" in self.headers)
+            fault = proxy._take(self.command, path, self.headers.get("Range"))
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             if fault is not None and fault.kind == "status":
