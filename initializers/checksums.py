@@ -39,11 +39,43 @@ def _digest_pool() -> ThreadPoolExecutor:
 @dataclass(frozen=True)
 class Verified:
     sha256: str
-    checked: tuple[str, ...]  # which source checksums matched ("sha256", "git-sha1", "md5")
+    checked: tuple[str, ...]  # which source checksums matched ("sha256", "md5", ...)
 
 
 class ChecksumMismatch(Exception):
     """The bytes on disk differ from what the source says the file holds."""
+
+    def __init__(self, message: str, check: str = "size") -> None:
+        super().__init__(message)
+        self.check = check  # which one failed: "size", "sha256", "md5", ...
+
+
+class MultipartMD5:
+    """S3's ETag of a multipart upload: the MD5 of its parts' MD5s, then "-<part count>"."""
+
+    def __init__(self, part_sizes: tuple[int, ...]) -> None:
+        self._sizes = iter(part_sizes)
+        self._left = next(self._sizes, 0)
+        self._done: list[bytes] = []
+        self._part = hashlib.md5(usedforsecurity=False)
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        view = memoryview(chunk)
+        while len(view):
+            if not self._left:  # more bytes than the parts hold: the size check says so
+                return
+            take = min(len(view), self._left)
+            self._part.update(view[:take])
+            self._left -= take
+            view = view[take:]
+            if not self._left:
+                self._done.append(self._part.digest())
+                self._part = hashlib.md5(usedforsecurity=False)
+                self._left = next(self._sizes, 0)
+
+    def hexdigest(self) -> str:
+        return (f"{hashlib.md5(b''.join(self._done), usedforsecurity=False).hexdigest()}"
+                f"-{len(self._done)}")
 
 
 class Hasher:
@@ -57,12 +89,14 @@ class Hasher:
         self._git = (hashlib.sha1(f"blob {remote.size}\0".encode())
                      if remote.git_sha1 and remote.size is not None else None)
         self._md5 = hashlib.md5(usedforsecurity=False) if remote.md5 else None
+        self._parts = (MultipartMD5(remote.part_sizes)
+                       if remote.multipart_etag and remote.part_sizes else None)
 
     def update(self, chunk: bytes | memoryview) -> None:
         """Feed every digest ``chunk``; returns once all are done with it, so the caller may
         reuse its buffer."""
         self.size += len(chunk)
-        others = [d for d in (self._md5, self._git) if d is not None]
+        others = [d for d in (self._md5, self._parts, self._git) if d is not None]
         if not others or len(chunk) < PARALLEL_MIN or (os.cpu_count() or 1) < 2:
             for digest in (self._sha256, *others):
                 digest.update(chunk)
@@ -83,11 +117,12 @@ class Hasher:
         checked = []
         for name, expected, digest in (("sha256", remote.sha256, self._sha256),
                                        ("git-sha1", remote.git_sha1, self._git),
-                                       ("md5", remote.md5, self._md5)):
+                                       ("md5", remote.md5, self._md5),
+                                       ("multipart etag", remote.multipart_etag, self._parts)):
             if expected and digest is not None:
                 if digest.hexdigest() != expected.lower():
                     raise ChecksumMismatch(f"{remote.path}: {name} differs from the source's "
-                                           "checksum")
+                                           "checksum", check=name)
                 checked.append(name)
         return Verified(sha256=self._sha256.hexdigest(), checked=tuple(checked))
 

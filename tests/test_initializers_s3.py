@@ -44,6 +44,24 @@ def store(s3, tiny_model_dir, tiny_dataset_dir):
                           "big/multi.safetensors",
                           Config=TransferConfig(multipart_threshold=5 * MB,
                                                 multipart_chunksize=5 * MB))
+    # Multipart uploads cut in unequal parts (allowed: only the last may be under 5 MiB).
+    # "guess" fits the equal-parts guess by its part count and "count" does not.
+    for name, sizes in (("guess", (5 * MB + 1, 5 * MB, 1000)), ("count", (5 * MB, 6 * MB))):
+        overhead = len(safetensors_bytes(bytes(sum(sizes)))) - sum(sizes)  # its header
+        body = safetensors_bytes(os.urandom(sum(sizes) - overhead))
+        assert len(body) == sum(sizes)
+        big[name] = body
+        key = f"uneven/{name}.safetensors"
+        upload = client.create_multipart_upload(Bucket="models", Key=key)["UploadId"]
+        parts, start = [], 0
+        for number, size in enumerate(sizes, 1):
+            etag = client.upload_part(Bucket="models", Key=key, UploadId=upload,
+                                      PartNumber=number, Body=body[start:start + size])["ETag"]
+            parts.append({"PartNumber": number, "ETag": etag})
+            start += size
+        client.complete_multipart_upload(Bucket="models", Key=key, UploadId=upload,
+                                         MultipartUpload={"Parts": parts})
+    client.put_object(Bucket="models", Key="uneven/config.json", Body=config)
     client.put_object(Bucket="models", Key="evil/config.json", Body=config)
     client.put_object(Bucket="models", Key="evil/../../escape.safetensors", Body=b"x")
     client.create_bucket(Bucket="data")
@@ -192,7 +210,7 @@ def test_role_arn_is_assumed_through_sts(s3, store, tmp_path):
 
 def test_a_stale_staged_file_without_a_checksum_is_fetched_again(s3, store, tmp_path):
     # A killed run left a whole file whose object was then re-uploaded with the same size:
-    # a multipart ETag is no checksum, so only fetching again can prove the bytes.
+    # a multipart ETag proves nothing until its part size is fetched, so it is fetched again.
     staged = tmp_path / ".kubetune-staging-model"
     staged.mkdir()
     (staged / "multi.safetensors").write_bytes(b"\0" * len(store.big["multi"]))
@@ -256,27 +274,56 @@ def test_a_whole_stream_cut_off_goes_on_from_the_last_byte_written(s3, store, tm
     assert 0 < start < len(store.big["single"])
 
 
-@pytest.mark.parametrize("prefix_ok", [True, False])
-def test_a_killed_run_s_partial_object_is_resumed_only_when_its_md5_can_prove_it(
-        s3, store, tmp_path, prefix_ok):
+@pytest.mark.parametrize("name, prefix_ok", [("single", True), ("single", False),
+                                             ("multi", True), ("multi", False)])
+def test_a_killed_run_s_partial_object_goes_on_from_its_last_byte_when_the_etag_proves_it(
+        s3, store, tmp_path, name, prefix_ok):
+    # "single" has an MD5 ETag, "multi" a multipart one: each proves the resumed whole.
     staged = tmp_path / ".kubetune-staging-model"
     staged.mkdir()
     have = MB
-    single = store.big["single"][:have]
-    (staged / "single.safetensors.part").write_bytes(
-        single if prefix_ok else bytes(b ^ 0xFF for b in single))
-    # A multipart ETag proves nothing about old bytes: that object starts over.
-    (staged / "multi.safetensors.part").write_bytes(store.big["multi"][:have])
+    prefix = store.big[name][:have]
+    (staged / f"{name}.safetensors.part").write_bytes(
+        prefix if prefix_ok else bytes(b ^ 0xFF for b in prefix))
     out = tmp_path / "model"
     result = run_init(s3, store, "model", "s3://models/big", out, KUBETUNE_DOWNLOAD_WORKERS="2")
     assert result.returncode == 0, result.stderr
     assert (out / "single.safetensors").read_bytes() == store.big["single"]
     assert (out / "multi.safetensors").read_bytes() == store.big["multi"]
-    single_gets = [r.range for r in store.requests if r.path.endswith("single.safetensors")]
-    multi_gets = [r.range for r in store.requests if r.path.endswith("multi.safetensors")]
-    assert multi_gets == [None]
+    gets = [r.range for r in store.requests
+            if r.method == "GET" and r.path.endswith(f"{name}.safetensors")]
     if prefix_ok:
-        assert single_gets == [f"bytes={have}-"]
+        assert gets == [f"bytes={have}-"]
     else:
-        assert single_gets == [f"bytes={have}-", None]
-        assert "single.safetensors: md5 differs from the source's checksum" in result.stderr
+        check = "md5" if name == "single" else "multipart etag"
+        assert gets == [f"bytes={have}-", None]
+        assert f"{name}.safetensors: {check} differs from the source's checksum" in result.stderr
+
+
+@pytest.mark.parametrize("workers", ["8", "2"])  # ranged parts, then one whole stream
+def test_a_multipart_upload_is_checked_against_its_etag(s3, store, tmp_path, workers):
+    store.fault("corrupt", "/models/big/multi.safetensors", times=1, method="GET")
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out,
+                      KUBETUNE_DOWNLOAD_WORKERS=workers)
+    assert result.returncode == 0, result.stderr
+    assert ("multi.safetensors: multipart etag differs from the source's checksum; retry 1/3"
+            in result.stderr)
+    assert (out / "multi.safetensors").read_bytes() == store.big["multi"]
+    # Part 1's HEAD gave the part size; on the mismatch, both parts' HEADs ruled out an
+    # unequal cut; the retry needed none.
+    heads = [r for r in store.requests if r.method == "HEAD"]
+    assert len(heads) == 3 and all(r.path.endswith("multi.safetensors") for r in heads)
+
+
+def test_multipart_uploads_in_unequal_parts_are_checked_by_their_real_parts(s3, store, tmp_path):
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/uneven", out)
+    assert result.returncode == 0, result.stderr
+    assert "retry" not in result.stderr and "only its size is checked" not in result.stderr
+    for name in ("guess", "count"):
+        assert (out / f"{name}.safetensors").read_bytes() == store.big[name]
+    heads = sorted(r.path.rsplit("/", 1)[-1] for r in store.requests if r.method == "HEAD")
+    # "guess": part 1, then (its ETag differing under the guess) all three; "count": part
+    # 1, then both.
+    assert heads == ["count.safetensors"] * 3 + ["guess.safetensors"] * 4

@@ -21,6 +21,10 @@ class RemoteFile:
     etag: str | None = None  # the source's version tag (S3 ETag), to detect a changed object
     git_sha1: str | None = None  # git blob id (the hub's id for non-LFS files)
     md5: str | None = None  # S3 single-part ETag: the MD5 of the content
+    # S3 multipart ETag, "<MD5 of the parts' MD5s>-<part count>": checkable once the
+    # upload's part sizes are known.
+    multipart_etag: str | None = None
+    part_sizes: tuple[int, ...] | None = None
     key: str | None = None  # where the source finds it, when that differs from ``path``
 
 

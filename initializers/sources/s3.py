@@ -13,13 +13,15 @@ offset as it streams in. Either way memory is bounded by (streams x read chunk),
 an object's size or count.
 
 Every GET carries ``If-Match: <etag>`` so an object replaced mid-download is detected, and
-single-part ETags (the MD5 of the content) are checked. A stream cut off mid-object goes
+ETags are checked: a single-part one is the MD5 of the content; a multipart one is the MD5
+of the parts' MD5s, checked once a HEAD of part 1 gives the upload's part size. A stream cut off mid-object goes
 on from the last byte written (a range cut off keeps the parts already whole), so a reset
 costs the request, not the object.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -31,7 +33,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from initializers.checksums import Hasher, Verified, hash_into
+from initializers.checksums import ChecksumMismatch, Hasher, Verified, hash_into, verify
 from initializers.filters import keep
 from initializers.request import InitRequest
 from initializers.sources.base import ProgressCallback, RemoteFile
@@ -45,6 +47,9 @@ CHUNK = 1024 * 1024
 DEFAULT_PART_MB = 16
 DEFAULT_PART_WORKERS = 8
 MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
+MULTIPART_ETAG = re.compile(r"^[0-9a-f]{32}-([0-9]+)$")
+
+log = logging.getLogger("initializer")
 
 
 def _int_env(name: str, default: int) -> int:
@@ -118,6 +123,8 @@ class S3Source:
         # (key, etag, size) of whole-object streams begun this run: their bytes so far are
         # that version's, so a retry goes on from them.
         self._streams: set[tuple] = set()
+        # (key, etag) -> the part size of a multipart upload (0: its ETag is not checkable).
+        self._upload_parts: dict[tuple, int] = {}
         self._lock = threading.Lock()
         creds = credentials.s3_credentials()
         timeout = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
@@ -171,8 +178,10 @@ class S3Source:
             if not keep(rel, self.request.allow_patterns, self.request.ignore_patterns):
                 continue
             etag = obj.get("ETag", "").strip('"')
-            files.append(RemoteFile(path=rel, size=obj.get("Size"), etag=etag or None,
-                                    md5=etag if MD5_ETAG.match(etag) else None, key=obj["Key"]))
+            files.append(RemoteFile(
+                path=rel, size=obj.get("Size"), etag=etag or None, key=obj["Key"],
+                md5=etag if MD5_ETAG.match(etag) else None,
+                multipart_etag=etag if MULTIPART_ETAG.match(etag) else None))
         return files
 
     def plan(self, files: list[RemoteFile], workers: int) -> None:
@@ -219,10 +228,65 @@ class S3Source:
     @staticmethod
     def _checked(remote: RemoteFile, response: dict) -> RemoteFile:
         # With SSE-KMS or SSE-C the ETag is not the content's MD5: drop that check.
-        if remote.md5 and (response.get("ServerSideEncryption") == "aws:kms"
-                           or response.get("SSECustomerAlgorithm")):
-            return replace(remote, md5=None)
+        if (remote.md5 or remote.multipart_etag) and (
+                response.get("ServerSideEncryption") == "aws:kms"
+                or response.get("SSECustomerAlgorithm")):
+            return replace(remote, md5=None, multipart_etag=None)
         return remote
+
+    def _head_part(self, key: str, number: int) -> dict:
+        try:
+            # No If-Match: a store may compare it with the part's own ETag; an object
+            # replaced before this fails the pinned GETs that follow anyway.
+            return self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=number)
+        except ClientError as exc:
+            raise self.errors.client_error(exc, key) from None
+
+    def _exact_part_sizes(self, remote: RemoteFile, parts: int) -> tuple[int, ...]:
+        heads = self._parts().map(lambda n: self._head_part(remote.key, n), range(1, parts + 1))
+        return tuple(head.get("ContentLength") or 0 for head in heads)
+
+    def _with_upload_parts(self, remote: RemoteFile) -> RemoteFile:
+        """``remote`` with the part sizes its multipart ETag is checked by, or without that
+        ETag when the store does not tell them (it ignores PartNumber): its size is then
+        all that is checked, which the log says."""
+        if not remote.multipart_etag or remote.part_sizes:
+            return remote
+        version = (remote.key, remote.etag)
+        if version not in self._upload_parts:
+            parts = int(MULTIPART_ETAG.match(remote.multipart_etag).group(1))
+            size = remote.size or 0
+            first = self._head_part(remote.key, 1)
+            part_size = first.get("ContentLength") or 0
+            if first.get("PartsCount") != parts or not part_size:
+                log.info("%s: the store does not say how this multipart upload was cut: only "
+                         "its size is checked", remote.path)
+                self._upload_parts[version] = ((), True)
+            elif -(-size // part_size) == parts:
+                # Every common uploader (aws cli, boto3, mc, rclone) cuts equal parts but the
+                # last: one HEAD instead of one per part, confirmed only if the ETag differs.
+                sizes = (part_size,) * (parts - 1) + (size - part_size * (parts - 1),)
+                self._upload_parts[version] = (sizes, False)
+            else:
+                self._upload_parts[version] = (self._exact_part_sizes(remote, parts), True)
+        sizes, _ = self._upload_parts[version]
+        if not sizes:
+            return replace(remote, multipart_etag=None)
+        return replace(remote, part_sizes=sizes)
+
+    def _recheck_with_exact_parts(self, remote: RemoteFile, destination: Path,
+                                  mismatch: ChecksumMismatch) -> Verified:
+        """A multipart ETag that differs under the equal-parts guess: learn every part's
+        size, and check the file again if the guess was wrong."""
+        version = (remote.key, remote.etag)
+        guessed, exact = self._upload_parts.get(version, ((), True))
+        if mismatch.check != "multipart etag" or exact:
+            raise mismatch
+        sizes = self._exact_part_sizes(remote, len(guessed))
+        self._upload_parts[version] = (sizes, True)
+        if sizes == guessed:
+            raise mismatch
+        return verify(destination, replace(remote, part_sizes=sizes))
 
     def _resume_point(self, remote: RemoteFile, destination: Path) -> int:
         """How many leading bytes of ``destination`` a whole-object stream can keep."""
@@ -235,8 +299,9 @@ class S3Source:
             return 0
         # Bytes written earlier in this run are of this very version (every GET is pinned
         # to the ETag). Those left by a killed run may be of an object since replaced: kept
-        # only when the MD5 ETag will prove the whole (a mismatch starts over).
-        return have if version in self._streams or remote.md5 else 0
+        # only when the ETag will prove the whole (a mismatch starts over).
+        proven = remote.md5 or (remote.multipart_etag and remote.part_sizes)
+        return have if version in self._streams or proven else 0
 
     def _fetch_whole(self, remote: RemoteFile, destination: Path,
                      progress: ProgressCallback | None) -> Verified:
@@ -265,8 +330,16 @@ class S3Source:
 
     def fetch(self, remote: RemoteFile, destination: Path,
               progress: ProgressCallback | None = None) -> Verified:
-        if not self._splits(remote):
-            return self._fetch_whole(remote, destination, progress)
+        remote = self._with_upload_parts(remote)
+        try:
+            if not self._splits(remote):
+                return self._fetch_whole(remote, destination, progress)
+            return self._fetch_ranged(remote, destination, progress)
+        except ChecksumMismatch as mismatch:
+            return self._recheck_with_exact_parts(remote, destination, mismatch)
+
+    def _fetch_ranged(self, remote: RemoteFile, destination: Path,
+                      progress: ProgressCallback | None) -> Verified:
         size = remote.size or 0
         # Even parts no larger than part_size: no tail part of a few bytes.
         count = -(-size // self.part_size)

@@ -114,7 +114,9 @@ def _handler(proxy: FaultProxy):
                 for k, v in response.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD's length is the object's, not that of its empty body.
+                self.send_header("Content-Length", response.getheader("Content-Length", "0")
+                                 if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
             finally:
                 upstream.close()
