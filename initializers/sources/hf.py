@@ -24,11 +24,12 @@ from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.hf_api import RepoFile  # noqa: E402
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # noqa: E402
 
-from initializers.checksums import Hasher, Verified, hash_into  # noqa: E402
+from initializers.checksums import Hasher, Verified  # noqa: E402
 from initializers.filters import keep  # noqa: E402
 from initializers.request import InitRequest  # noqa: E402
 from initializers.sources.base import ProgressCallback, RemoteFile  # noqa: E402
 from initializers.sources.hf_errors import HubErrors  # noqa: E402
+from initializers.stream_write import write_stream  # noqa: E402
 from kubetune import credentials, env, retry  # noqa: E402
 from kubetune.errors import BadInputError  # noqa: E402
 from kubetune.retry import TransientFailure  # noqa: E402
@@ -156,16 +157,6 @@ class HuggingFaceSource:
                 raise TransientFailure(f"{remote.path}: the hub refused to resume; starting over")
             hf_raise_for_status(response)
             resumed = response.status_code == 206
-            hasher = Hasher(remote)
-            if resumed:
-                hash_into(hasher, destination, limit=have)
-            with open(destination, "ab" if resumed else "wb") as out:
-                for chunk in response.iter_bytes():  # as received: a drop keeps what came
-                    out.write(chunk)
-                    hasher.update(chunk)
-                    if progress:
-                        progress(len(chunk))
-        if remote.size is not None and hasher.size < remote.size:
-            raise TransientFailure(f"{remote.path}: the body ended after {hasher.size} of "
-                                   f"{remote.size} bytes")
-        return hasher.verified()
+            # As received: a drop keeps what came.
+            return write_stream(response.iter_bytes(), destination, remote, Hasher(remote),
+                                have if resumed else 0, progress)

@@ -33,11 +33,12 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from initializers.checksums import ChecksumMismatch, Hasher, Verified, hash_into, verify
+from initializers.checksums import ChecksumMismatch, Hasher, Verified, verify
 from initializers.filters import keep
 from initializers.request import InitRequest
 from initializers.sources.base import ProgressCallback, RemoteFile
 from initializers.sources.s3_errors import S3Errors, role_classify
+from initializers.stream_write import write_stream
 from kubetune import credentials, env, retry
 from kubetune.errors import BadInputError
 from kubetune.redact import register_secret
@@ -123,8 +124,9 @@ class S3Source:
         # (key, etag, size) of whole-object streams begun this run: their bytes so far are
         # that version's, so a retry goes on from them.
         self._streams: set[tuple] = set()
-        # (key, etag) -> the part size of a multipart upload (0: its ETag is not checkable).
-        self._upload_parts: dict[tuple, int] = {}
+        # (key, etag) -> (part sizes of a multipart upload, whether each part was asked
+        # rather than guessed); no sizes when the store does not tell them.
+        self._upload_parts: dict[tuple, tuple[tuple[int, ...], bool]] = {}
         self._lock = threading.Lock()
         creds = credentials.s3_credentials()
         timeout = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
@@ -310,23 +312,8 @@ class S3Source:
         response = self._get(remote.key, remote.etag, f"bytes={have}-" if have else None)
         if have and not response.get("ContentRange"):
             have = 0  # the store ignored the range and sent the whole object
-        hasher = Hasher(self._checked(remote, response))
-        if have:
-            hash_into(hasher, destination, limit=have)
-            if progress:
-                progress(0)
-        with open(destination, "r+b" if have else "wb") as out:
-            out.seek(have)
-            out.truncate()
-            for chunk in _chunks(response["Body"]):
-                out.write(chunk)
-                hasher.update(chunk)
-                if progress:
-                    progress(len(chunk))
-        if remote.size is not None and hasher.size < remote.size:
-            raise TransientFailure(f"{remote.path}: the body ended after {hasher.size} of "
-                                   f"{remote.size} bytes")
-        return hasher.verified()
+        return write_stream(_chunks(response["Body"]), destination, remote,
+                            Hasher(self._checked(remote, response)), have, progress)
 
     def fetch(self, remote: RemoteFile, destination: Path,
               progress: ProgressCallback | None = None) -> Verified:
