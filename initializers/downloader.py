@@ -101,21 +101,24 @@ class Downloader:
         """Fetch and verify one file; return (path, size, sha256) for the manifest."""
         target = safe_join(self.staged, remote.path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + staging.PART_SUFFIX)
+        part_state = staging.part_state_path(part)
         # A whole file left by a killed run is kept only if a checksum from the source
         # proves it is the listed version; a size alone (a re-uploaded object) does not.
         if target.is_file() and not target.is_symlink() and (
                 remote.sha256 or remote.git_sha1 or remote.md5):
             try:
                 verified = checksums.verify(target, remote)
+                part_state.unlink(missing_ok=True)  # killed before it went: not for the tree
                 self.progress.file_done(remote.path, target.stat().st_size)
                 return remote.path, target.stat().st_size, verified.sha256
             except checksums.ChecksumMismatch:
                 pass
         if target.is_file() or target.is_symlink():
             target.unlink()
-        part = target.with_name(target.name + staging.PART_SUFFIX)
-        if part.is_symlink():
-            part.unlink()
+        for path in (part, part_state):
+            if path.is_symlink():
+                path.unlink()
 
         def attempt() -> str:
             self.progress.restart_file(remote.path, _bytes_on_disk(part))
@@ -134,8 +137,10 @@ class Downloader:
             except checksums.ChecksumMismatch:
                 # A resumed prefix may be the bad part: the next attempt starts over.
                 part.unlink(missing_ok=True)
+                part_state.unlink(missing_ok=True)
                 raise
             part.replace(target)
+            part_state.unlink(missing_ok=True)
             return verified.sha256
 
         digest = retry.call(attempt, f"download {remote.path}", classify=self._classify)

@@ -20,6 +20,9 @@ from typing import Iterator
 from kubetune.workspace import MANIFEST_NAME, STAGING_PREFIX
 
 PART_SUFFIX = ".part"
+# Beside a ``*.part``, what a source keeps to resume it after a kill (which ranges are
+# whole); it goes with its part: kept, pruned and removed together.
+PART_STATE_SUFFIX = ".part-state"
 log = logging.getLogger("initializer")
 
 
@@ -49,6 +52,10 @@ def staging_dir_for(output_path: Path) -> Path:
     return output_path.parent / f"{STAGING_PREFIX}{output_path.name}"
 
 
+def part_state_path(part: Path) -> Path:
+    return part.with_name(part.name.removesuffix(PART_SUFFIX) + PART_STATE_SUFFIX)
+
+
 def prepare(output_path: Path) -> Path:
     staging = staging_dir_for(output_path)
     staging.mkdir(parents=True, exist_ok=True)
@@ -63,7 +70,8 @@ def prune(staging: Path, keep: set[str]) -> None:
     for path in sorted(staging.rglob("*"), reverse=True):
         rel = path.relative_to(staging).as_posix()
         if path.is_file() or path.is_symlink():
-            if path.is_symlink() or rel.removesuffix(PART_SUFFIX) not in keep:
+            name = rel.removesuffix(PART_SUFFIX).removesuffix(PART_STATE_SUFFIX)
+            if path.is_symlink() or name not in keep:
                 path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()

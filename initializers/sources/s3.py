@@ -14,9 +14,11 @@ an object's size or count.
 
 Every GET carries ``If-Match: <etag>`` so an object replaced mid-download is detected, and
 ETags are checked: a single-part one is the MD5 of the content; a multipart one is the MD5
-of the parts' MD5s, checked once a HEAD of part 1 gives the upload's part size. A stream cut off mid-object goes
-on from the last byte written (a range cut off keeps the parts already whole), so a reset
-costs the request, not the object.
+of the parts' MD5s, checked once a HEAD of part 1 gives the upload's part size.
+
+A stream cut off mid-object goes on from the last byte written; a split object cut off
+keeps the parts already whole, which are also recorded beside the file for a run after a
+kill. So a reset costs the request, not the object.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from initializers.filters import keep
 from initializers.request import InitRequest
 from initializers.sources.base import ProgressCallback, RemoteFile
 from initializers.sources.s3_errors import S3Errors, role_classify
+from initializers.sources.s3_part_state import PartState
+from initializers.staging import part_state_path
 from initializers.stream_write import write_stream
 from kubetune import credentials, env, retry
 from kubetune.errors import BadInputError
@@ -80,6 +84,11 @@ def _hash_range(hasher: Hasher, fd: int, start: int, end: int, buffer: bytearray
             raise TransientFailure("a part is shorter on disk than it was downloaded")
         hasher.update(view[:n])
         start += n
+
+
+def _etag_proves(remote: RemoteFile) -> bool:
+    """Whether the ETag check will cover every byte of the file (so old bytes may be kept)."""
+    return bool(remote.md5 or (remote.multipart_etag and remote.part_sizes))
 
 
 def split_location(location: str) -> tuple[str, str]:
@@ -212,7 +221,8 @@ class S3Source:
             raise mapped from None
 
     def _fetch_range(self, fd: int, remote: RemoteFile, start: int, end: int,
-                     progress: ProgressCallback | None, done: dict[int, dict]) -> dict:
+                     progress: ProgressCallback | None, done: dict[int, dict],
+                     state: PartState) -> dict:
         response = self._get(remote.key, remote.etag, f"bytes={start}-{end}")
         offset = start
         for chunk in _chunks(response["Body"]):
@@ -225,6 +235,7 @@ class S3Source:
                                    f"{end + 1 - start} bytes")
         # What the hasher needs of a response (the encryption headers), not its body.
         done[start] = {k: v for k, v in response.items() if k != "Body"}
+        state.record(start, end)
         return response
 
     @staticmethod
@@ -302,8 +313,7 @@ class S3Source:
         # Bytes written earlier in this run are of this very version (every GET is pinned
         # to the ETag). Those left by a killed run may be of an object since replaced: kept
         # only when the ETag will prove the whole (a mismatch starts over).
-        proven = remote.md5 or (remote.multipart_etag and remote.part_sizes)
-        return have if version in self._streams or proven else 0
+        return have if version in self._streams or _etag_proves(remote) else 0
 
     def _fetch_whole(self, remote: RemoteFile, destination: Path,
                      progress: ProgressCallback | None) -> Verified:
@@ -333,20 +343,32 @@ class S3Source:
         bounds = [size * i // count for i in range(count + 1)]
         ranges = [(start, end - 1) for start, end in zip(bounds, bounds[1:])]
         # Parts already written by an earlier attempt in this run are kept: one reset on
-        # a 10 GB object costs one part again, not the object. (They are hashed again
-        # from disk like the others, so a bad part still fails the checksum.)
+        # a 10 GB object costs one part again, not the object; so are those a killed run
+        # recorded, where the ETag will prove the result. (They are hashed again from disk
+        # like the others, so a bad part still fails the checksum.)
         version = (remote.key, remote.etag, size)
         with self._lock:
             done = self._done_parts.setdefault(version, {})
-        resume = bool(done) and destination.is_file() and destination.stat().st_size == size
+        state = PartState(part_state_path(destination), remote, size)
+        full_size = destination.is_file() and destination.stat().st_size == size
+        resume = bool(done) and full_size
+        if not resume and full_size and _etag_proves(remote):
+            recorded = state.recorded(ranges)
+            if recorded:
+                log.info("%s: %d of %d parts are already here from an earlier run",
+                         remote.path, len(recorded), len(ranges))
+                done.update({start: {} for start in recorded})
+                resume = True
         if not resume:
             done.clear()
+            state.begin()
         fd = os.open(destination, os.O_RDWR | os.O_CREAT | (0 if resume else os.O_TRUNC),
                      0o644)
         try:
             os.ftruncate(fd, size)
             futures = [None if s in done else
-                       self._parts().submit(self._fetch_range, fd, remote, s, e, progress, done)
+                       self._parts().submit(self._fetch_range, fd, remote, s, e, progress,
+                                            done, state)
                        for s, e in ranges]
             try:
                 hasher, buffer = None, bytearray(CHUNK)

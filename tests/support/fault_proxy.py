@@ -23,7 +23,7 @@ S3_ERROR = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
 
 @dataclass
 class ProxyFault:
-    kind: str  # "status" | "reset" | "truncate" | "corrupt"
+    kind: str  # "status" | "reset" | "truncate" | "corrupt" | "slow"
     match: str  # glob on the unquoted path, e.g. "/bucket/big/*"
     times: int = 1
     method: str | None = None
@@ -31,6 +31,7 @@ class ProxyFault:
     code: str = "SlowDown"
     headers: dict[str, str] = field(default_factory=dict)
     ranged_only: bool = False  # only requests carrying a Range header
+    bytes_per_s: int = 0  # "slow": the body's pace
 
 
 @dataclass
@@ -136,7 +137,20 @@ def _handler(proxy: FaultProxy):
                 return
             if kind == "corrupt":
                 data = bytes(b ^ 0xFF for b in data[:16]) + data[16:]
-            self.wfile.write(data)
+            if kind == "slow":
+                step = max(1, fault.bytes_per_s // 20)
+                try:
+                    for start in range(0, len(data), step):
+                        self.wfile.write(data[start:start + step])
+                        self.wfile.flush()
+                        time.sleep(step / fault.bytes_per_s)
+                except OSError:
+                    self.close_connection = True  # the client went away (killed)
+                return
+            try:
+                self.wfile.write(data)
+            except OSError:
+                self.close_connection = True  # the client went away (killed)
 
         def do_GET(self) -> None:
             self._forward()
