@@ -29,8 +29,8 @@ HF_TOKEN = "HF_TOKEN"
 HF_ENDPOINT = "HF_ENDPOINT"
 # Initializer tuning (ours).
 DOWNLOAD_WORKERS = "KUBETUNE_DOWNLOAD_WORKERS"  # files fetched at once (default 8)
-S3_PART_SIZE_MB = "KUBETUNE_S3_PART_SIZE_MB"  # ranged-GET part size (default 16)
-S3_PART_WORKERS = "KUBETUNE_S3_PART_WORKERS"  # parts of one object fetched at once (default 8)
+S3_PART_SIZE_MB = "KUBETUNE_S3_PART_SIZE_MB"  # largest ranged-GET part (default 16)
+S3_PART_WORKERS = "KUBETUNE_S3_PART_WORKERS"  # ranged parts in flight, all objects (default 8)
 HTTP_TIMEOUT_S = "KUBETUNE_HTTP_TIMEOUT_S"  # connect / read timeout of one request (default 60)
 
 # Trainer, as the torch plugin of Kubeflow Trainer sets them.

@@ -365,3 +365,14 @@ def test_kill_9_mid_object_then_a_rerun_fetches_only_the_parts_missing(s3, store
                if r.method == "GET" and r.range and r.path.endswith("multi.safetensors")}
     assert len(recorded) >= 2 and not fetched & recorded and len(fetched) < 7
     assert not [p for p in out.rglob("*") if p.name.endswith((".part", ".part-state"))]
+
+
+def test_a_store_that_refuses_part_numbers_still_downloads_checking_sizes(s3, store, tmp_path):
+    store.fault("status", "/models/big/multi.safetensors", times=10, method="HEAD",
+                status=400, code="InvalidArgument")
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/big", out)
+    assert result.returncode == 0, result.stderr
+    assert ("multi.safetensors: the store does not say how this multipart upload was cut: "
+            "only its size is checked") in result.stderr
+    assert (out / "multi.safetensors").read_bytes() == store.big["multi"]

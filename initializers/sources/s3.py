@@ -53,6 +53,9 @@ DEFAULT_PART_MB = 16
 DEFAULT_PART_WORKERS = 8
 MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 MULTIPART_ETAG = re.compile(r"^[0-9a-f]{32}-([0-9]+)$")
+# What a store that does not implement a request parameter answers (bad request, method
+# not allowed, not implemented).
+UNSUPPORTED_STATUS = (400, 405, 501)
 
 log = logging.getLogger("initializer")
 
@@ -269,7 +272,14 @@ class S3Source:
         if version not in self._upload_parts:
             parts = int(MULTIPART_ETAG.match(remote.multipart_etag).group(1))
             size = remote.size or 0
-            first = self._head_part(remote.key, 1)
+            try:
+                first = self.client.head_object(Bucket=self.bucket, Key=remote.key,
+                                                PartNumber=1)
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status not in UNSUPPORTED_STATUS:
+                    raise self.errors.client_error(exc, remote.key) from None
+                first = {}  # a store that refuses PartNumber: as if it ignored it
             part_size = first.get("ContentLength") or 0
             if first.get("PartsCount") != parts or not part_size:
                 log.info("%s: the store does not say how this multipart upload was cut: only "
