@@ -251,11 +251,15 @@ class S3Source:
         return remote
 
     def _head_part(self, key: str, number: int) -> dict:
+        """The part's HEAD; {} from a store that refuses PartNumber (as if it ignored it)."""
         try:
             # No If-Match: a store may compare it with the part's own ETag; an object
             # replaced before this fails the pinned GETs that follow anyway.
             return self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=number)
         except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in UNSUPPORTED_STATUS:
+                return {}
             raise self.errors.client_error(exc, key) from None
 
     def _exact_part_sizes(self, remote: RemoteFile, parts: int) -> tuple[int, ...]:
@@ -272,14 +276,7 @@ class S3Source:
         if version not in self._upload_parts:
             parts = int(MULTIPART_ETAG.match(remote.multipart_etag).group(1))
             size = remote.size or 0
-            try:
-                first = self.client.head_object(Bucket=self.bucket, Key=remote.key,
-                                                PartNumber=1)
-            except ClientError as exc:
-                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-                if status not in UNSUPPORTED_STATUS:
-                    raise self.errors.client_error(exc, remote.key) from None
-                first = {}  # a store that refuses PartNumber: as if it ignored it
+            first = self._head_part(remote.key, 1)
             part_size = first.get("ContentLength") or 0
             if first.get("PartsCount") != parts or not part_size:
                 log.info("%s: the store does not say how this multipart upload was cut: only "

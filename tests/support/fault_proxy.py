@@ -7,7 +7,6 @@ body mid-object, flipped bytes. It also records every request (method, path, Ran
 
 from __future__ import annotations
 
-import fnmatch
 import http.client
 import socket
 import struct
@@ -16,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
+
+from tests.support.faults import FaultBook
 
 S3_ERROR = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
             "<Message>injected</Message><RequestId>kubetune-test</RequestId></Error>")
@@ -41,13 +42,13 @@ class ProxiedRequest:
     range: str | None
 
 
-class FaultProxy:
+class FaultProxy(FaultBook):
+    fault_type = ProxyFault
+
     def __init__(self, target: str) -> None:
+        super().__init__()
         parts = urlsplit(target)
         self.target_host, self.target_port = parts.hostname, parts.port
-        self.faults: list[ProxyFault] = []
-        self.requests: list[ProxiedRequest] = []
-        self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
@@ -60,27 +61,9 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def fault(self, kind: str, match: str, times: int = 1, **options) -> ProxyFault:
-        fault = ProxyFault(kind=kind, match=match, times=times, **options)
-        with self._lock:
-            self.faults.append(fault)
-        return fault
-
-    def clear(self) -> None:
-        with self._lock:
-            self.faults.clear()
-            self.requests.clear()
-
-    def _take(self, method: str, path: str, ranged: str | None) -> ProxyFault | None:
-        with self._lock:
-            self.requests.append(ProxiedRequest(method, path, ranged))
-            for fault in self.faults:
-                if (fault.times > 0 and (fault.method in (None, method))
-                        and (ranged or not fault.ranged_only)
-                        and fnmatch.fnmatch(path, fault.match)):
-                    fault.times -= 1
-                    return fault
-        return None
+    def take(self, method: str, path: str, ranged: str | None) -> ProxyFault | None:
+        return self._take(method, path, ProxiedRequest(method, path, ranged),
+                          applies=lambda fault: bool(ranged) or not fault.ranged_only)
 
 
 def _handler(proxy: FaultProxy):
@@ -92,7 +75,7 @@ def _handler(proxy: FaultProxy):
 
         def _forward(self) -> None:
             path = unquote(urlsplit(self.path).path)
-            fault = proxy._take(self.command, path, self.headers.get("Range"))
+            fault = proxy.take(self.command, path, self.headers.get("Range"))
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             if fault is not None and fault.kind == "status":

@@ -18,7 +18,6 @@ prints the endpoint URL on its first line.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import hashlib
 import json
 import socket
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support.faults import FaultBook
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".parquet", ".arrow", ".h5", ".msgpack",
                 ".model", ".gguf")
@@ -128,14 +129,14 @@ def local_tree(directory: Path, in_memory_below: int = 1 << 20) -> dict[str, byt
     return files
 
 
-class HubServer:
+class HubServer(FaultBook):
+    fault_type = Fault
+
     def __init__(self, token: str | None = None) -> None:
+        super().__init__()
         self.token = token  # the one token the hub accepts
         self.page_size = 1000  # tree entries per page
         self.repos: dict[tuple[str, str], Repo] = {}
-        self.faults: list[Fault] = []
-        self.requests: list[Request] = []
-        self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -170,31 +171,11 @@ class HubServer:
         repo.gated = repo.gated or gated
         return sha
 
-    # Faults and counting.
-    def fault(self, kind: str, match: str, times: int = 1, **options) -> Fault:
-        fault = Fault(kind=kind, match=match, times=times, **options)
-        with self._lock:
-            self.faults.append(fault)
-        return fault
-
-    def clear(self) -> None:
-        with self._lock:
-            self.faults.clear()
-            self.requests.clear()
-
+    # Counting (faults: FaultBook).
     def count(self, method: str | None = None, contains: str = "") -> int:
         with self._lock:
             return sum(1 for r in self.requests
                        if (method is None or r.method == method) and contains in r.path)
-
-    def _take_fault(self, method: str, path: str) -> Fault | None:
-        with self._lock:
-            for fault in self.faults:
-                if (fault.times > 0 and (fault.method is None or fault.method == method)
-                        and fnmatch.fnmatch(path, fault.match)):
-                    fault.times -= 1
-                    return fault
-        return None
 
     def _find_repo(self, repo_type: str, rest: str) -> tuple[Repo, str] | None:
         """The repo whose id starts ``rest``, and what follows it."""
@@ -292,11 +273,9 @@ def _make_handler(hub: HubServer):
         def _dispatch(self) -> None:
             split = urlsplit(self.path)
             path = split.path
-            with hub._lock:
-                hub.requests.append(Request(self.command, unquote(path),
-                                            self.headers.get("Range"),
-                                            self.headers.get("Authorization")))
-            fault = hub._take_fault(self.command, unquote(path))
+            fault = hub._take(self.command, unquote(path),
+                              Request(self.command, unquote(path), self.headers.get("Range"),
+                                      self.headers.get("Authorization")))
             if fault is not None and fault.kind == "stall_api":
                 time.sleep(fault.stall_s)  # say nothing at all, then hang up
                 self.close_connection = True
