@@ -99,3 +99,15 @@ TRAIN_OVERRIDES = "KUBETUNE_TRAIN_OVERRIDES"
 GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline
 SAVE_EVERY_N_STEPS = "KUBETUNE_SAVE_EVERY_N_STEPS"  # step-level resumable saves (0: per epoch)
 STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the next step
+
+# TrainJob status (Kubeflow Trainer 2.2+, feature gate TrainJobStatus): the controller
+# injects these into trainer containers; spelled as the kubeflow SDK reads them.
+TRAINER_SERVER_URL = "KUBEFLOW_TRAINER_SERVER_URL"  # HTTPS endpoint the status is POSTed to
+TRAINER_SERVER_CA_CERT = "KUBEFLOW_TRAINER_SERVER_CA_CERT"  # CA file the endpoint's TLS chains to
+TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"  # projected token FILE path (rotated)
+
+# Pod logs.
+LOG_FORMAT = "KUBETUNE_LOG_FORMAT"  # text (default) or json: one JSON object per line
+LOG_LEVEL = "KUBETUNE_LOG_LEVEL"  # info (default) or debug: torchtune's config dump, noise
+# Set by `kubetune local` for its steps: the run is not on Kubeflow Trainer.
+LOCAL_RUN = "KUBETUNE_LOCAL_RUN"

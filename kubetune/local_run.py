@@ -59,7 +59,7 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     termination = logs_dir / f"{step.name}.termination-log"
     termination.unlink(missing_ok=True)
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
-                 "PYTHONUNBUFFERED": "1"}
+                 env.LOCAL_RUN: "1", "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     child = subprocess.Popen(step.command, env=child_env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -1,11 +1,52 @@
-"""Logging for every step: plain lines (readable in `kubectl logs`), secrets masked."""
+"""Logging for every step: plain lines (readable in `kubectl logs`), secrets masked;
+``KUBETUNE_LOG_FORMAT=json`` turns every line into one JSON object, for log pipelines."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
+import time
+from typing import Any, Mapping
 
+from kubetune import env
 from kubetune.redact import redact
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+def json_mode(environ: Mapping[str, str] | None = None) -> bool:
+    environ = os.environ if environ is None else environ
+    return (environ.get(env.LOG_FORMAT) or "text").strip().lower() == "json"
+
+
+def debug_mode(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the user asked for the noise too (torchtune's config dump, known warnings)."""
+    environ = os.environ if environ is None else environ
+    return (environ.get(env.LOG_LEVEL) or "info").strip().lower() == "debug"
+
+
+def timestamp(when: float | None = None) -> str:
+    return time.strftime(TIME_FORMAT, time.localtime(when))
+
+
+def json_line(component: str, level: str, message: str, fields: Mapping[str, Any] | None = None,
+              when: float | None = None) -> str:
+    """One log line as a JSON object: time, level, component, message, then ``fields``."""
+    record: dict[str, Any] = {"time": timestamp(when), "level": level, "component": component,
+                              "message": redact(message)}
+    for key, value in (fields or {}).items():
+        record.setdefault(key, value)
+    return json.dumps(record, default=str)
+
+
+def wrap_foreign_line(component: str, line: str) -> str:
+    """A line a library printed, in the chosen format (JSON lines stay as they are)."""
+    text = line.rstrip("\n")
+    if not json_mode() or text.startswith("{"):
+        return line
+    return json_line(component, "INFO", text, {"source": "recipe"}) + "\n"
 
 
 class _RedactingFormatter(logging.Formatter):
@@ -13,13 +54,30 @@ class _RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
-def setup(step: str, level: int = logging.INFO) -> logging.Logger:
+class _JsonFormatter(logging.Formatter):
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        return json_line(self.component, record.levelname, message, {"logger": record.name},
+                         when=record.created)
+
+
+def setup(step: str, level: int | None = None) -> logging.Logger:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_RedactingFormatter(
-        f"%(asctime)s {step} %(levelname)s %(message)s", datefmt="%Y-%m-%dT%H:%M:%S"))
+    if json_mode():
+        handler.setFormatter(_JsonFormatter(step))
+    else:
+        handler.setFormatter(_RedactingFormatter(
+            f"%(asctime)s {step} %(levelname)s %(message)s", datefmt=TIME_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level if level is not None else
+                  logging.DEBUG if debug_mode() else logging.INFO)
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger(step)

@@ -19,7 +19,7 @@ from types import ModuleType
 
 from omegaconf import OmegaConf
 
-from trainer import cpu_adapt
+from trainer import cpu_adapt, recipe_noise, run_report, train_progress
 from trainer.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
@@ -56,6 +56,7 @@ def install(cls: type, guard: Guard) -> None:
     def setup(self, *args, **kwargs):
         result = original_setup(self, *args, **kwargs)
         guard.after_setup(self)
+        train_progress.hand_plan_to_logger(self)
         return result
 
     cls.setup = setup
@@ -67,6 +68,7 @@ def install(cls: type, guard: Guard) -> None:
         def save_checkpoint(self, epoch: int, *args, **kwargs):
             result = original_save(self, epoch, *args, **kwargs)
             guard.after_save(self, self.epochs_run, epoch, epoch + 1 < self.total_epochs)
+            run_report.on_checkpoint(guard.output_dir, guard.rank)
             return result
 
         cls.save_checkpoint = save_checkpoint
@@ -82,6 +84,7 @@ def install(cls: type, guard: Guard) -> None:
                                           *args, **kwargs)
             guard.after_save(current.get("recipe"), training_progress.epochs_run, epoch,
                              epoch + 1 < training_progress.total_epochs)
+            run_report.on_checkpoint(guard.output_dir, guard.rank)
             return result
 
         CheckpointClient.save_checkpoint = client_save
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.launch import die_with_parent
 
         die_with_parent()  # torchrun's workers go when torchrun goes
+    recipe_noise.quiet()  # before torchtune and torchao are imported
     cpu_adapt.apply()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()

@@ -23,7 +23,8 @@ from kubetune import env
 from kubetune.errors import BadInputError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact
 from kubetune.workspace import COMPLETION_MARKER_NAME, REPO_ID_NAME
-from trainer import resume
+from kubetune.logs import wrap_foreign_line
+from trainer import resume, run_report, train_progress
 from trainer.checkpoint_model import SPECIAL_TOKENS_FILE
 from trainer.metric_logger import METRICS_NAME
 from trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
@@ -81,7 +82,7 @@ def die_with_parent() -> None:
 def _stream(pipe, sink, tail: collections.deque) -> None:
     for raw in iter(pipe.readline, b""):
         line = redact(raw.decode("utf-8", "replace"))
-        sink.write(line)
+        sink.write(wrap_foreign_line("trainer", line))
         sink.flush()
         if line.strip():
             tail.append(line.rstrip())
@@ -259,6 +260,7 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
                             str(plan_.cfg.device), plan_.topology.world_size,
                             _final_epoch_dir(plan_))
         _write_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
+        run_report.at_end(output_dir, summary)
     if stopped:
         record = resume.read_record(output_dir)
         if record is not None and record.fingerprint == plan_.fingerprint:
@@ -284,6 +286,7 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     # Written last: the exporter trusts only an output_dir that has this marker.
     _write_atomic(output_dir / COMPLETION_MARKER_NAME, json.dumps(marker, indent=2))
+    train_progress.report_finished(summary)
     log.info("done: %s steps, loss %s -> %s, %s tokens/s, checkpoint %s", summary["steps"],
              summary["first_loss"], summary["last_loss"],
              f"{summary['tokens_per_second']:.0f}" if summary["tokens_per_second"] else "?",

@@ -1,5 +1,6 @@
 """A torchtune metric logger (chosen by config) that writes JSON lines a program reads
-and prints progress lines ``kubectl logs`` shows without carriage-return bars.
+and, through ``trainer.train_progress``, prints one progress line per logged step
+(``kubectl logs``, no carriage-return bars) and reports the TrainJob status.
 
 Each line: step, epoch, loss, lr, tokens (this step, all ranks), tokens_per_second (as
 the recipe measured it, per device), peak_memory_bytes (CUDA peak reserved on GPU, peak
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import json
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
+
+from trainer.train_progress import TrainProgress
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -44,7 +46,7 @@ class JsonLinesMetricLogger:
         self._file = open(self._path, "a", encoding="utf-8")
         self._start = time.monotonic()
         self._print_every_s = print_every_s
-        self._last_print = float("-inf")
+        self._progress = TrainProgress()
         self._epoch: int | None = None
         self._step_tokens: int | None = None
 
@@ -54,6 +56,10 @@ class JsonLinesMetricLogger:
 
     def note_step_tokens(self, tokens: int) -> None:
         self._step_tokens = int(tokens)
+
+    # Called by trainer.bootstrap once the recipe knows its epochs and steps per epoch.
+    def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
+        self._progress.set_plan(total_steps, total_epochs)
 
     def log(self, name: str, data: Any, step: int) -> None:
         self.log_dict({name: data}, step)
@@ -73,24 +79,13 @@ class JsonLinesMetricLogger:
         record["time_s"] = round(time.monotonic() - self._start, 3)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        now = time.monotonic()
-        if now - self._last_print >= self._print_every_s or step == 1:
-            self._last_print = now
-            parts = [f"step {record['step']}"]
-            if "epoch" in record:
-                parts.append(f"epoch {record['epoch']}")
-            if "loss" in record:
-                parts.append(f"loss {record['loss']:.4f}")
-            if "lr" in record:
-                parts.append(f"lr {record['lr']:.2e}")
-            if "tokens_per_second" in record:
-                parts.append(f"{record['tokens_per_second']:.0f} tok/s")
-            print("train: " + " | ".join(parts), file=sys.stdout, flush=True)
+        self._progress.on_step(record)
 
     def log_config(self, config: Any) -> None:
         pass  # the launcher already wrote the merged config next to the metrics
 
     def close(self) -> None:
+        self._progress.close()
         if not self._file.closed:
             self._file.close()
 

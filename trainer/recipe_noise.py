@@ -1,0 +1,43 @@
+"""Keep the recipe process's known noise out of pod logs (``KUBETUNE_LOG_LEVEL=debug``
+keeps it): torchtune's 80-line resolved-config dump (the merged config is already
+``output_dir/kubetune-config.yaml``), its profiler chatter, torchao's cpp-extension
+warning, and library deprecation warnings a user cannot act on.
+
+Applied in the recipe process before torchtune is imported, so each source is silenced
+where it speaks; anything not listed here still reaches the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from kubetune import logs
+
+# torchtune's messages (logger torchtune.utils._logging) that say nothing a user needs.
+TORCHTUNE_NOISE = (
+    "with resolved config:",  # config.log_config's dump of the whole config
+    "Profiling disabled",
+    "Profiler config after instantiation",
+)
+# Python warnings from libraries, by message start.
+WARNING_NOISE = (
+    "'set_vital' is deprecated",  # torchdata's StatefulDataLoader
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in TORCHTUNE_NOISE)
+
+
+def quiet() -> None:
+    if logs.debug_mode():
+        return
+    logging.getLogger("torchtune.utils._logging").addFilter(_DropNoise())
+    # torchao warns at import that its C++ kernels do not match torch (we pin torchao
+    # 0.15.0 for torchtune 0.6.1); the Python paths torchtune uses work without them.
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    for message in WARNING_NOISE:
+        warnings.filterwarnings("ignore", message=message)

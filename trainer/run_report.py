@@ -1,0 +1,134 @@
+"""The run report in the output dir: ``kubetune-report.md`` (what ran, on what, how fast,
+how it ended) and ``kubetune-curves.png`` (loss and learning rate by step).
+
+Written by rank 0 after every checkpoint (the run so far) and by the launcher at the end
+(with ``summary.json``'s numbers); the exporter carries both into the export. Each file
+is replaced by rename, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from kubetune.png_plot import BLUE, ORANGE, Series, line_plots
+from trainer.metric_logger import read_metrics
+
+log = logging.getLogger("trainer")
+
+REPORT_NAME = "kubetune-report.md"
+CURVES_NAME = "kubetune-curves.png"
+CONFIG_NAME = "kubetune-config.yaml"  # written by trainer.launch
+
+
+def _replace(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def loss_steps(output_dir: Path) -> list[dict]:
+    """The logged steps, the last record of each (a resumed run repeats steps)."""
+    by_step = {r["step"]: r for r in read_metrics(output_dir) if "loss" in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def write_curves(output_dir: Path, steps: list[dict]) -> Path:
+    path = Path(output_dir) / CURVES_NAME
+    xs = [r["step"] for r in steps]
+    panels = [Series("loss", xs, [r["loss"] for r in steps], BLUE)]
+    if any("lr" in r for r in steps):
+        lr = [r for r in steps if "lr" in r]
+        panels.append(Series("learning rate", [r["step"] for r in lr], [r["lr"] for r in lr],
+                             ORANGE))
+    fd, tmp = tempfile.mkstemp(dir=output_dir, prefix=f".{CURVES_NAME}.")
+    os.close(fd)
+    line_plots(Path(tmp), panels)
+    os.replace(tmp, path)
+    return path
+
+
+def _config_facts(output_dir: Path) -> list[str]:
+    try:
+        cfg = OmegaConf.load(Path(output_dir) / CONFIG_NAME)
+    except Exception:
+        return []
+    facts = []
+    sel = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
+    model = sel("model._component_")
+    if model:
+        facts.append(f"model: `{model}` from `{sel('checkpointer.checkpoint_dir')}`")
+    dataset = sel("dataset._component_") or sel("dataset.source")
+    where = sel("dataset.data_dir") or sel("dataset.data_files") or sel("dataset.source")
+    if dataset:
+        facts.append(f"dataset: `{dataset}`" + (f" (`{where}`)" if where != dataset else ""))
+    if sel("model.lora_rank") is not None:
+        facts.append(f"LoRA rank {sel('model.lora_rank')}, alpha {sel('model.lora_alpha')}")
+    facts.append(f"epochs {sel('epochs')}, batch size {sel('batch_size')}, gradient "
+                 f"accumulation {sel('gradient_accumulation_steps')}, learning rate "
+                 f"{sel('optimizer.lr')}, dtype {sel('dtype')}")
+    return facts
+
+
+def _fmt(value, spec: str = "") -> str:
+    return "?" if value is None else format(value, spec)
+
+
+def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str) -> str:
+    lines = ["# Training report", "", f"**{state}**", ""]
+    lines += [f"- {fact}" for fact in _config_facts(output_dir)]
+    if summary:
+        device = summary.get("gpu") or summary.get("device")
+        lines.append(f"- on: {device} x {summary.get('world_size')}")
+        lines.append(f"- steps: {summary.get('steps')}, tokens: {summary.get('tokens')}, "
+                     f"wall time: {_fmt(summary.get('wall_time_s'), '.1f')} s")
+        lines.append(f"- speed: {_fmt(summary.get('tokens_per_second'), '.0f')} tokens/s"
+                     + (f", MFU {summary['mfu']:.1%}" if summary.get("mfu") else ""))
+        peak = summary.get("peak_memory_bytes")
+        if peak:
+            lines.append(f"- peak memory: {peak / 2**30:.2f} GiB "
+                         f"({summary.get('peak_memory_note')})")
+    else:
+        lines.append(f"- steps so far: {len(steps)}")
+    if steps:
+        lines.append(f"- loss: {steps[0]['loss']:.4f} (step {steps[0]['step']}) -> "
+                     f"{steps[-1]['loss']:.4f} (step {steps[-1]['step']})")
+        lines += ["", f"![loss and learning rate by step]({CURVES_NAME})"]
+    lines += ["", f"The full config: `{CONFIG_NAME}`; every logged step: `metrics.jsonl`.", ""]
+    return "\n".join(lines)
+
+
+def write(output_dir: Path, summary: dict | None = None, state: str = "in progress") -> Path:
+    output_dir = Path(output_dir)
+    steps = loss_steps(output_dir)
+    if steps:
+        write_curves(output_dir, steps)
+    path = output_dir / REPORT_NAME
+    _replace(path, render(output_dir, steps, summary, state).encode())
+    return path
+
+
+def on_checkpoint(output_dir: Path, rank: int) -> None:
+    """After a checkpoint save, inside the recipe: the report of the run so far (rank 0).
+    A report that cannot be written costs a warning, never the run."""
+    if rank != 0:
+        return
+    try:
+        steps = loss_steps(output_dir)
+        last = f" at step {steps[-1]['step']}" if steps else ""
+        write(output_dir, state=f"in progress: checkpoint saved{last}")
+    except Exception as exc:
+        log.warning("run report not written: %s", exc)
+
+
+def at_end(output_dir: Path, summary: dict) -> None:
+    """At the end, from the launcher, with the run's summary."""
+    try:
+        write(output_dir, summary, state=f"{summary.get('exit_reason')}")
+    except Exception as exc:
+        log.warning("run report not written: %s", exc)

@@ -1,0 +1,155 @@
+"""Progress of a running recipe, from rank 0's metric logger: one pod-log line per logged
+step (step/total, %, ETA, loss, lr, tokens/s, a timestamp) and the TrainJob status.
+
+Total steps come from the recipe after its setup (epochs x optimizer steps per epoch,
+``max_steps_per_epoch`` included), handed over by ``trainer.bootstrap``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Mapping
+
+from kubetune import logs
+from kubetune.trainjob_status import StatusReporter
+
+COMPONENT = "trainer"
+
+
+def recipe_plan(recipe: Any) -> tuple[int | None, int | None]:
+    """(total optimizer steps, total epochs) of a set-up torchtune recipe, where it says."""
+    epochs = getattr(recipe, "total_epochs", None)
+    per_epoch = getattr(recipe, "_steps_per_epoch", None)
+    if not isinstance(epochs, int) or not isinstance(per_epoch, int):
+        return None, epochs if isinstance(epochs, int) else None
+    return epochs * per_epoch, epochs
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(max(0.0, seconds)))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+class TrainProgress:
+    """Fed one metrics record per logged step (rank 0 only: the recipes log there)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        self.total_steps: int | None = None
+        self.total_epochs: int | None = None
+        # The first logged step and when: the rate after it gives the ETA (the first step
+        # pays for warm-up, so it is not part of the rate).
+        self._origin: tuple[int, float] | None = None
+        self.json = logs.json_mode(environ)
+        self.reporter = StatusReporter.from_env(environ, source="trainer") \
+            if environ.get("RANK", "0") == "0" else None
+
+    def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
+        self.total_steps, self.total_epochs = total_steps, total_epochs
+
+    def percent(self, step: int) -> int | None:
+        if not self.total_steps:
+            return None
+        # 100 means done (the checkpoint saved): the launcher sends it, not a step.
+        return min(99, int(100 * step / self.total_steps))
+
+    def eta_s(self, step: int, now: float) -> float | None:
+        if self._origin is None or not self.total_steps:
+            return None
+        first_step, first_time = self._origin
+        if step <= first_step:
+            return None
+        per_step = (now - first_time) / (step - first_step)
+        return max(0, self.total_steps - step) * per_step
+
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        """One logged step: a pod-log line and the TrainJob status (never raises)."""
+        if "loss" not in record:
+            return
+        now = time.monotonic()
+        step = int(record["step"])
+        if self._origin is None:
+            self._origin = (step, now)
+        percent, eta = self.percent(step), self.eta_s(step, now)
+        try:
+            print(self.line(record, percent, eta), file=sys.stdout, flush=True)
+        except (OSError, ValueError):
+            pass  # a closed stdout must not stop training
+        if self.reporter is not None:
+            self.reporter.update(percent, eta, self.status_metrics(record))
+
+    def status_metrics(self, record: Mapping[str, Any]) -> dict[str, object]:
+        metrics: dict[str, object] = {"loss": f"{float(record['loss']):.6g}"}
+        if "lr" in record:
+            metrics["lr"] = f"{float(record['lr']):.6g}"
+        if "tokens_per_second" in record:
+            metrics["tokens_per_second"] = f"{float(record['tokens_per_second']):.1f}"
+        metrics["step"] = int(record["step"])
+        if self.total_steps:
+            metrics["total_steps"] = self.total_steps
+        if "epoch" in record:
+            metrics["epoch"] = int(record["epoch"]) + 1
+        if self.total_epochs:
+            metrics["total_epochs"] = self.total_epochs
+        return metrics
+
+    def line(self, record: Mapping[str, Any], percent: int | None, eta: float | None) -> str:
+        step = int(record["step"])
+        parts = [f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"]
+        if percent is not None:
+            parts[0] += f" ({percent}%)"
+        if "epoch" in record:
+            epoch = int(record["epoch"]) + 1
+            parts.append(f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
+                         else f"epoch {epoch}")
+        parts.append(f"loss {float(record['loss']):.4f}")
+        if "lr" in record:
+            parts.append(f"lr {float(record['lr']):.2e}")
+        if "tokens_per_second" in record:
+            parts.append(f"{float(record['tokens_per_second']):.0f} tok/s")
+        parts.append(f"eta {format_duration(eta)}" if eta is not None else "eta ?")
+        text = "train: " + " | ".join(parts)
+        if not self.json:
+            return f"{logs.timestamp()} {text}"
+        fields = {"step": step, "total_steps": self.total_steps, "percent": percent,
+                  "epoch": int(record["epoch"]) + 1 if "epoch" in record else None,
+                  "total_epochs": self.total_epochs, "loss": float(record["loss"]),
+                  "lr": record.get("lr"), "tokens_per_second": record.get("tokens_per_second"),
+                  "eta_s": None if eta is None else round(eta, 1)}
+        return logs.json_line(COMPONENT, "INFO", text, fields)
+
+    def close(self) -> None:
+        """The recipe is done: whatever is pending goes with the launcher's final report."""
+        if self.reporter is not None:
+            self.reporter.close()
+
+
+def hand_plan_to_logger(recipe: Any) -> None:
+    """After the recipe's setup: tell our metric logger the run's total steps and epochs."""
+    logger = getattr(recipe, "_metric_logger", None)
+    if hasattr(logger, "set_plan"):
+        logger.set_plan(*recipe_plan(recipe))
+
+
+def report_finished(summary: Mapping[str, Any], environ: Mapping[str, str] | None = None
+                    ) -> None:
+    """From the launcher, once the run's checkpoint and marker are written: 100 %, with
+    the summary's numbers (MFU where measured). Waits one request's timeout at most."""
+    reporter = StatusReporter.from_env(environ, source="trainer")
+    if reporter is None:
+        return
+    metrics: dict[str, object] = {}
+    if summary.get("last_loss") is not None:
+        metrics["loss"] = f"{float(summary['last_loss']):.6g}"
+    metrics["step"] = summary.get("last_step")
+    metrics["total_steps"] = summary.get("last_step")
+    metrics["epoch"] = summary.get("epochs")
+    if summary.get("tokens_per_second"):
+        metrics["tokens_per_second"] = f"{float(summary['tokens_per_second']):.1f}"
+    if summary.get("mfu"):
+        metrics["mfu"] = f"{float(summary['mfu']):.4f}"
+    metrics["wall_time_s"] = summary.get("wall_time_s")
+    reporter.finish(100, 0, metrics)
