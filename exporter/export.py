@@ -119,8 +119,11 @@ def export(request: ExportRequest) -> dict:
         base = base_model.source(request.model_dir)
         dataset = base_model.dataset_source(request.dataset_dir)
         metrics = training.summary()
-        (tree / "README.md").write_text(model_card.render(fmt, base, dataset, metrics,
-                                                          adapter_sub, merged_sub))
+        carried = training.carry_report(tree)
+        (tree / "README.md").write_text(model_card.render(
+            fmt, base, dataset, metrics, adapter_sub, merged_sub, config=training.config(),
+            model_dir=request.model_dir, curves=carried.get("curves"),
+            report=carried.get("report")))
         result = export_manifest.build(
             tree, fmt=fmt, base_model=base, dataset=dataset,
             training_config=training.config_text(), metrics=metrics,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,19 @@ class TrainingOutput:
             return json.loads((self.output_dir / "summary.json").read_text())
         except (OSError, ValueError):
             return {}
+
+    def carry_report(self, tree: Path) -> dict[str, str]:
+        """Copy the trainer's run report (markdown, curves) into the export tree; returns
+        the names copied, by kind."""
+        from trainer.run_report import CURVES_NAME, REPORT_NAME
+
+        carried = {}
+        for kind, name in (("report", REPORT_NAME), ("curves", CURVES_NAME)):
+            source = self.output_dir / name
+            if source.is_file():
+                shutil.copyfile(source, tree / name)
+                carried[kind] = name
+        return carried
 
     def config_text(self) -> str | None:
         path = self.output_dir / str(self.marker.get("config") or "")
