@@ -77,7 +77,7 @@ class StatusReporter:
 
     def __init__(self, url: str, ca_file: str | None, token_file: str | None,
                  source: str = "trainer", min_interval_s: float = MIN_INTERVAL_S,
-                 timeout_s: float = TIMEOUT_S) -> None:
+                 timeout_s: float = TIMEOUT_S, warn: bool = True) -> None:
         self.url, self.source = url, source
         self.min_interval_s, self.timeout_s = min_interval_s, timeout_s
         self._token = _Token(token_file)
@@ -88,22 +88,22 @@ class StatusReporter:
         self._urgent = False
         self._closed = False
         self._last_sent = float("-inf")
-        self._warned = False
+        self._warned = not warn
         self._done: tuple[dict | None, bool] = (None, False)  # last body sent, taken?
         self.sent = 0
         self._thread = threading.Thread(target=self._run, name="trainjob-status", daemon=True)
         self._thread.start()
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None,
-                 source: str = "trainer") -> "StatusReporter | None":
+    def from_env(cls, environ: Mapping[str, str] | None = None, source: str = "trainer",
+                 warn: bool = True) -> "StatusReporter | None":
         """A reporter when the controller injected the endpoint; else None (no reporting)."""
         environ = os.environ if environ is None else environ
         url = environ.get(env.TRAINER_SERVER_URL)
         if not url:
             return None
         return cls(url, environ.get(env.TRAINER_SERVER_CA_CERT),
-                   environ.get(env.TRAINER_SERVER_TOKEN), source=source)
+                   environ.get(env.TRAINER_SERVER_TOKEN), source=source, warn=warn)
 
     def update(self, progress: int | None, eta_s: float | None = None,
                metrics: Mapping[str, object] | None = None) -> None:

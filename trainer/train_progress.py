@@ -137,8 +137,9 @@ def hand_plan_to_logger(recipe: Any) -> None:
 def report_finished(summary: Mapping[str, Any], environ: Mapping[str, str] | None = None
                     ) -> None:
     """From the launcher, once the run's checkpoint and marker are written: 100 %, with
-    the summary's numbers (MFU where measured). Waits one request's timeout at most."""
-    reporter = StatusReporter.from_env(environ, source="trainer")
+    the summary's numbers (MFU where measured). Waits one request's timeout at most.
+    Quiet on failure: the recipe's reporter already warned once for this run."""
+    reporter = StatusReporter.from_env(environ, source="trainer", warn=False)
     if reporter is None:
         return
     metrics: dict[str, object] = {}

@@ -1,0 +1,247 @@
+"""Progress the Kubeflow way: the TrainJob status a trainer POSTs (to a real local HTTPS
+server with its own CA and a token file), the pod-log lines, the JSON log mode, and the
+run report in the output dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from datetime import datetime
+
+import pytest
+
+from kubetune.trainjob_status import MAX_METRICS, StatusReporter
+from tests.support import status_server
+from tests.support.trainer import SHORT, make_pvc, tune_run
+
+TRAIN_ARGS = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
+              "dataset=torchtune.datasets.instruct_dataset", "epochs=1", "dtype=fp32", *SHORT]
+STEP_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d train: step (\d+)/3 \((\d+)%\) \| epoch 1/1 \| "
+    r"loss \d+\.\d{4} \| lr \d\.\d\de[-+]\d\d \| \d+ tok/s \| eta (\d+:\d\d:\d\d|\?)$")
+WARNING = "TrainJob status: cannot report progress"
+
+
+@pytest.fixture
+def server(tmp_path):
+    started = status_server.start(tmp_path / "status")
+    yield started
+    started.stop()
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_reporter_speaks_the_sdks_contract_and_rereads_a_rotated_token(server):
+    from kubeflow.trainer.backends.kubernetes import utils as sdk
+
+    env = server.env()
+    os.environ.update(env)  # the SDK reads os.environ only
+    try:
+        assert sdk.update_trainjob_status(progress_percent=7, estimated_remaining_seconds=9,
+                                          metrics={"loss": 1.5})
+    finally:
+        for name in env:
+            os.environ.pop(name)
+    sdk_request = server.requests[0]
+
+    reporter = StatusReporter.from_env(env)
+    many = {f"m{i}": i for i in range(300)}
+    reporter.update(10, 20.4, {"loss": "2.5", **many})
+    assert wait_for(lambda: len(server.requests) == 2)
+    # kubelet rotates the projected token: the next request carries the new one.
+    server.token_file.write_text("kt-status-token-2\n")
+    later = time.time() + 5
+    os.utime(server.token_file, (later, later))
+    assert reporter.finish(100, 0, {"loss": 1.25})
+    first, final = server.requests[1:]
+
+    for ours in (first, final):
+        assert ours.path == sdk_request.path == status_server.STATUS_PATH
+        assert ours.headers["Content-Type"] == sdk_request.headers["Content-Type"] \
+            == "application/json"
+        assert set(ours.body) == set(sdk_request.body) == {"trainerStatus"}
+        assert set(ours.body["trainerStatus"]) == set(sdk_request.body["trainerStatus"])
+        assert datetime.fromisoformat(ours.body["trainerStatus"]["lastUpdatedTime"]).tzinfo
+    assert sdk_request.headers["Authorization"] == "Bearer kt-status-token-1"
+    assert first.headers["Authorization"] == "Bearer kt-status-token-1"
+    assert final.headers["Authorization"] == "Bearer kt-status-token-2"
+    status = first.body["trainerStatus"]
+    assert status["progressPercentage"] == 10 and status["estimatedRemainingSeconds"] == 20
+    assert len(status["metrics"]) == MAX_METRICS
+    assert status["metrics"][0] == {"name": "loss", "value": "2.5"}
+    assert all(isinstance(m["value"], str) for m in status["metrics"])
+    assert final.body["trainerStatus"]["progressPercentage"] == 100
+
+
+def test_a_server_outside_the_ca_gets_nothing(server, tmp_path):
+    other_ca, _, _ = status_server.make_ca_and_cert(tmp_path / "other")
+    env = {**server.env(), "KUBEFLOW_TRAINER_SERVER_CA_CERT": str(other_ca)}
+    reporter = StatusReporter.from_env(env)
+    assert reporter.finish(100, 0, {"loss": 1}) is False
+    assert server.requests == []  # the TLS handshake failed: no token left the process
+
+
+def test_reporter_sends_the_first_update_then_only_the_latest_per_interval(server):
+    env = server.env()
+    reporter = StatusReporter(env["KUBEFLOW_TRAINER_SERVER_URL"], str(server.ca_file),
+                              str(server.token_file), min_interval_s=3600)
+    reporter.update(0, None, {"step": 0})
+    assert wait_for(lambda: len(server.requests) == 1)
+    for step in range(1, 50):
+        reporter.update(step, None, {"step": step})  # within the interval: held back
+    assert reporter.finish(100, 0, {"step": 50})  # the end goes at once
+    sent = [r.body["trainerStatus"]["progressPercentage"] for r in server.requests]
+    assert sent == [0, 100]
+
+
+def _train(tmp_path, tiny_model_dir, tiny_dataset_dir, **env):
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    result = tune_run(pvc, *TRAIN_ARGS[:3], *pvc.runtime_args(), *TRAIN_ARGS[3:],
+                      env=pvc.env(**env))
+    return pvc, result
+
+
+@pytest.fixture(scope="module")
+def reported_run(tmp_path_factory, tiny_model_dir, tiny_dataset_dir):
+    tmp_path = tmp_path_factory.mktemp("reported")
+    server = status_server.start(tmp_path / "status")
+    try:
+        pvc, result = _train(tmp_path, tiny_model_dir, tiny_dataset_dir, **server.env())
+    finally:
+        server.stop()
+    return pvc, result, server.requests
+
+
+@pytest.mark.slow
+def test_trainer_reports_progress_to_the_trainjob_status(reported_run):
+    pvc, result, requests = reported_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(requests) >= 2
+    progress = []
+    for request in requests:
+        assert request.path == status_server.STATUS_PATH
+        assert request.headers["Authorization"] == "Bearer kt-status-token-1"
+        status = request.body["trainerStatus"]
+        assert datetime.fromisoformat(status["lastUpdatedTime"])
+        metrics = {m["name"]: m["value"] for m in status["metrics"]}
+        assert all(isinstance(v, str) for v in metrics.values())
+        assert float(metrics["loss"]) > 0
+        progress.append(status["progressPercentage"])
+    assert progress == sorted(progress) and progress[0] < 100 and progress[-1] == 100
+    first = {m["name"]: m["value"] for m in requests[0].body["trainerStatus"]["metrics"]}
+    assert first["total_steps"] == "3" and first["step"] == "1" and first["epoch"] == "1"
+    assert {"lr", "tokens_per_second"} <= set(first)
+    assert requests[-1].body["trainerStatus"]["estimatedRemainingSeconds"] == 0
+    assert WARNING not in result.stderr + result.stdout
+    token = "kt-status-token-1"
+    assert not [p for p in pvc.output.rglob("*") if p.is_file() and token.encode()
+                in p.read_bytes()]
+
+
+@pytest.mark.slow
+def test_pod_log_has_one_line_per_step_and_no_config_dump(reported_run):
+    _, result, _ = reported_run
+    lines = [line for line in result.stdout.splitlines() if " train: " in line]
+    assert len(lines) == 3, result.stdout
+    matches = [STEP_LINE.match(line) for line in lines]
+    assert all(matches), lines
+    assert [int(m.group(1)) for m in matches] == [1, 2, 3]
+    assert [int(m.group(2)) for m in matches] == [33, 66, 99]
+    assert matches[0].group(3) == "?" and matches[2].group(3) != "?"
+    log = result.stdout + result.stderr
+    assert "with resolved config" not in log and "Skipping import of cpp extensions" not in log
+    assert "'set_vital' is deprecated" not in log
+
+
+@pytest.mark.slow
+def test_run_report_has_curves_and_a_page(reported_run):
+    from PIL import Image
+
+    pvc, result, _ = reported_run
+    image = Image.open(pvc.output / "kubetune-curves.png")
+    image.verify()  # CRCs and structure
+    image = Image.open(pvc.output / "kubetune-curves.png").convert("RGB")
+    width, height = image.size
+    assert width >= 400 and height >= 300
+    blue_columns = {x for x in range(width) for y in range(height // 2)
+                    if image.getpixel((x, y)) == (31, 119, 180)}
+    orange_columns = {x for x in range(width) for y in range(height // 2, height)
+                      if image.getpixel((x, y)) == (230, 110, 20)}
+    # Each curve spans its panel from the first to the last step.
+    assert max(blue_columns) - min(blue_columns) > width / 2
+    assert max(orange_columns) - min(orange_columns) > width / 2
+    page = (pvc.output / "kubetune-report.md").read_text()
+    summary = pvc.summary()
+    assert "**completed**" in page and "![loss and learning rate by step](kubetune-curves.png)" \
+        in page
+    assert f"loss: {summary['first_loss']:.4f} (step 1) -> {summary['last_loss']:.4f} (step 3)" \
+        in page
+    assert "LoRA rank" in page and "tokens/s" in page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("behaviour", ["500", "hang", "absent"])
+def test_a_failing_status_server_never_fails_the_run(behaviour, tmp_path, tiny_model_dir,
+                                                     tiny_dataset_dir):
+    server = status_server.start(tmp_path / "status", behaviour="ok" if behaviour == "absent"
+                                 else behaviour)
+    env = server.env()
+    if behaviour == "absent":
+        server.stop()  # the port is closed: connection refused
+        env["KUBETUNE_LOG_FORMAT"] = "json"
+    try:
+        pvc, result = _train(tmp_path, tiny_model_dir, tiny_dataset_dir, **env)
+    finally:
+        if behaviour != "absent":
+            server.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert pvc.complete() and pvc.summary()["steps"] == 3
+    log = result.stdout + result.stderr
+    # One line for the run, not one per step. A hanging server may not even cost that:
+    # the run can end before the first request's timeout, and the final report is quiet.
+    assert log.count(WARNING) in ({0, 1} if behaviour == "hang" else {1}), log
+    if behaviour != "absent":
+        assert server.requests  # it was asked, and failed
+    else:
+        records = [json.loads(line) for line in log.splitlines() if line.strip()]
+        steps = [r for r in records if r["message"].startswith("train: step")]
+        assert [r["step"] for r in steps] == [1, 2, 3]
+        assert all(r["total_steps"] == 3 and r["loss"] > 0 and r["time"] for r in steps)
+        assert {r["component"] for r in records} == {"trainer"}
+
+
+def test_json_log_mode_for_an_initializer(tmp_path, tiny_dataset_dir):
+    from tests.support.cli import clean_env, kubetune
+
+    result = kubetune("init-dataset", env=clean_env(
+        STORAGE_URI=f"file://{tiny_dataset_dir}", OUTPUT_PATH=str(tmp_path / "dataset"),
+        KUBETUNE_LOG_FORMAT="json", KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    assert records and all({"time", "level", "component", "message"} <= set(r)
+                           for r in records)
+    assert {r["component"] for r in records} == {"dataset-initializer"}
+
+
+def test_png_plot_draws_a_rising_curve_up_the_panel(tmp_path):
+    from PIL import Image
+
+    from kubetune.png_plot import BLUE, Series, line_plots
+
+    path = tmp_path / "plot.png"
+    line_plots(path, [Series("loss", list(range(10)), [float(i) for i in range(10)], BLUE)])
+    image = Image.open(path).convert("RGB")
+    blue = [(x, y) for x in range(image.width) for y in range(image.height)
+            if image.getpixel((x, y)) == BLUE]
+    left = [y for x, y in blue if x < image.width / 4]
+    right = [y for x, y in blue if x > image.width / 2]
+    assert left and right and min(left) > max(right)  # image y grows downwards
