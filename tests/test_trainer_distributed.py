@@ -42,7 +42,7 @@ def test_two_processes_lora_distributed_on_cpu(tmp_path, tiny_model_dir, tiny_da
     # A pod's log gets progress lines, not carriage-return bars (the recipe forces rank
     # 0's bar on; the bootstrap turns it off without a terminal).
     assert "it/s]" not in result.stderr
-    assert "train: step 1 | epoch 0 | loss" in result.stdout
+    assert "train: step 1/3 (33%) | epoch 1/1 | loss" in result.stdout
 
 
 def test_two_nodes_on_loopback_stop_together_resume_and_finish(tmp_path, tiny_model_dir,
