@@ -7,6 +7,9 @@ import os
 import threading
 import time
 
+from kubetune import logs
+from kubetune.trainjob_status import StatusReporter, transfer_metrics
+
 log = logging.getLogger("progress")
 
 ENV_INTERVAL = "KUBETUNE_PROGRESS_INTERVAL_S"
@@ -46,15 +49,28 @@ class Progress:
         self._stop = threading.Event()
         self.cancelled = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+        # Where the controller injected the TrainJob status endpoint: bytes and % done.
+        self._status = StatusReporter.from_env(source="initializer")
 
     def __enter__(self) -> "Progress":
         self._start = time.monotonic()
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self._status is not None:
+            if exc_type is None:
+                self._status.finish(None, None, self.status_metrics())
+            else:
+                self._status.close()
+
+    def status_metrics(self) -> dict[str, object]:
+        with self._lock:
+            have, done = sum(self._bytes.values()), self._done
+        return transfer_metrics(logs.current_step() or "initializer", have, self.total_bytes,
+                                done, self.files)
 
     def callback(self, path: str):
         """A per-file callback for a source's ``fetch``; raises Cancelled once cancelled."""
@@ -100,3 +116,5 @@ class Progress:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             log.info(self.line())
+            if self._status is not None:
+                self._status.update(None, None, self.status_metrics())

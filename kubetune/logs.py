@@ -14,6 +14,11 @@ from kubetune import env
 from kubetune.redact import redact
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+_step: str | None = None  # the step this process runs, once setup() named it
+
+
+def current_step() -> str | None:
+    return _step
 
 
 def json_mode(environ: Mapping[str, str] | None = None) -> bool:
@@ -68,6 +73,8 @@ class _JsonFormatter(logging.Formatter):
 
 
 def setup(step: str, level: int | None = None) -> logging.Logger:
+    global _step
+    _step = step
     handler = logging.StreamHandler(sys.stderr)
     if json_mode():
         handler.setFormatter(_JsonFormatter(step))

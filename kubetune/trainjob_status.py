@@ -192,3 +192,13 @@ class StatusReporter:
             log.warning("TrainJob status: cannot report progress (%s); the %s goes on and "
                         "retries quietly", reason, self.source)
         return False
+
+
+def transfer_metrics(step: str, have: int, total: int, files_done: int, files: int
+                     ) -> dict[str, object]:
+    """An initializer's (or exporter's) numbers as status metrics. No progressPercentage:
+    the TrainJob's progress is the training's, which a download must not reset."""
+    percent = 100.0 * have / total if total else 100.0
+    return {"phase": step, "transfer_bytes": have, "transfer_total_bytes": total,
+            "transfer_percent": f"{min(100.0, percent):.1f}", "transfer_files": files_done,
+            "transfer_total_files": files}

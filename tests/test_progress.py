@@ -245,3 +245,22 @@ def test_png_plot_draws_a_rising_curve_up_the_panel(tmp_path):
     left = [y for x, y in blue if x < image.width / 4]
     right = [y for x, y in blue if x > image.width / 2]
     assert left and right and min(left) > max(right)  # image y grows downwards
+
+
+def test_an_initializer_reports_bytes_and_percent_done(server, tmp_path, tiny_dataset_dir):
+    from tests.support.cli import clean_env, kubetune
+
+    result = kubetune("init-dataset", env=clean_env(
+        STORAGE_URI=f"file://{tiny_dataset_dir}", OUTPUT_PATH=str(tmp_path / "dataset"),
+        KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl"), **server.env()))
+    assert result.returncode == 0, result.stderr
+    final = server.requests[-1]
+    assert final.headers["Authorization"] == "Bearer kt-status-token-1"
+    status = final.body["trainerStatus"]
+    # The TrainJob's progress is the training's: a download does not set it.
+    assert "progressPercentage" not in status and status["lastUpdatedTime"]
+    metrics = {m["name"]: m["value"] for m in status["metrics"]}
+    size = (tiny_dataset_dir / "data" / "train.parquet").stat().st_size
+    assert metrics["phase"] == "dataset-initializer"
+    assert metrics["transfer_percent"] == "100.0"
+    assert int(metrics["transfer_total_bytes"]) == int(metrics["transfer_bytes"]) >= size
