@@ -10,6 +10,7 @@ from exporter import artifact, base_model, manifest as export_manifest, model_ca
 from exporter.destination import open_destination
 from exporter.training_output import TrainingOutput, locate
 from kubetune.errors import BadInputError
+from kubetune.trainjob_status import StatusReporter, transfer_metrics
 
 log = logging.getLogger("exporter")
 
@@ -138,4 +139,15 @@ def export(request: ExportRequest) -> dict:
     finally:
         destination.discard(tree)
     log.info("exported %s to %s", fmt, destination.description)
+    _report_status(result)
     return result
+
+
+def _report_status(result: dict) -> None:
+    """Where the TrainJob status endpoint is injected: the export's files and bytes."""
+    status = StatusReporter.from_env(source="exporter")
+    if status is not None:
+        files = result.get("files") or []
+        size = sum(int(f.get("size") or 0) for f in files)
+        status.finish(None, None, transfer_metrics("exporter", size, size, len(files),
+                                                   len(files)))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import status_server
 from tests.support.cli import kubetune
 
 pytestmark = pytest.mark.slow
@@ -58,15 +59,25 @@ def test_model_card_metadata_as_huggingface_hub_parses_it(trained_run, tmp_path)
     assert {"kubetune-curves.png", "kubetune-report.md", "README.md"} <= listed
 
 
-def test_a_local_run_claims_no_kubeflow(trained_run, tmp_path):
+def test_a_local_run_claims_no_kubeflow_and_the_exporter_reports_its_files(trained_run,
+                                                                          tmp_path):
     from huggingface_hub import ModelCard
 
+    server = status_server.start(tmp_path / "status")
     # `kubetune local` marks its steps, even when it runs inside some pod.
     dest = tmp_path / "export"
-    result = kubetune("export", "--export-uri", str(dest), "--no-verify-logits",
-                      env=trained_run.env(KUBERNETES_SERVICE_HOST="10.96.0.1",
-                                          KUBETUNE_LOCAL_RUN="1"))
+    try:
+        result = kubetune("export", "--export-uri", str(dest), "--no-verify-logits",
+                          env=trained_run.env(KUBERNETES_SERVICE_HOST="10.96.0.1",
+                                              KUBETUNE_LOCAL_RUN="1", **server.env()))
+    finally:
+        server.stop()
     assert result.returncode == 0, result.stderr[-2000:]
+    [request] = server.requests
+    metrics = {m["name"]: m["value"] for m in request.body["trainerStatus"]["metrics"]}
+    files = json.loads((dest / "manifest.json").read_text())["files"]
+    assert metrics["phase"] == "exporter" and metrics["transfer_percent"] == "100.0"
+    assert metrics["transfer_files"] == str(len(files))
     card = ModelCard.load(dest / "README.md")
     assert "Kubeflow" not in card.text
     assert card.data.base_model is None  # a path, not a hub id
