@@ -39,7 +39,9 @@ def timestamp(when: float | None = None) -> str:
 def json_line(component: str, level: str, message: str, fields: Mapping[str, Any] | None = None,
               when: float | None = None) -> str:
     """One log line as a JSON object: time, level, component, message, then ``fields``."""
-    record: dict[str, Any] = {"time": timestamp(when), "level": level, "component": component,
+    # UTC with its zone: a log pipeline must not guess the pod's local time.
+    utc = time.strftime(TIME_FORMAT, time.gmtime(when)) + "Z"
+    record: dict[str, Any] = {"time": utc, "level": level, "component": component,
                               "message": redact(message)}
     for key, value in (fields or {}).items():
         record.setdefault(key, value)

@@ -230,6 +230,9 @@ def test_json_log_mode_for_an_initializer(tmp_path, tiny_dataset_dir):
     assert records and all({"time", "level", "component", "message"} <= set(r)
                            for r in records)
     assert {r["component"] for r in records} == {"dataset-initializer"}
+    assert all(datetime.fromisoformat(r["time"].replace("Z", "+00:00")).utcoffset() is not None
+               for r in records)
+    assert any("fetched 1 files" in r["message"] for r in records)
 
 
 def test_png_plot_draws_a_rising_curve_up_the_panel(tmp_path):
