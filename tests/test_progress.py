@@ -195,6 +195,8 @@ def test_a_failing_status_server_never_fails_the_run(behaviour, tmp_path, tiny_m
     server = status_server.start(tmp_path / "status", behaviour="ok" if behaviour == "absent"
                                  else behaviour)
     env = server.env()
+    if behaviour == "hang":
+        env["KUBETUNE_LOG_LEVEL"] = "debug"  # the noise comes back on demand
     if behaviour == "absent":
         server.stop()  # the port is closed: connection refused
         env["KUBETUNE_LOG_FORMAT"] = "json"
@@ -209,6 +211,7 @@ def test_a_failing_status_server_never_fails_the_run(behaviour, tmp_path, tiny_m
     # One line for the run, not one per step. A hanging server may not even cost that:
     # the run can end before the first request's timeout, and the final report is quiet.
     assert log.count(WARNING) in ({0, 1} if behaviour == "hang" else {1}), log
+    assert ("with resolved config" in log) == (behaviour == "hang")
     if behaviour != "absent":
         assert server.requests  # it was asked, and failed
     else:
