@@ -114,7 +114,8 @@ def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_l
     in_backward = bool(cfg.get("optimizer_in_bwd"))
     workload = memory_plan.Workload(
         dims=dims, method=method, dtype=str(cfg.get("dtype") or "bf16"),
-        # Unpacked batches pad to their longest sample: plan for the longest there can be.
+        # Unpacked batches pad to their longest sample: plan for a full-length one (the
+        # tokenizer's max_seq_len; without one, the pack length the plan defaults to).
         seq_len=int(cfg.tokenizer.get("max_seq_len") or max_seq_len), world_size=world_size,
         n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward)
     batch = int(cfg.get("batch_size") or 1)

@@ -21,26 +21,28 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, words))).capitalize() + "."
 
 
-def alpaca_like_rows(rows: int, seed: int = 0) -> list[dict[str, str]]:
+def alpaca_like_rows(rows: int, seed: int = 0, scale: float = 1.0) -> list[dict[str, str]]:
+    """``scale`` multiplies every length: 0.25 gives a byte-level tokenizer (the tiny
+    models') Alpaca's token counts."""
     rng = random.Random(seed)
     out = []
     for _ in range(rows):
-        prompt = _text(rng, int(rng.lognormvariate(2.6, 0.4)))  # ~15 words
+        prompt = _text(rng, int(scale * rng.lognormvariate(2.6, 0.4)))  # ~15 words
         if rng.random() < 0.4:
-            prompt += "\n" + _text(rng, int(rng.lognormvariate(2.8, 0.7)))
-        answer = _text(rng, int(rng.lognormvariate(4.8, 0.8)))  # ~165 words, long tail
+            prompt += "\n" + _text(rng, int(scale * rng.lognormvariate(2.8, 0.7)))
+        answer = _text(rng, int(scale * rng.lognormvariate(4.8, 0.8)))  # ~165, long tail
         out.append({"input": prompt, "output": answer})
     return out
 
 
 def write_alpaca_like(dataset_dir: Path, rows: int, shards: int = 1, fmt: str = "parquet",
-                      seed: int = 0) -> list[Path]:
+                      seed: int = 0, scale: float = 1.0) -> list[Path]:
     """Write ``data/train-0000i-of-0000n<ext>`` under ``dataset_dir``; return the files."""
     import pyarrow as pa
 
     data = Path(dataset_dir) / "data"
     data.mkdir(parents=True, exist_ok=True)
-    records = alpaca_like_rows(rows, seed)
+    records = alpaca_like_rows(rows, seed, scale)
     paths = []
     for i in range(shards):
         part = records[i * rows // shards:(i + 1) * rows // shards]
