@@ -301,9 +301,11 @@ def test_flops_per_token_by_method_on_llama_1b():
 
 
 def test_warmup_steps_are_the_slow_leading_ones():
-    assert warmup_count([40.0, 9.0, 1.0, 1.1, 0.9, 1.0, 1.0, 1.05]) == 2
-    assert warmup_count([1.2, 1.0, 1.0, 1.0]) == 1
-    assert warmup_count([5.0, 1.0]) == 0
+    compiled = [40.0, 9.0, 1.0, 1.1, 0.9, 1.0, 1.0, 1.05]  # a recompile on step 2
+    assert warmup_count(compiled, compiled=True) == 2
+    assert warmup_count(compiled, compiled=False) == 1  # a slow step 2 is noise, not warm-up
+    assert warmup_count([1.2, 1.0, 1.0, 1.0], compiled=True) == 1
+    assert warmup_count([5.0, 1.0], compiled=True) == 0
 
 
 def test_summary_reports_steady_speed_apart_from_compile(tmp_path, long_context_model):

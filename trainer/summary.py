@@ -1,11 +1,11 @@
 """``summary.json``: what a program reads after a run (steps, tokens, time, speed, memory,
 MFU on GPU, why it ended).
 
-Speed is steady-state: the leading warm-up steps (the first step, which pays for
-torch.compile's compilation, allocation and lazy init, and any following step still over
-twice the median step time, e.g. a recompile) are left out of ``tokens_per_second`` and
-reported apart as ``warmup_steps`` / ``warmup_s``. A step's time is its tokens over the
-recipe's per-device tokens/s.
+Speed is steady-state: the mean of the steps' tokens/s (all devices) without the leading
+warm-up steps (the first step, which pays for torch.compile's compilation, allocation
+and lazy init; with compile also any following step still over twice the median step
+time, a recompile), which are reported apart as ``warmup_steps`` / ``warmup_s``. A
+step's time is its tokens over the recipe's per-device tokens/s.
 
 MFU (model FLOPs utilization) = steady tokens/s x FLOPs per token / (devices x peak dense
 bf16 FLOP/s), with the FLOPs per token of the method (``trainer.model_shape``: 6N for
@@ -56,11 +56,14 @@ def _durations(steps: list[dict], world_size: int) -> list[float | None]:
     return out
 
 
-def warmup_count(durations: list[float | None]) -> int:
+def warmup_count(durations: list[float | None], compiled: bool) -> int:
     """Leading steps to leave out of the steady state: the first (when there are more
-    than two steps), then any step over twice the median of the rest, at most half."""
+    than two steps); with torch.compile also any following step over twice the median of
+    the rest (a recompile), at most half of them."""
     if len(durations) <= 2:
         return 0
+    if not compiled:
+        return 1
     rest = sorted(d for d in durations[1:] if d is not None)
     if not rest:
         return 1
@@ -93,14 +96,11 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
             by_step[record["step"]] = record  # a resumed run may repeat a step: keep the last
     steps = [by_step[s] for s in sorted(by_step)]
     durations = _durations(steps, world_size)
-    warm = warmup_count(durations)
-    timed = [(s, d) for s, d in zip(steps[warm:], durations[warm:]) if d is not None]
-    if timed:
-        tokens_per_second = sum(s["tokens"] for s, _ in timed) / sum(d for _, d in timed)
-    else:  # no token counts: the mean of the recipe's own speeds
-        speeds = [s["tokens_per_second"] * world_size for s in steps[warm:]
-                  if "tokens_per_second" in s]
-        tokens_per_second = sum(speeds) / len(speeds) if speeds else None
+    compiled = bool(cfg.get("compile")) if cfg is not None else False
+    warm = warmup_count(durations, compiled)
+    speeds = [s["tokens_per_second"] * world_size for s in steps[warm:]
+              if "tokens_per_second" in s]
+    tokens_per_second = sum(speeds) / len(speeds) if speeds else None
     warmup_s = sum(d or 0.0 for d in durations[:warm])
     warmup_tokens = sum(s.get("tokens", 0) for s in steps[:warm])
     peak = max([s.get("peak_memory_bytes", 0) for s in steps]
@@ -121,7 +121,7 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
         "wall_time_s": round(wall_time_s, 3),
         "tokens_per_second": tokens_per_second,
         "tokens_per_second_note": "steady state: all devices, warm-up steps left out",
-        "compile": bool(cfg.get("compile")) if cfg is not None else None,
+        "compile": compiled,
         "warmup_steps": warm,
         "warmup_s": round(warmup_s, 3),
         # What warm-up cost beyond running those steps at steady speed: mostly
