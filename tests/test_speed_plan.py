@@ -6,6 +6,7 @@ GPU, and the launcher plans for the machine it runs on."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -332,3 +333,33 @@ def test_summary_reports_steady_speed_apart_from_compile(tmp_path, long_context_
     assert summary["mfu_convention"].startswith("4N + 6N_adapter")
     assert summary["mfu_flops_per_token"] == model_shape.flops_per_token(
         dims, "lora", summary["n_adapter_params"], 2048)
+
+
+def test_a_cpu_lora_run_reports_its_adapter_flops(tmp_path, tiny_model_dir, tiny_dataset_dir):
+    """A real run: summary.json counts exactly the adapter parameters torchtune saved, uses
+    the LoRA FLOPs convention, and on CPU leaves compile off with one warm-up step."""
+    from safetensors import safe_open
+
+    from tests.support.trainer import SHORT
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    result = tune_run(pvc, "lora_finetune_single_device", "--config",
+                      "llama3_2/1B_lora_single_device", *pvc.runtime_args(),
+                      *on_pvc(SDK_LORA_ARGS, pvc), *SHORT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = pvc.summary()
+    with safe_open(str(pvc.output / "epoch_0" / "adapter_model.safetensors"), "pt") as f:
+        saved = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    assert summary["n_adapter_params"] == saved > 0
+    assert summary["method"] == "lora" and summary["mfu_convention"].startswith("4N")
+    assert summary["mfu_flops_per_token"] < 6 * summary["n_params"] \
+        + model_shape.attention_flops_per_token(read_dims(tiny_model_dir),
+                                                summary["mfu_attention_tokens"])
+    assert summary["compile"] is False and summary["warmup_steps"] == 1
+    assert summary["tokens_per_second"] > 0 and summary["mfu"] is None
+
+
+def read_dims(model_dir) -> dict:
+    from trainer.checkpoint_model import read_checkpoint_model
+
+    return read_checkpoint_model(model_dir).architecture.dims
