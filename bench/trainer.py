@@ -1,22 +1,38 @@
-"""Trainer benchmark: kubetune's `tune run` vs a plain torchtune `tune run` of the same
-upstream config on the same data, in one script. Each repeat runs both sides back to
-back; the reported ratios are medians of the per-repeat ratios.
+"""Trainer benchmark: kubetune's `tune run` vs the upstream-equivalent plain torchtune
+`tune run` of the same upstream config on the same data, in one script. Each repeat runs
+both sides back to back; the reported ratios are medians of the per-repeat ratios.
 
-Reports, for each: tokens/s (mean over steps after the first, as the recipe measures
-them, all devices), peak memory (largest process of the run's tree: resident memory on
-CPU; CUDA peak reserved on GPU as the recipe logs it), and the start-up time from process
-start to the first finished step. The launcher's overhead is the difference of start-up
-times, reported as a fraction of the plain run's start-up.
+Reports, for each: tokens/s (steady state: mean over steps after the first, as the
+recipe measures them, all devices), peak memory (largest process of the run's tree:
+resident memory on CPU; CUDA peak reserved on GPU as the recipe logs it), and the
+start-up time from process start to the first finished step. The launcher's overhead is
+the difference of start-up times, reported as a fraction of the plain run's start-up.
+Ours also reports summary.json's warm-up (compile) seconds and MFU.
 
 The plain run gets only what upstream torchtune needs to run this checkpoint at all
 (the model's real dimensions, tokenizer and checkpoint paths, device and dtype); our
 launcher gets the upstream config name and the user's arguments, as Kubeflow Trainer
 sends them, and adds its own choices (defaults, checks, metrics, stop/resume guard).
 
-CPU (always): the tiny Llama-3. GPU (when CUDA is present): a Llama-3.2-1B-shaped model
-with random weights, bf16, and MFU from summary.json.
+Data (``--data``):
+  tiny       the two-digit addition set, one parquet file (the default);
+  realistic  alpaca-like rows (~287 tokens; ``kubetune.demo.alpaca_like``) in
+             ``--shards`` parquet files, the user's arguments being the Kubeflow SDK's
+             LoRA arguments: ours applies its defaults (packing across shards, compile and
+             a memory plan on CUDA); plain stays unpacked, as upstream does.
+Command shape (``--shape``):
+  single     ``tune run lora_finetune_single_device --config llama3_2/1B_lora_single_device``
+  kubeflow   ``tune run --nnodes 1 --nproc_per_node 1 lora_finetune_distributed --config
+             llama3_2/1B_lora``, as the controller composes it (torchrun). Plain
+             torchtune's distributed recipe needs CUDA; on CPU its baseline is the plain
+             single-device recipe on the same data (said in the output).
+  both       each of the above.
 
-    python bench/trainer.py [--steps 20] [--rows 4096] [--workdir DIR]
+CPU: the tiny Llama-3. GPU (when CUDA is present): a Llama-3.2-1B-shaped model with
+random weights, bf16, and MFU from summary.json.
+
+    python bench/trainer.py [--data tiny|realistic] [--shape single|kubeflow|both]
+                            [--steps 20] [--rows 4096] [--shards 4] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -35,12 +51,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kubetune.demo import TinyModelSpec, write_tiny_dataset, write_tiny_model  # noqa: E402
+from kubetune.demo.alpaca_like import write_alpaca_like  # noqa: E402
 from trainer.checkpoint_model import read_checkpoint_model  # noqa: E402
 
 LLAMA_3_2_1B = TinyModelSpec(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                              num_attention_heads=32, num_key_value_heads=8,
                              max_position_embeddings=131072, vocab_size=128256,
                              tie_word_embeddings=True, torch_dtype="bfloat16")
+# What the Kubeflow SDK sends for TorchTuneConfig(dtype=BF16, batch_size=4, epochs=1,
+# peft_config=LoraConfig(...), dataset_preprocess_config=TorchTuneInstructDataset(parquet))
+# (tests/test_trainer_runs.py checks the SDK still does); data_dir is set per run.
+SDK_LORA_ARGS = ["batch_size=4", "epochs=1", "model.apply_lora_to_mlp=True",
+                 "model.lora_rank=8", "model.lora_alpha=16", "model.lora_dropout=0.1",
+                 "model.lora_attn_modules=[q_proj,v_proj,output_proj]",
+                 "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
+                 "dataset.split=train", "dataset.train_on_input=False"]
+SHAPES = {"single": ([], "lora_finetune_single_device", "llama3_2/1B_lora_single_device"),
+          "kubeflow": (["--nnodes", "1", "--nproc_per_node", "1"], "lora_finetune_distributed",
+                       "llama3_2/1B_lora")}
 
 
 def measured(command: list[str], env: dict, log: Path, first_step: callable) -> dict:
@@ -79,35 +107,53 @@ def median_tps(records: list[dict], key: str, world: int) -> float:
     return timed[len(timed) // 2] * world
 
 
-def prepare(workdir: Path, rows: int, gpu: bool) -> tuple[Path, Path]:
+def prepare(workdir: Path, rows: int, gpu: bool, data: str, shards: int) -> tuple[Path, Path]:
     if workdir.exists():
         shutil.rmtree(workdir)
-    model = write_tiny_model(workdir / "model", LLAMA_3_2_1B if gpu else TinyModelSpec())
-    dataset = write_tiny_dataset(workdir / "dataset", rows=rows)
-    return model, dataset
+    # Realistic rows pack into 2048-token sequences, and plain torchtune does not truncate
+    # (max_seq_len null): the tiny model needs the positions.
+    tiny = TinyModelSpec(max_position_embeddings=8192 if data == "realistic" else 512)
+    model = write_tiny_model(workdir / "model", LLAMA_3_2_1B if gpu else tiny)
+    if data == "realistic":
+        # Both models use the tiny byte-level tokenizer: a quarter of Alpaca's words makes
+        # Alpaca's ~287 tokens per row (our packing estimate then sees shorter rows).
+        write_alpaca_like(workdir / "dataset", rows, shards, "parquet", scale=0.25)
+        return model, workdir / "dataset"
+    return model, write_tiny_dataset(workdir / "dataset", rows=rows)
 
 
-def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int, gpu: bool) -> dict:
+def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None, gpu: bool,
+        data: str, shape: str, accumulation: int | None = None) -> dict:
     for side in ("plain", "ours"):
         shutil.rmtree(workdir / side, ignore_errors=True)
     ckpt = read_checkpoint_model(model)
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
-    recipe, config = "lora_finetune_single_device", "llama3_2/1B_lora_single_device"
-    user_args = [f"checkpointer.checkpoint_dir={model}",
-                 f"tokenizer.path={model / 'original' / 'tokenizer.model'}",
-                 "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
-                 f"dataset.data_dir={dataset / 'data'}", "epochs=1", f"batch_size={batch}",
-                 "gradient_accumulation_steps=1", f"max_steps_per_epoch={steps}",
-                 f"dtype={dtype}", "seed=0"]
-    if gpu:
-        # Full 2048-token sequences, every token trained on: the work a GPU is sized for,
-        # and what tokens/s (which counts trained tokens) and MFU should measure.
-        user_args += ["dataset.packed=True", "tokenizer.max_seq_len=2048",
-                      "dataset.train_on_input=True"]
+    torchrun, recipe, config = SHAPES[shape]
+    data_args = [f"dataset.data_dir={dataset / 'data'}", f"max_steps_per_epoch={steps}",
+                 f"dtype={dtype}", "seed=0", f"checkpointer.checkpoint_dir={model}",
+                 f"tokenizer.path={model / 'original' / 'tokenizer.model'}"]
+    if data == "realistic":
+        user_args = [*SDK_LORA_ARGS, *data_args]
+        if batch:
+            user_args.append(f"batch_size={batch}")
+        if accumulation:
+            user_args.append(f"gradient_accumulation_steps={accumulation}")
+    else:
+        user_args = [*data_args, "dataset=torchtune.datasets.instruct_dataset",
+                     "dataset.source=parquet", "epochs=1", f"batch_size={batch}",
+                     f"gradient_accumulation_steps={accumulation or 1}"]
+        if gpu:
+            # Full 2048-token sequences, every token trained on: the work a GPU is sized
+            # for, and what tokens/s (which counts trained tokens) and MFU should measure.
+            user_args += ["dataset.packed=True", "tokenizer.max_seq_len=2048",
+                          "dataset.train_on_input=True"]
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("KUBETUNE_")}
     env["TQDM_DISABLE"] = "1"
 
-    # Plain torchtune: the same upstream config, with what it needs to load this checkpoint.
+    # Plain torchtune: the same upstream config, with what it needs to load this
+    # checkpoint; unpacked and uncompiled unless the arguments say otherwise, as upstream.
+    # Its distributed recipe opens NCCL groups: on CPU the single-device one stands in.
+    plain_torchrun, plain_recipe, plain_config = SHAPES[shape if gpu else "single"]
     plain_out = workdir / "plain"
     dims = {k: v for k, v in ckpt.architecture.dims.items()}
     plain_args = [*user_args, f"output_dir={plain_out}", f"device={device}",
@@ -119,32 +165,40 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int, gpu: 
                   "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
                   f"metric_logger.log_dir={plain_out / 'logs'}",
                   f"log_peak_memory_stats={gpu}", f"optimizer.fused={gpu}"]
-    plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", recipe, "--config",
-                 config, *plain_args]
+    plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", *plain_torchrun,
+                 plain_recipe, "--config", plain_config, *plain_args]
     plain = measured(plain_cmd, env, workdir / "plain.log",
                      lambda: bool(plain_metrics(plain_out / "logs")))
     plain_records = plain_metrics(plain_out / "logs")
 
     ours_out = workdir / "ours"
-    ours_cmd = [sys.executable, "-m", "entrypoints.tune", "run", recipe, "--config", config,
-                f"output_dir={ours_out}", *user_args]
+    ours_cmd = [sys.executable, "-m", "entrypoints.tune", "run", *torchrun, recipe, "--config",
+                config, f"output_dir={ours_out}", *user_args]
     metrics = ours_out / "metrics.jsonl"
     ours = measured(ours_cmd, env, workdir / "ours.log",
                     lambda: metrics.is_file() and metrics.stat().st_size > 0)
-    ours_records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    ours_records = [r for r in (json.loads(line) for line in metrics.read_text().splitlines())
+                    if "loss" in r]
     summary = json.loads((ours_out / "summary.json").read_text())
 
     # The launcher's own work before it starts the recipe: a dry run plans everything.
     plan_start = time.monotonic()
-    subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
-                   capture_output=True)
+    dry = subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
+                         capture_output=True, text=True)
     plan_s = time.monotonic() - plan_start
     result = {
         "device": device, "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
-        "steps": steps,
-        "plain": {**plain, "tokens_per_s": median_tps(plain_records, "tokens_per_second_per_gpu", 1)},
-        "ours": {**ours, "tokens_per_s": median_tps(ours_records, "tokens_per_second", 1),
-                 "mfu": summary.get("mfu"), "launcher_plan_s": plan_s},
+        "data": data, "shape": shape, "steps": steps,
+        "plain": {**plain, "command": " ".join(["tune run", *plain_torchrun, plain_recipe,
+                                                "--config", plain_config]),
+                  "tokens_per_s": median_tps(plain_records, "tokens_per_second_per_gpu", 1)},
+        "ours": {**ours, "command": " ".join(["tune run", *torchrun, recipe, "--config",
+                                              config]),
+                 "tokens_per_s": median_tps(ours_records, "tokens_per_second", 1),
+                 "mfu": summary.get("mfu"), "warmup_s": summary.get("warmup_s"),
+                 "launcher_plan_s": plan_s,
+                 "decisions": [line[6:] for line in dry.stdout.splitlines()
+                               if line.startswith("note: speed:")]},
     }
     if gpu:
         result["plain"]["peak_cuda_reserved_gib"] = max(
@@ -177,10 +231,16 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--measure":
         sys.exit(measure_child(sys.argv[3:]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", choices=("tiny", "realistic"), default="tiny")
+    parser.add_argument("--shape", choices=("single", "kubeflow", "both"), default="single")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--shards", type=int, default=4, help="realistic data: parquet files")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="default: 32 on CPU (tiny samples), 4 packed sequences on GPU")
+                        help="default: 32 on CPU (tiny samples), 4 packed sequences on GPU; "
+                             "realistic data: the SDK's 4")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=None,
+                        help="default: 1 on tiny data; realistic data: the config's (8)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="alternating runs of each side; medians are reported")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-trainer"))
@@ -189,10 +249,17 @@ def main() -> None:
 
     gpu = torch.cuda.is_available()
     rows = args.rows if not gpu else max(args.rows, 65536)
-    batch = args.batch_size or (4 if gpu else 32)
-    model, dataset = prepare(args.workdir, rows, gpu)
-    runs = [run(args.workdir, model, dataset, args.steps, batch, gpu)
-            for _ in range(args.repeats)]
+    batch = args.batch_size or (None if args.data == "realistic" else 4 if gpu else 32)
+    model, dataset = prepare(args.workdir, rows, gpu, args.data, args.shards)
+    shapes = ("single", "kubeflow") if args.shape == "both" else (args.shape,)
+    results = [aggregate([run(args.workdir, model, dataset, args.steps, batch, gpu,
+                              args.data, shape, args.gradient_accumulation_steps)
+                          for _ in range(args.repeats)])
+               for shape in shapes]
+    print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+
+
+def aggregate(runs: list[dict]) -> dict:
     per_run = [dict(each["ratios"]) for each in runs]
     for each in per_run:
         print(json.dumps(each), file=sys.stderr)
@@ -200,16 +267,16 @@ def main() -> None:
     for side in ("plain", "ours"):
         for key in result[side]:
             values = sorted(r[side][key] for r in runs if isinstance(r[side][key], (int, float)))
-            result[side][key] = values[len(values) // 2] if values else None
-    result["repeats"] = args.repeats
+            if values:
+                result[side][key] = values[len(values) // 2]
+    result["repeats"] = len(runs)
     # Paired: each run's ratio is taken between two runs seconds apart, so a neighbour's
     # load shifts both; the median of those ratios is the figure to quote.
     result["ratios"] = {key: sorted(r[key] for r in per_run)[len(per_run) // 2]
                         for key in per_run[0]}
     result["ratio_ranges"] = {key: [min(r[key] for r in per_run), max(r[key] for r in per_run)]
                               for key in per_run[0]}
-    print(json.dumps(result, indent=2))
-
+    return result
 
 if __name__ == "__main__":
     main()

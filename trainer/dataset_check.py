@@ -1,30 +1,37 @@
 """Look at the dataset files before launch: do their columns fit the recipe's dataset
-builder and column map, and how long are the samples (for the packing default)?
+builder and column map, and how long are the samples and how many rows are there (for
+the packing default)?
 
-Reads only a file's schema and a few hundred rows, with pyarrow, never the whole set.
+Reads only schemas, row counts from metadata or a streamed newline count, and a few
+hundred rows spread over up to ``_SAMPLED_FILES`` shards (``trainer.dataset_rows``),
+never the whole set.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
+from trainer.dataset_rows import FORMAT_OF_SUFFIX, look
 
-_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv",
-             ".arrow": "arrow"}
+_SUFFIXES = FORMAT_OF_SUFFIX
 _SAMPLE_ROWS = 512
+# Shards sampled for lengths (first, last and evenly between): shards are often split by
+# source or length, so one shard alone can misrepresent the set.
+_SAMPLED_FILES = 8
+_MIN_ROWS_PER_FILE = 64
 
 
 @dataclass
 class DatasetSample:
     files: list[Path]
     columns: list[str]
-    rows: list[dict]  # up to _SAMPLE_ROWS rows of the first file
-    total_rows: int | None  # when the format says it cheaply (parquet)
+    rows: list[dict]  # about _SAMPLE_ROWS rows, the first of each sampled file
+    total_rows: int | None  # over every file; None when a file's format cannot say
+    rows_exact: bool = False  # total_rows counted, not estimated
 
 
 def _files(dataset_cfg: DictConfig) -> list[Path]:
@@ -48,58 +55,41 @@ def _files(dataset_cfg: DictConfig) -> list[Path]:
     return []
 
 
-def _read(path: Path) -> tuple[list[str], list[dict], int | None]:
-    kind = _SUFFIXES.get(path.suffix)
-    try:
-        if kind == "parquet":
-            import pyarrow.parquet as pq
+def _spread(files: list[Path], k: int) -> list[Path]:
+    if len(files) <= k:
+        return files
+    return [files[round(i * (len(files) - 1) / (k - 1))] for i in range(k)]
 
-            pf = pq.ParquetFile(path)
-            batch = next(pf.iter_batches(batch_size=_SAMPLE_ROWS), None)
-            rows = batch.to_pylist() if batch is not None else []
-            return list(pf.schema_arrow.names), rows, pf.metadata.num_rows
-        if kind == "json":
-            rows = []
-            with open(path, encoding="utf-8") as f:
-                head = f.read(1)
-                f.seek(0)
-                if head == "[":
-                    rows = json.load(f)[:_SAMPLE_ROWS]
-                else:
-                    for line in f:
-                        if line.strip():
-                            rows.append(json.loads(line))
-                        if len(rows) >= _SAMPLE_ROWS:
-                            break
-            columns = list(rows[0]) if rows else []
-            return columns, rows, None
-        if kind == "csv":
-            import pyarrow.csv as pcsv
 
-            table = pcsv.read_csv(path)
-            return list(table.column_names), table.slice(0, _SAMPLE_ROWS).to_pylist(), \
-                table.num_rows
-        if kind == "arrow":
-            import pyarrow as pa
-
-            with pa.memory_map(str(path)) as source:
-                table = pa.ipc.open_stream(source).read_all()
-            return list(table.column_names), table.slice(0, _SAMPLE_ROWS).to_pylist(), \
-                table.num_rows
-    except Exception as exc:  # pyarrow and json raise many kinds
-        raise BadInputError(f"dataset file {path} is unreadable: {exc}") from None
-    return [], [], None
+def _of_source(dataset_cfg: DictConfig, files: list[Path]) -> list[Path]:
+    """The files the builder named by ``dataset.source`` reads (``datasets``' saved
+    arrow sets hold ``state.json`` and ``dataset_info.json`` beside the data)."""
+    kind = FORMAT_OF_SUFFIX.get("." + str(dataset_cfg.get("source", "")))
+    matching = [f for f in files if FORMAT_OF_SUFFIX.get(f.suffix) == kind]
+    return matching or files
 
 
 def sample(dataset_cfg: DictConfig) -> DatasetSample | None:
     if not isinstance(dataset_cfg, DictConfig):
         return None
-    files = _files(dataset_cfg)
+    files = _of_source(dataset_cfg, _files(dataset_cfg))
     if not files:
         return None
-    columns, rows, total = _read(files[0])
-    return DatasetSample(files=files, columns=columns, rows=rows,
-                         total_rows=total if len(files) == 1 else None)
+    sampled = set(_spread(files, _SAMPLED_FILES))
+    per_file = max(_MIN_ROWS_PER_FILE, _SAMPLE_ROWS // len(sampled))
+    columns: list[str] | None = None
+    rows: list[dict] = []
+    total: int | None = 0
+    exact = True
+    for path in files:
+        found = look(path, per_file if path in sampled else 0)
+        if columns is None:
+            columns = found.columns
+        rows += found.rows
+        total = None if total is None or found.count is None else total + found.count
+        exact = exact and found.exact
+    return DatasetSample(files=files, columns=columns or [], rows=rows, total_rows=total,
+                         rows_exact=exact and total is not None)
 
 
 def required_columns(dataset_cfg: DictConfig) -> dict[str, str]:

@@ -1,9 +1,11 @@
-"""Choose device and dtype for the machine the trainer actually runs on.
+"""Choose device and dtype for the machine the trainer actually runs on, and say how
+much memory its GPUs have (for ``trainer.memory_plan``).
 
 Probed without importing torch: the launcher's start-up is added to every run, and
 importing torch costs seconds that the recipe process pays again anyway. The probe reads
-the torch build (``torch/version.py``), the NVIDIA driver's device list and the CPU
-flags; the recipe process re-checks with torch (``trainer.bootstrap``).
+the torch build (``torch/version.py``), the NVIDIA driver's device list (compute
+capability and memory per GPU) and the CPU flags; the recipe process re-checks with torch
+(``trainer.bootstrap``).
 """
 
 from __future__ import annotations
@@ -38,43 +40,61 @@ def _torch_build_has_cuda() -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Gpu:
+    compute_capability: float
+    memory_bytes: int
+
+
 @lru_cache(maxsize=1)
-def gpu_compute_capabilities() -> tuple[float, ...]:
-    """Compute capability of each GPU this process may use (empty without CUDA)."""
+def visible_gpus() -> tuple[Gpu, ...]:
+    """Each GPU this process may use (empty without CUDA)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return ()
     if not _torch_build_has_cuda():
         return ()
     if not shutil.which("nvidia-smi"):
-        return _capabilities_from_torch()
+        return _gpus_from_torch()
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,compute_cap",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20)
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,compute_cap,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return ()
     if out.returncode != 0:
         return ()
-    caps = {}
+    gpus = {}
     for line in out.stdout.strip().splitlines():
-        index, _, cap = line.partition(",")
+        fields = [f.strip() for f in line.split(",")]
         try:
-            caps[index.strip()] = float(cap.strip())
-        except ValueError:
+            gpus[fields[0]] = Gpu(float(fields[1]), int(float(fields[2])) * 2 ** 20)
+        except (IndexError, ValueError):
             continue
     if visible is not None:
-        return tuple(caps[i.strip()] for i in visible.split(",") if i.strip() in caps)
-    return tuple(caps.values())
+        return tuple(gpus[i.strip()] for i in visible.split(",") if i.strip() in gpus)
+    return tuple(gpus.values())
 
 
-def _capabilities_from_torch() -> tuple[float, ...]:
+def gpu_compute_capabilities() -> tuple[float, ...]:
+    """Compute capability of each GPU this process may use (empty without CUDA)."""
+    return tuple(g.compute_capability for g in visible_gpus())
+
+
+def gpu_memory_bytes() -> int | None:
+    """The smallest visible GPU's memory: what a per-device plan must fit (None: no GPU)."""
+    gpus = visible_gpus()
+    return min(g.memory_bytes for g in gpus) if gpus else None
+
+
+def _gpus_from_torch() -> tuple[Gpu, ...]:
     # The slow path (seconds): a CUDA build of torch without nvidia-smi beside it.
     import torch
 
     if not torch.cuda.is_available():
         return ()
-    return tuple(float("%d.%d" % torch.cuda.get_device_capability(i))
+    return tuple(Gpu(float("%d.%d" % torch.cuda.get_device_capability(i)),
+                     int(torch.cuda.get_device_properties(i).total_memory))
                  for i in range(torch.cuda.device_count()))
 
 

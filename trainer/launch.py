@@ -258,7 +258,7 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
     if primary:
         summary = summarize(output_dir, wall, reason, plan_.checkpoint.architecture.dims,
                             str(plan_.cfg.device), plan_.topology.world_size,
-                            _final_epoch_dir(plan_))
+                            _final_epoch_dir(plan_), plan_.method, plan_.cfg)
         _write_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
         run_report.at_end(output_dir, summary)
     if stopped:

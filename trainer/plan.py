@@ -198,7 +198,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     notes += speed.apply(
         cfg, user_keys, hw.device, topo.world_size,
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
-        found.total_rows if found else None, max_seq_len)
+        found.total_rows if found else None, max_seq_len, method=method,
+        dims=checkpoint.architecture.dims,
+        gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
 
     cfg.metric_logger = OmegaConf.create({
         "_component_": "trainer.metric_logger.JsonLinesMetricLogger",

@@ -1,12 +1,16 @@
-"""Speed defaults a practitioner would pick, applied only where the user said nothing.
+"""Speed defaults a practitioner would pick, applied only where the user said nothing;
+each one is a note (logged, and shown by ``--kubetune-dry-run``) naming its off switch.
 
 - packing: short samples waste most of each padded batch; packing them into
   ``max_seq_len`` sequences trains the same tokens in fewer steps. Only when the data is
-  large enough to fill many packs (on a tiny set packing would leave a handful of steps).
+  large enough to fill many packs (on a tiny set packing would leave a handful of steps);
+  the row count covers every shard (``trainer.dataset_check``).
 - chunked cross-entropy: never materializes the full fp32 logits (vocab x sequence).
 - fused AdamW on CUDA (one kernel per step, not one per tensor); not on CPU.
-- torch.compile: an option (``compile=True``); off on CPU, where inductor's compile time
-  dwarfs a short run.
+- torch.compile (model and loss) on CUDA; off on CPU, where inductor's compile time
+  dwarfs a short run. summary.json reports the compile/warm-up time apart.
+- on CUDA, the micro-batch and activation checkpointing that fit the GPU
+  (``trainer.memory_plan``), keeping the effective batch through gradient accumulation.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from __future__ import annotations
 import importlib.util
 
 from omegaconf import DictConfig, OmegaConf
+
+from trainer import memory_plan
+from trainer.model_shape import adapter_count
 
 CHUNKED_CE = "torchtune.modules.loss.CEWithChunkedOutputLoss"
 _PLAIN_CE = ("torch.nn.CrossEntropyLoss", "torch.nn.modules.loss.CrossEntropyLoss")
@@ -31,13 +38,18 @@ def _user_set(user_keys: set[str], key: str) -> bool:
 
 
 def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
-          mean_chars: float | None, rows: int | None, max_seq_len: int) -> list[str]:
+          mean_chars: float | None, rows: int | None, max_seq_len: int, *,
+          method: str = "lora", dims: dict | None = None,
+          gpu_memory_bytes: int | None = None) -> list[str]:
+    """Set the speed defaults in ``cfg``; ``dims`` (config.json's) and
+    ``gpu_memory_bytes`` (the smallest GPU's) let the memory plan run on CUDA."""
     notes: list[str] = []
     loss = cfg.get("loss")
     if isinstance(loss, DictConfig) and loss.get("_component_") in _PLAIN_CE \
             and not _user_set(user_keys, "loss"):
         cfg.loss = OmegaConf.create({"_component_": CHUNKED_CE})
-        notes.append("speed: chunked cross-entropy (CEWithChunkedOutputLoss)")
+        notes.append("speed: chunked cross-entropy (CEWithChunkedOutputLoss; "
+                     "loss._component_=torch.nn.CrossEntropyLoss to turn off)")
 
     optimizer = cfg.get("optimizer")
     component = str(optimizer.get("_component_", "")) if isinstance(optimizer, DictConfig) else ""
@@ -55,13 +67,19 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
         if device.startswith("cuda"):
             if not _user_set(user_keys, "optimizer.fused") and not optimizer.get("fused"):
                 optimizer.fused = True
-                notes.append("speed: fused AdamW")
+                notes.append("speed: fused AdamW (optimizer.fused=False to turn off)")
         elif optimizer.get("fused"):
             optimizer.fused = False  # a CUDA kernel
 
-    if device == "cpu" and cfg.get("compile") and not _user_set(user_keys, "compile"):
-        cfg.compile = False
-        notes.append("speed: compile off on CPU (compile=True to force)")
+    if not _user_set(user_keys, "compile"):
+        if device == "cpu" and cfg.get("compile"):
+            cfg.compile = False
+            notes.append("speed: compile off on CPU (compile=True to force)")
+        elif device.startswith("cuda") and not cfg.get("compile"):
+            cfg.compile = True
+            notes.append("speed: torch.compile of model and loss; its compile time is "
+                         "summary.json's warmup_s, apart from steady-state tokens/s "
+                         "(compile=False to turn off)")
 
     dataset = cfg.get("dataset")
     if (isinstance(dataset, DictConfig) and not _user_set(user_keys, "dataset.packed")
@@ -71,9 +89,47 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
         steps = packs / max(1, int(cfg.get("batch_size") or 1) * world_size)
         if tokens_per_sample * SHORT_FACTOR <= max_seq_len and steps >= MIN_PACKED_STEPS:
             dataset.packed = True
-            notes.append(f"speed: packing samples (~{tokens_per_sample:.0f} tokens each) into "
-                         f"{max_seq_len}-token sequences (dataset.packed=False to turn off)")
+            notes.append(f"speed: packing {rows} samples (~{tokens_per_sample:.0f} tokens "
+                         f"each) into {max_seq_len}-token sequences "
+                         "(dataset.packed=False to turn off)")
     if isinstance(dataset, DictConfig) and dataset.get("packed") \
             and cfg.tokenizer.get("max_seq_len") is None:
         cfg.tokenizer.max_seq_len = max_seq_len  # packing needs a pack length
+
+    if device.startswith("cuda") and dims and gpu_memory_bytes:
+        notes += _fit_memory(cfg, user_keys, world_size, max_seq_len, method, dims,
+                             gpu_memory_bytes)
     return notes
+
+
+def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,
+                method: str, dims: dict, gpu_memory_bytes: int) -> list[str]:
+    """Micro-batch and activation checkpointing for this GPU (``trainer.memory_plan``)."""
+    sizes_set = {"batch_size", "gradient_accumulation_steps"} <= user_keys
+    checkpointing_set = _user_set(user_keys, "enable_activation_checkpointing")
+    if sizes_set and checkpointing_set:
+        return []
+    model_cfg = cfg.get("model")
+    model_cfg = OmegaConf.to_container(model_cfg) if isinstance(model_cfg, DictConfig) else {}
+    in_backward = bool(cfg.get("optimizer_in_bwd"))
+    workload = memory_plan.Workload(
+        dims=dims, method=method, dtype=str(cfg.get("dtype") or "bf16"),
+        # Unpacked batches pad to their longest sample: plan for a full-length one (the
+        # tokenizer's max_seq_len; without one, the pack length the plan defaults to).
+        seq_len=int(cfg.tokenizer.get("max_seq_len") or max_seq_len), world_size=world_size,
+        n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward)
+    batch = int(cfg.get("batch_size") or 1)
+    accumulation = int(cfg.get("gradient_accumulation_steps") or 1)
+    plan = memory_plan.choose(
+        workload, gpu_memory_bytes, batch, accumulation,
+        bool(cfg.get("enable_activation_checkpointing")) if checkpointing_set else None,
+        split_fixed=sizes_set or in_backward)
+    if not plan.fits:
+        return [f"memory: even {memory_plan.describe(plan)}: this run may run out of GPU "
+                "memory (a shorter tokenizer.max_seq_len, method qlora or more GPUs use less)"]
+    cfg.batch_size = plan.batch_size
+    cfg.gradient_accumulation_steps = plan.gradient_accumulation_steps
+    cfg.enable_activation_checkpointing = plan.activation_checkpointing
+    return [f"speed: {memory_plan.describe(plan)}; effective batch {batch * accumulation} "
+            "kept (set batch_size and gradient_accumulation_steps, and "
+            "enable_activation_checkpointing, to choose yourself)"]

@@ -1,0 +1,172 @@
+"""How many rows a dataset has and what a spread of them looks like, without reading it.
+
+For each data file: its columns, the first rows (a sample) and a row count, taken the
+cheapest way its format allows:
+
+- parquet: the footer's row count (metadata only; exact);
+- arrow (IPC file or stream, as ``datasets`` writes it): the record batches' headers on a
+  memory map (zero-copy: the column buffers are never paged in; exact);
+- jsonl: newlines counted in a streamed binary read, no parsing (exact unless the file
+  has blank lines, each counted as a row);
+- csv: the same newline count less the header; values holding line breaks (quoted
+  multi-line answers) are corrected for by the sampled rows' mean line breaks per row
+  (exact when no sampled value holds one, otherwise an estimate);
+- json array: a bounded parse -- the whole array when the file is at most
+  ``_JSON_PARSE_BYTES``, else elements parsed from its head and the count estimated from
+  the file size over their mean size in bytes.
+
+A file larger than ``_COUNT_BYTES`` is counted on its first ``_COUNT_BYTES`` and
+extrapolated by size: the count only decides speed defaults (packing), never correctness.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune.errors import BadInputError
+
+FORMAT_OF_SUFFIX = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv",
+                    ".arrow": "arrow"}
+_CHUNK = 1 << 20
+_COUNT_BYTES = 1 << 30
+_JSON_PARSE_BYTES = 8 << 20
+_JSON_HEAD_BYTES = 1 << 20
+
+
+@dataclass
+class FileRows:
+    columns: list[str]
+    rows: list[dict]  # the file's first rows, up to the number asked for
+    count: int | None
+    exact: bool
+
+
+def look(path: Path, sample_rows: int) -> FileRows:
+    """Columns, the first ``sample_rows`` rows and the row count of one data file."""
+    kind = FORMAT_OF_SUFFIX.get(path.suffix)
+    try:
+        if kind == "parquet":
+            return _parquet(path, sample_rows)
+        if kind == "arrow":
+            return _arrow(path, sample_rows)
+        if kind == "csv":
+            return _csv(path, sample_rows)
+        if kind == "json":
+            return _json(path, sample_rows)
+    except BadInputError:
+        raise
+    except Exception as exc:  # pyarrow and json raise many kinds
+        raise BadInputError(f"dataset file {path} is unreadable: {exc}") from None
+    return FileRows([], [], None, False)
+
+
+def _parquet(path: Path, n: int) -> FileRows:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    batch = next(pf.iter_batches(batch_size=max(1, n)), None)
+    rows = batch.to_pylist()[:n] if batch is not None else []
+    return FileRows(list(pf.schema_arrow.names), rows, pf.metadata.num_rows, True)
+
+
+def _arrow(path: Path, n: int) -> FileRows:
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            schema = reader.schema
+        except pa.ArrowInvalid:  # no file footer: the stream format `datasets` writes
+            source.seek(0)
+            stream = pa.ipc.open_stream(source)
+            batches, schema = iter(stream), stream.schema
+        rows: list[dict] = []
+        count = 0
+        for batch in batches:
+            if len(rows) < n:
+                rows += batch.slice(0, n - len(rows)).to_pylist()
+            count += batch.num_rows
+    return FileRows(list(schema.names), rows, count, True)
+
+
+def _newlines(path: Path) -> tuple[int, bool]:
+    """Line count of a file (a last line without a newline counts), and whether exact."""
+    size = path.stat().st_size
+    lines, read, last = 0, 0, b"\n"
+    with open(path, "rb") as f:
+        while read < _COUNT_BYTES:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            read += len(chunk)
+            last = chunk[-1:]
+    if read < size:
+        return round(lines * size / read), False
+    return lines + (last != b"\n"), True
+
+
+def _csv(path: Path, n: int) -> FileRows:
+    import pyarrow.csv as pcsv
+
+    reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=_CHUNK))
+    columns = list(reader.schema.names)
+    rows: list[dict] = []
+    for batch in reader:
+        rows += batch.slice(0, n - len(rows)).to_pylist()
+        if len(rows) >= n:
+            break
+    lines, exact = _newlines(path)
+    data_lines = max(0, lines - 1)
+    breaks = sum(str(v).count("\n") for row in rows for v in row.values())
+    if breaks and rows:
+        return FileRows(columns, rows, round(data_lines / (1 + breaks / len(rows))), False)
+    return FileRows(columns, rows, data_lines, exact)
+
+
+def _first_char(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.read(4096).lstrip()[:1].decode("ascii", "replace")
+
+
+def _json(path: Path, n: int) -> FileRows:
+    if _first_char(path) != "[":
+        return _jsonl(path, n)
+    size = path.stat().st_size
+    if size <= _JSON_PARSE_BYTES:
+        with open(path, encoding="utf-8") as f:
+            array = json.load(f)
+        return FileRows(list(array[0]) if array else [], array[:n], len(array), True)
+    with open(path, "rb") as f:
+        head = f.read(_JSON_HEAD_BYTES).decode("utf-8", "ignore")
+    decoder = json.JSONDecoder()
+    pos = head.index("[") + 1
+    start, rows = pos, []
+    while True:
+        while pos < len(head) and head[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            row, pos = decoder.raw_decode(head, pos)
+        except ValueError:
+            break  # the head ends inside an element
+        rows.append(row)
+    if not rows:
+        raise BadInputError(f"dataset file {path}: no JSON object in its first "
+                            f"{_JSON_HEAD_BYTES >> 20} MiB")
+    count = round(size / ((pos - start) / len(rows)))
+    return FileRows(list(rows[0]), rows[:n], count, False)
+
+
+def _jsonl(path: Path, n: int) -> FileRows:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if len(rows) >= n:
+                break
+            if line.strip():
+                rows.append(json.loads(line))
+    count, exact = _newlines(path)
+    return FileRows(list(rows[0]) if rows else [], rows, count, exact)
