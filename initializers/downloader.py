@@ -148,10 +148,13 @@ class Downloader:
     def fetch_all(self, files: list[RemoteFile]) -> list[tuple[str, int, str]]:
         # Largest first: a big file started last would leave one stream running alone.
         ordered = sorted(files, key=lambda f: -(f.size or 0))
-        count = min(workers(), len(files))
+        budget = workers()
+        count = min(budget, len(files))
         plan = getattr(self.source, "plan", None)
         if plan is not None:
-            plan(ordered, count)
+            # The configured budget, not the threads this listing fills: one big file
+            # alone leaves budget - 1 streams free, which its ranged parts take.
+            plan(ordered, budget)
         results: list[tuple[str, int, str]] = []
         with ThreadPoolExecutor(max_workers=count,
                                 thread_name_prefix="fetch") as pool:
