@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from initializers import manifest, staging, verify_dataset, verify_model, weights
+from initializers import manifest, reuse, staging, verify_dataset, verify_model, weights
 from initializers.downloader import Downloader, check_space, disk_full
 from initializers.progress import Progress
 from initializers.request import InitRequest
@@ -81,6 +81,7 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
 
     staged = staging.prepare(output)
     staging.prune(staged, {f.path for f in files})
+    reuse.seed_from_output(output, staged, files)
     check_space(staged, files)
     with Progress(len(files), total) as progress:
         recorded = Downloader(source, staged, progress).fetch_all(files)
