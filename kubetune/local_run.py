@@ -9,7 +9,8 @@ Signals: each step runs in its own process group, as a container has its own PID
 terminal's Ctrl-C does not hit every process at once. A SIGTERM or SIGINT to `kubetune
 local` is forwarded to every running step (the kubelet's SIGTERM on eviction), which
 stops as it would in a pod (the trainer saves a resumable checkpoint and exits 75); no
-further step starts, and `kubetune local` exits with the stopped step's own code. A step
+further step starts, and `kubetune local` exits with the stopped step's own code; a second
+signal kills the running steps, as the kubelet does after the grace period. A step
 killed by a signal N (SIGKILL from the OOM killer, say) exits 128 + N, as Kubernetes
 reports it, with a line naming the signal.
 """
@@ -78,9 +79,16 @@ def _signal_step(pid: int, signum: int) -> None:
 
 def _forward(signum: int, frame=None) -> None:
     global _stop_signal
-    if _stop_signal is None:
-        _stop_signal = signum
-        _emit(f"==> {signal.Signals(signum).name}: stopping the running steps\n")
+    if _stop_signal is not None:
+        # A second signal: whoever sent it will not wait for the saves; kill the steps,
+        # as the kubelet does when the grace period is over.
+        _emit("==> a second signal: killing the running steps\n")
+        for pid in list(_running):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        return
+    _stop_signal = signum
+    _emit(f"==> {signal.Signals(signum).name}: stopping the running steps\n")
     for pid in list(_running):
         _signal_step(pid, signum)
 
