@@ -92,8 +92,9 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        # No manifest in staging (prepare() removes one anyway): a re-run re-verifies.
-        (staged / MANIFEST_NAME).unlink(missing_ok=True)
+        # No manifest, whole or half-written, in staging: a re-run re-verifies the files.
+        for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
+            (staged / name).unlink(missing_ok=True)
         raise disk_full(staged) from None
     log.info("%s is ready at %s", request.kind, output)
     return result
