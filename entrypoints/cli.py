@@ -7,10 +7,12 @@ Subcommands are imported only when invoked: the initializer image has no torch, 
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
 from kubetune import __version__
+from kubetune.termination import write_termination_log
 
 # name -> "module:attribute" of the click command
 COMMANDS = {
@@ -23,7 +25,42 @@ COMMANDS = {
 }
 
 
+# command -> the step name its failure reports carry (as entrypoints/step.py prints them)
+STEP_NAMES = {
+    "init-dataset": "dataset-initializer",
+    "init-model": "model-initializer",
+    "train": "trainer",
+    "export": "exporter",
+}
+
+
+def _step_of(ctx: click.Context | None) -> str:
+    while ctx is not None and ctx.parent is not None and ctx.parent.parent is not None:
+        ctx = ctx.parent  # the subcommand's own context, not a nested one's
+    if ctx is None or ctx.parent is None:
+        return "kubetune"
+    return STEP_NAMES.get(ctx.info_name or "", ctx.info_name or "kubetune")
+
+
 class LazyGroup(click.Group):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):
+        """click's own main, except that a usage error (exit 2) also reaches the
+        termination log, as every other failure does, so a pod's status says why."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            ctx = exc.ctx if isinstance(exc, click.UsageError) else None
+            write_termination_log(f"{_step_of(ctx)}: {exc.format_message()}")
+            exc.show()  # click's own message, usage line included
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from kubetune import env
-from kubetune.local_run import Step, run_stages
+from kubetune.local_run import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME
 from trainer.methods import METHODS, recipe_for
 
@@ -196,4 +196,6 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
             click.echo(f"  {line}")
         return 0
 
-    sys.exit(run_step("local", body))
+    with forwarding_signals():
+        code = run_step("local", body)
+    sys.exit(code)

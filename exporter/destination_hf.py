@@ -18,7 +18,9 @@ from pathlib import Path
 
 from exporter import manifest as export_manifest
 from exporter.destination import fresh_build_dir
-from kubetune import retry
+from initializers.sources.hf_errors import unknown_hub_host
+from initializers.uri_names import check_hub_repo_id
+from kubetune import env, retry
 from kubetune.credentials import hf_token
 from kubetune.errors import BadInputError, TransientError
 from kubetune.workspace import EXPORT_MANIFEST_NAME
@@ -39,7 +41,7 @@ class HubDestination:
         parts = [p for p in uri[len("hf://"):].split("/") if p]
         if len(parts) != 2:
             raise BadInputError(f"EXPORT_URI {uri!r} must be hf://<org or user>/<repo>")
-        self.repo_id = "/".join(parts)
+        self.repo_id = check_hub_repo_id("/".join(parts), uri, env.EXPORT_URI)
         self.revision = revision or "main"
         self.description = f"hf://{self.repo_id}@{self.revision}"
         self.work_dir = Path(work_dir)
@@ -49,8 +51,9 @@ class HubDestination:
                                 "access: set ACCESS_TOKEN or HF_TOKEN (or ACCESS_TOKEN_FILE)")
         from huggingface_hub import HfApi
 
-        endpoint = os.environ.get("HF_ENDPOINT") or None
+        endpoint = os.environ.get(env.HF_ENDPOINT) or None
         self.api = HfApi(endpoint=endpoint, token=self.token)
+        self.endpoint = self.api.endpoint
 
     # -- plumbing ----------------------------------------------------------------------
     @staticmethod
@@ -70,6 +73,9 @@ class HubDestination:
             return None
         import httpx2
 
+        unknown = unknown_hub_host(exc, self.endpoint)
+        if unknown is not None:
+            raise unknown from None
         if isinstance(exc, (OSError, httpx2.TransportError)):
             return retry.TransientFailure(type(exc).__name__)
         return None

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from exporter import manifest as export_manifest
 from exporter.destination import fresh_build_dir
-from kubetune import retry
+from initializers.sources.s3_errors import unknown_s3_host
+from initializers.uri_names import check_s3_bucket
+from kubetune import env, retry
 from kubetune.credentials import s3_credentials
 from kubetune.errors import BadInputError, TransientError
 from kubetune.workspace import EXPORT_MANIFEST_NAME
@@ -35,8 +37,7 @@ class S3Destination:
     def __init__(self, uri: str, work_dir: Path) -> None:
         rest = uri[len("s3://"):]
         self.bucket, _, prefix = rest.partition("/")
-        if not self.bucket:
-            raise BadInputError(f"EXPORT_URI {uri!r} names no bucket: use s3://bucket/prefix")
+        check_s3_bucket(self.bucket, uri, env.EXPORT_URI)
         self.prefix = prefix.strip("/")
         self.description = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.work_dir = Path(work_dir)
@@ -76,7 +77,9 @@ class S3Destination:
         from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
         exc = self._unwrap(exc)
-
+        unknown = unknown_s3_host(exc)
+        if unknown is not None:
+            raise unknown from None
         if isinstance(exc, (ConnectionError, HTTPClientError)):
             return retry.TransientFailure(f"{type(exc).__name__}")
         if isinstance(exc, ClientError):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from exporter import artifact, base_model, manifest as export_manifest, model_card, verify
 from exporter.destination import open_destination
 from exporter.training_output import TrainingOutput, locate
+from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.trainjob_status import StatusReporter, transfer_metrics
 
@@ -136,6 +139,14 @@ def export(request: ExportRequest) -> dict:
             return previous
         result["verification"] = _verify(request, training, tree, fmt)
         destination.publish(tree, result, previous)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # The build tree goes (finally): nothing half-written is left to be taken as an export.
+        free = shutil.disk_usage(tree if tree.exists() else tree.parent).free
+        raise BadInputError(f"no space left on the volume of {tree} while writing the export "
+                            f"({free / 1e6:.1f} MB free): enlarge that volume or export "
+                            f"elsewhere with {env.EXPORT_URI}") from None
     finally:
         destination.discard(tree)
     log.info("exported %s to %s", fmt, destination.description)

@@ -21,6 +21,7 @@ from initializers.progress import Cancelled, Progress
 from initializers.safe_paths import safe_join
 from initializers.sources.base import RemoteFile
 from kubetune import env, retry
+from kubetune.env_numbers import env_int
 from kubetune.errors import BadInputError, KubetuneError
 
 log = logging.getLogger("initializer")
@@ -29,11 +30,7 @@ DEFAULT_WORKERS = 8
 
 
 def workers() -> int:
-    value = os.environ.get(env.DOWNLOAD_WORKERS)
-    try:
-        return max(1, int(value)) if value else DEFAULT_WORKERS
-    except ValueError:
-        raise BadInputError(f"{env.DOWNLOAD_WORKERS}={value!r} is not a whole number") from None
+    return max(1, env_int(env.DOWNLOAD_WORKERS, DEFAULT_WORKERS))
 
 
 def disk_full(path: Path, needed: int | None = None) -> BadInputError:
@@ -151,10 +148,13 @@ class Downloader:
     def fetch_all(self, files: list[RemoteFile]) -> list[tuple[str, int, str]]:
         # Largest first: a big file started last would leave one stream running alone.
         ordered = sorted(files, key=lambda f: -(f.size or 0))
-        count = min(workers(), len(files))
+        budget = workers()
+        count = min(budget, len(files))
         plan = getattr(self.source, "plan", None)
         if plan is not None:
-            plan(ordered, count)
+            # The configured budget, not the threads this listing fills: one big file
+            # alone leaves budget - 1 streams free, which its ranged parts take.
+            plan(ordered, budget)
         results: list[tuple[str, int, str]] = []
         with ThreadPoolExecutor(max_workers=count,
                                 thread_name_prefix="fetch") as pool:

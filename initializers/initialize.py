@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 from pathlib import Path
 
-from initializers import manifest, staging, verify_dataset, verify_model, weights
-from initializers.downloader import Downloader, check_space
+from initializers import manifest, reuse, staging, verify_dataset, verify_model, weights
+from initializers.downloader import Downloader, check_space, disk_full
 from initializers.progress import Progress
 from initializers.request import InitRequest
 from initializers.storage_uri import source_class
 from kubetune.errors import BadInputError
-from kubetune.workspace import REPO_ID_NAME
+from kubetune.workspace import MANIFEST_NAME, REPO_ID_NAME
 
 log = logging.getLogger("initializer")
 
@@ -80,11 +81,27 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
 
     staged = staging.prepare(output)
     staging.prune(staged, {f.path for f in files})
+    reuse.seed_from_output(output, staged, files)
     check_space(staged, files)
     with Progress(len(files), total) as progress:
         recorded = Downloader(source, staged, progress).fetch_all(files)
         log.info(progress.summary())
 
+    try:
+        result = _describe_and_commit(request, staged, output, identity, revision, recorded)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # No manifest, whole or half-written, in staging: a re-run re-verifies the files.
+        for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
+            (staged / name).unlink(missing_ok=True)
+        raise disk_full(staged) from None
+    log.info("%s is ready at %s", request.kind, output)
+    return result
+
+
+def _describe_and_commit(request: InitRequest, staged: Path, output: Path, identity: dict,
+                         revision: str | None, recorded: list) -> dict:
     if request.kind == "model":
         for note in verify_model.verify(staged):
             log.info(note)
@@ -104,5 +121,4 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     result = manifest.build(identity, revision, staged, recorded)
     manifest.write(staged, result)
     staging.commit(staged, output)
-    log.info("%s is ready at %s", request.kind, output)
     return result

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
 from kubetune import logs
+from kubetune.env_numbers import env_float
 from kubetune.trainjob_status import StatusReporter, transfer_metrics
 
 log = logging.getLogger("progress")
@@ -39,8 +39,8 @@ class Progress:
     def __init__(self, files: int, total_bytes: int, interval_s: float | None = None) -> None:
         self.files = files
         self.total_bytes = total_bytes
-        self.interval_s = interval_s if interval_s is not None else float(
-            os.environ.get(ENV_INTERVAL, DEFAULT_INTERVAL_S))
+        self.interval_s = interval_s if interval_s is not None else env_float(
+            ENV_INTERVAL, DEFAULT_INTERVAL_S, minimum=0)
         self._lock = threading.Lock()
         self._bytes: dict[str, int] = {}
         self._done = 0

@@ -4,9 +4,46 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from kubetune.errors import BadInputError
+
+
+def _data_end(path: Path, name: str, entry: object) -> int:
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0
+                       for o in offsets) or offsets[0] > offsets[1]):
+        raise BadInputError(f"{path.name} has a corrupt safetensors header: tensor {name!r} "
+                            "has no valid data_offsets [begin, end]")
+    return offsets[1]
+
+
+def _json_object(path: Path, what: str) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"{what} does not parse: {exc}") from None
+    if not isinstance(found, dict):
+        raise BadInputError(f"{what} is a JSON {type(found).__name__}, not an object")
+    return found
+
+
+def _shards(tree: Path, index: Path) -> set[str]:
+    weight_map = _json_object(index, index.name).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise BadInputError(f"{index.name} is unreadable: its weight_map is not an object of "
+                            "tensor name -> shard file name")
+    shards = set(weight_map.values())
+    for shard in sorted(shards):
+        # The trainer opens these names: one pointing outside the model directory is
+        # refused here, before anything reads it.
+        parts = PurePosixPath(shard).parts
+        if not shard or PurePosixPath(shard).is_absolute() or ".." in parts or "\\" in shard:
+            raise BadInputError(f"{index.name} names shard {shard!r}, outside the model "
+                                "directory: only file names inside it are allowed")
+    return shards
 
 
 def check_safetensors(path: Path) -> int:
@@ -23,8 +60,11 @@ def check_safetensors(path: Path) -> int:
             header = json.loads(f.read(header_len))
         except ValueError:
             raise BadInputError(f"{path.name} has a corrupt safetensors header") from None
+    if not isinstance(header, dict):
+        raise BadInputError(f"{path.name} has a corrupt safetensors header (a JSON "
+                            f"{type(header).__name__}, not an object of tensors)")
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
+    end = max((_data_end(path, name, entry) for name, entry in tensors.items()), default=0)
     if 8 + header_len + end != size:
         raise BadInputError(f"{path.name} is truncated or padded: the header declares "
                             f"{8 + header_len + end} bytes, the file has {size}")
@@ -36,18 +76,12 @@ def verify(tree: Path) -> list[str]:
     notes = []
     config = tree / "config.json"
     if config.is_file():
-        try:
-            json.loads(config.read_text())
-        except ValueError as exc:
-            raise BadInputError(f"config.json does not parse: {exc}") from None
+        _json_object(config, "config.json")
     else:
         notes.append("no config.json: not a Hugging Face transformers model directory")
     index = tree / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError) as exc:
-            raise BadInputError(f"model.safetensors.index.json is unreadable: {exc}") from None
+        shards = _shards(tree, index)
         missing = sorted(s for s in shards if not (tree / s).is_file())
         if missing:
             raise BadInputError(f"shards named in model.safetensors.index.json are missing: "

@@ -4,17 +4,29 @@ Each step is its own process with the environment its pod would get; steps in on
 run in parallel (the two initializers), stages run in order. A directory stands in for
 the PVC. Output lines are prefixed with the step's name; a failing step stops the run
 with that step's one-line error (read from its termination log) and exit code.
+
+Signals: each step runs in its own process group, as a container has its own PID 1, so a
+terminal's Ctrl-C does not hit every process at once. A SIGTERM or SIGINT to `kubetune
+local` is forwarded to every running step (the kubelet's SIGTERM on eviction), which
+stops as it would in a pod (the trainer saves a resumable checkpoint and exits 75); no
+further step starts, and `kubetune local` exits with the stopped step's own code; a second
+signal kills the running steps, as the kubelet does after the grace period. A step
+killed by a signal N (SIGKILL from the OOM killer, say) exits 128 + N, as Kubernetes
+reports it, with a line naming the signal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from kubetune import env
 from kubetune.errors import StepFailedError
@@ -35,7 +47,61 @@ class StepResult:
     error: str | None = None
 
 
-_print_lock = threading.Lock()
+# Re-entrant: the signal handler prints from the main thread, which may hold it already.
+_print_lock = threading.RLock()
+# The steps running now, and the ones already sent the stop signal. Touched by the step
+# threads and by the signal handler (main thread); set/dict operations are atomic.
+_running: dict[int, subprocess.Popen] = {}
+_signalled: set[int] = set()
+_stop_signal: int | None = None
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def signal_exit_code(signum: int) -> int:
+    """What a shell and Kubernetes report for a process killed by ``signum``."""
+    return 128 + signum
+
+
+def stop_requested() -> int | None:
+    """The signal that asked the run to stop, if one did: start nothing more."""
+    return _stop_signal
+
+
+def _signal_step(pid: int, signum: int) -> None:
+    if pid in _signalled:
+        return
+    _signalled.add(pid)
+    try:
+        os.killpg(pid, signum)  # the step's own group: its leader and helpers, not others
+    except ProcessLookupError:
+        pass
+
+
+def _forward(signum: int, frame=None) -> None:
+    global _stop_signal
+    if _stop_signal is not None:
+        # A second signal: whoever sent it will not wait for the saves; kill the steps,
+        # as the kubelet does when the grace period is over.
+        _emit("==> a second signal: killing the running steps\n")
+        for pid in list(_running):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        return
+    _stop_signal = signum
+    _emit(f"==> {signal.Signals(signum).name}: stopping the running steps\n")
+    for pid in list(_running):
+        _signal_step(pid, signum)
+
+
+@contextlib.contextmanager
+def forwarding_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM / SIGINT stop the running steps (see module doc)."""
+    previous = {s: signal.signal(s, _forward) for s in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def emit(line: str) -> None:
@@ -61,12 +127,31 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
                  env.LOCAL_RUN: "1", "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
+    stopped = stop_requested()
+    if stopped is not None:
+        return StepResult(step.name, signal_exit_code(stopped), 0.0,
+                          f"not started: kubetune local was stopped by "
+                          f"{signal.Signals(stopped).name}")
     child = subprocess.Popen(step.command, env=child_env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    _pump(step.name, child.stdout)
-    code = child.wait()
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    _running[child.pid] = child
+    stopped = stop_requested()
+    if stopped is not None:  # the signal came while this step was starting
+        _signal_step(child.pid, stopped)
+    try:
+        _pump(step.name, child.stdout)
+        code = child.wait()
+    finally:
+        _running.pop(child.pid, None)
     error = None
-    if code != 0:
+    if code < 0:
+        # Killed by a signal: no termination log was written; say which, in the code too.
+        name = signal.Signals(-code).name
+        code = signal_exit_code(-code)
+        error = f"killed by signal {name} (exit {code})" + (
+            ": the OOM killer, or a kill from outside" if name == "SIGKILL" else "")
+    elif code != 0:
         error = (termination.read_text().strip() if termination.is_file() else "") or \
             f"exited with code {code}"
     return StepResult(step.name, code, time.monotonic() - start, error)
@@ -81,6 +166,10 @@ def run_stages(stages: list[list[Step]], logs_dir: Path) -> list[StepResult]:
     logs_dir.mkdir(parents=True, exist_ok=True)
     finished: list[StepResult] = []
     for stage in stages:
+        stopped = stop_requested()
+        if stopped is not None:  # every step so far finished: the next ones never start
+            raise StepFailedError(stage[0].name, f"not started: kubetune local was stopped by "
+                                  f"{signal.Signals(stopped).name}", signal_exit_code(stopped))
         results: dict[str, StepResult] = {}
         threads = [threading.Thread(target=_run_one, args=(s, logs_dir, results)) for s in stage]
         for t in threads:

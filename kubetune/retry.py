@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import TransientError
 
 T = TypeVar("T")
@@ -46,10 +47,10 @@ class RetryPolicy:
     def from_env(cls) -> "RetryPolicy":
         d = cls()
         return cls(
-            max_attempts=int(os.environ.get(ENV_MAX_ATTEMPTS, d.max_attempts)),
-            base_delay_s=float(os.environ.get(ENV_BASE_DELAY, d.base_delay_s)),
-            max_delay_s=float(os.environ.get(ENV_MAX_DELAY, d.max_delay_s)),
-            total_s=float(os.environ.get(ENV_TOTAL, d.total_s)),
+            max_attempts=env_int(ENV_MAX_ATTEMPTS, d.max_attempts, minimum=1),
+            base_delay_s=env_float(ENV_BASE_DELAY, d.base_delay_s, minimum=0),
+            max_delay_s=env_float(ENV_MAX_DELAY, d.max_delay_s, minimum=0),
+            total_s=env_float(ENV_TOTAL, d.total_s, minimum=0),
         )
 
     def delay(self, attempt: int, retry_after: float | None) -> float:

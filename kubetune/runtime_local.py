@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError, StepFailedError
-from kubetune.local_run import Step, StepResult, emit, run_process
+from kubetune.local_run import Step, StepResult, emit, run_process, stop_requested
 from kubetune.runtime_merge import COMPLETION_INDEX_PATH
 from kubetune.workspace import DEFAULT_ROOT
 
@@ -246,6 +246,9 @@ class LocalJobSet:
             failure = self._pod_once(job, pod_spec, index, pod_count)
             if failure is None:
                 return
+            if stop_requested() is not None:  # stopped from outside: no restart
+                out.append(JobFailure(job["name"], "Stopped", failure))
+                return
             action, rule = self.pod_action(job, failure.container, failure.exit_code)
             if action == "Ignore":
                 ignored += 1
@@ -322,8 +325,9 @@ class LocalJobSet:
                 return restarts + uncounted
             action = self.jobset_action(failure)
             counted = action in ("RestartJobSet", "RestartJob")
-            can_restart = (counted and restarts < max_restarts) or (
+            can_restart = ((counted and restarts < max_restarts) or (
                 action.endswith("IgnoreMaxRestarts") and uncounted < LOCAL_RESTART_CAP)
+            ) and stop_requested() is None
             emit(f"==> job {failure.job} failed ({failure.reason}): failurePolicy {action}"
                  + (" -> restarting\n" if can_restart else " -> JobSet failed\n"))
             if not can_restart:

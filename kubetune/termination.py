@@ -21,9 +21,15 @@ def report_failure(message: str) -> None:
     """
     line = redact(" ".join(message.split()))
     print(f"error: {line}", file=sys.stderr, flush=True)
-    path = termination_log_path()
+    write_termination_log(line)
+
+
+def write_termination_log(message: str) -> None:
+    """Write ``message`` (one line, redacted) to the termination log only; skipped silently
+    when it cannot be written."""
+    line = redact(" ".join(message.split()))
     try:
-        with open(path, "w", encoding="utf-8") as log:
+        with open(termination_log_path(), "w", encoding="utf-8") as log:
             log.write(line + "\n")
     except OSError:
         pass

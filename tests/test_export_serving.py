@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 SERVING_VENV = REPO / ".venv-serving"
 SERVING_PINS = ["torch==2.13.0", "transformers==5.18.0", "peft==0.21.0", "safetensors==0.8.0",
                 "accelerate==1.15.0"]
-# float32 end to end; the tiny model's logits agree to ~1e-6 (both sides sum the same
-# float32 products in different orders).
+# float32 end to end (the trained runs pin dtype=fp32: tests/support/trained.py); the tiny
+# model's logits agree to ~1e-6 (both sides sum the same float32 products in different orders).
 TOLERANCE = 1e-4
 
 
@@ -52,6 +52,8 @@ def test_peft_applies_the_exported_adapter_like_the_merged_model(request, servin
     # DoRA: torchtune writes q/k magnitude vectors in its own row order; PEFT would scale
     # the wrong rows (max |diff| ~1e-3 here) unless the exporter reorders them.
     trained_run = request.getfixturevalue("trained_run" if method == "lora" else "dora_run")
+    # Trained in float32 whatever the CPU offers, or the tolerance below means nothing.
+    assert "dtype: fp32" in (trained_run.output_dir / "kubetune-config.yaml").read_text()
     dest = tmp_path / "export"
     result = kubetune("export", "--export-uri", str(dest), "--export-format", "both",
                       env=trained_run.env())

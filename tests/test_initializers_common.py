@@ -27,7 +27,8 @@ def test_initializer_imports_pull_no_torch_stack():
     ("org/name", "storage URI 'org/name' is malformed; supported forms: /abs/path or "
                  "file:///abs/path, hf://org/name[/sub/path], s3://bucket/prefix"),
     ("hf://", "storage URI 'hf://' names nothing after hf://"),
-    ("s3://Bad_Bucket!/x", "s3 URI names no valid bucket"),
+    ("s3://Bad_Bucket!/x", "STORAGE_URI 's3://Bad_Bucket!/x' names no valid bucket"),
+    ("hf://org/na$me", "STORAGE_URI 'hf://org/na$me' names no valid hub repo id"),
     ("hf://org/../x", "hf URI names no repo"),
 ])
 def test_bad_uris_fail_at_once_with_one_line(tmp_path, uri, expected):

@@ -137,6 +137,34 @@ def test_allow_and_ignore_patterns(hub, tmp_path):
     assert hub.count(contains="original/") == 0
 
 
+def test_a_changed_filter_moves_only_the_difference(hub, tmp_path):
+    out = tmp_path / "model"
+    # The SDK's patterns, then none: the same files either way (safetensors win).
+    first = run_init(hub, "model", "hf://org/tiny", out,
+                     IGNORE_PATTERNS="*.msgpack,*.h5,*.bin,*.pt,*.pth")
+    assert first.returncode == 0, first.stderr
+    fetched = hub.count(contains="/resolve/")
+    assert fetched >= 5
+    before = files_under(out)
+    hub.clear()
+    again = run_init(hub, "model", "hf://org/tiny", out)
+    assert again.returncode == 0, again.stderr
+    assert hub.count(contains="/resolve/") == 0  # every file kept, checked by its checksum
+    assert files_under(out) == before
+    assert json.loads((out / MANIFEST).read_text())["ignore_patterns"] == []
+
+    data = tmp_path / "dataset"
+    narrow = run_init(hub, "dataset", "hf://org/ds", data,
+                      ALLOW_PATTERNS="data/*")
+    assert narrow.returncode == 0, narrow.stderr
+    hub.clear()
+    wide = run_init(hub, "dataset", "hf://org/ds", data)
+    assert wide.returncode == 0, wide.stderr
+    fetched = [r.path for r in hub.requests if "/resolve/" in r.path]
+    assert len(fetched) == 1 and fetched[0].endswith("/README.md"), fetched
+    assert (data / "README.md").read_bytes() == b"# tiny addition\n"
+
+
 def test_revision_pinning_by_commit_and_tag(hub, tmp_path):
     by_commit = tmp_path / "commit"
     assert run_init(hub, "model", "hf://org/tiny", by_commit, REVISION=hub.v1).returncode == 0

@@ -121,6 +121,17 @@ def test_large_objects_arrive_in_parallel_ranged_parts_intact(s3, store, tmp_pat
     assert len(ranged) == 4 + 7  # ceil(size / 1 MiB) parts per object
 
 
+def test_a_prefix_holding_one_large_object_is_split_into_ranged_parts(s3, store, tmp_path):
+    s3.client().put_object(Bucket="models", Key="one/model.safetensors", Body=store.big["single"])
+    out = tmp_path / "model"
+    result = run_init(s3, store, "model", "s3://models/one", out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "model.safetensors").read_bytes() == store.big["single"]
+    gets = [r for r in store.requests if r.method == "GET" and r.path.endswith(".safetensors")]
+    # ceil(3 MB / 1 MiB) ranged parts, not one stream (the workers would sit idle).
+    assert len(gets) == 4 and all(r.range for r in gets), [r.range for r in gets]
+
+
 def test_single_object_uri_for_a_dataset(s3, store, tmp_path):
     out = tmp_path / "dataset"
     result = run_init(s3, store, "dataset", "s3://data/addition/train.parquet", out)

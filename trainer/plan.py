@@ -14,6 +14,7 @@ from typing import Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune import env
+from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
 from trainer import dataset_check, dataset_location, hardware, methods, resume, speed, topology
@@ -146,9 +147,9 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
 def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
-        section.grace_period_s = float(environ.get(env.GRACE_PERIOD_S) or DEFAULT_GRACE_PERIOD_S)
+        section.grace_period_s = env_float(env.GRACE_PERIOD_S, DEFAULT_GRACE_PERIOD_S, 0, environ)
     if section.get("save_every_n_steps") is None:
-        section.save_every_n_steps = int(environ.get(env.SAVE_EVERY_N_STEPS) or 0)
+        section.save_every_n_steps = env_int(env.SAVE_EVERY_N_STEPS, 0, 0, environ)
     cfg.kubetune = section
 
 

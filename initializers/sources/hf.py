@@ -30,7 +30,9 @@ from initializers.request import InitRequest  # noqa: E402
 from initializers.sources.base import ProgressCallback, RemoteFile  # noqa: E402
 from initializers.sources.hf_errors import HubErrors  # noqa: E402
 from initializers.stream_write import write_stream  # noqa: E402
+from initializers.uri_names import check_hub_repo_id  # noqa: E402
 from kubetune import credentials, env, retry  # noqa: E402
+from kubetune.env_numbers import env_float  # noqa: E402
 from kubetune.errors import BadInputError  # noqa: E402
 from kubetune.retry import TransientFailure  # noqa: E402
 
@@ -42,7 +44,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 def http_timeout() -> httpx2.Timeout:
-    seconds = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
+    seconds = env_float(env.HTTP_TIMEOUT_S, 60.0, minimum=1)
     return httpx2.Timeout(seconds, connect=min(seconds, 30.0))
 
 
@@ -52,9 +54,9 @@ def split_location(location: str) -> tuple[str, str]:
     if not parts or any(p in (".", "..") for p in parts):
         raise BadInputError(f"hf URI names no repo: expected hf://org/name[/sub/path], got "
                             f"hf://{location}")
-    if len(parts) == 1:
-        return parts[0], ""
-    return f"{parts[0]}/{parts[1]}", "/".join(parts[2:])
+    repo_id = parts[0] if len(parts) == 1 else f"{parts[0]}/{parts[1]}"
+    check_hub_repo_id(repo_id, f"hf://{location}", env.STORAGE_URI)
+    return repo_id, "/".join(parts[2:])
 
 
 class HuggingFaceSource:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx2
 from huggingface_hub.errors import (
     GatedRepoError,
@@ -11,8 +13,18 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.retry import TransientFailure
+from kubetune.unknown_host import unknown_host_error
+
+
+def unknown_hub_host(exc: BaseException, endpoint: str) -> BadInputError | None:
+    """One line for a hub host name that does not exist, naming where it came from."""
+    variable = env.HF_ENDPOINT if os.environ.get(env.HF_ENDPOINT) else None
+    return unknown_host_error(exc, endpoint, variable,
+                              f"the default hub {endpoint}: set {env.HF_ENDPOINT} to a mirror "
+                              "the cluster can reach")
 
 
 def retry_after(response: httpx2.Response | None) -> float | None:
@@ -86,6 +98,9 @@ class HubErrors:
                 raise bad from None
             status = exc.response.status_code if exc.response is not None else "?"
             return TransientFailure(f"HTTP {status} from the hub", retry_after(exc.response))
+        unknown = unknown_hub_host(exc, self.endpoint)
+        if unknown is not None:
+            raise unknown from None
         if isinstance(exc, httpx2.TransportError):
             return TransientFailure(f"{type(exc).__name__}: {str(exc) or 'connection failed'}")
         if isinstance(exc, (ConnectionError, TimeoutError)):

@@ -43,8 +43,9 @@ from initializers.sources.s3_errors import S3Errors, role_classify
 from initializers.sources.s3_part_state import PartState
 from initializers.staging import part_state_path
 from initializers.stream_write import write_stream
+from initializers.uri_names import check_s3_bucket
 from kubetune import credentials, env, retry
-from kubetune.errors import BadInputError
+from kubetune.env_numbers import env_float, env_int
 from kubetune.redact import register_secret
 from kubetune.retry import TransientFailure
 
@@ -58,14 +59,6 @@ MULTIPART_ETAG = re.compile(r"^[0-9a-f]{32}-([0-9]+)$")
 UNSUPPORTED_STATUS = (400, 405, 501)
 
 log = logging.getLogger("initializer")
-
-
-def _int_env(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    try:
-        return max(1, int(value)) if value else default
-    except ValueError:
-        raise BadInputError(f"{name}={value!r} is not a whole number") from None
 
 
 def _chunks(body):
@@ -96,10 +89,7 @@ def _etag_proves(remote: RemoteFile) -> bool:
 
 def split_location(location: str) -> tuple[str, str]:
     bucket, _, prefix = location.partition("/")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", bucket or ""):
-        raise BadInputError(f"s3 URI names no valid bucket: expected s3://bucket/prefix, got "
-                            f"s3://{location}")
-    return bucket, prefix
+    return check_s3_bucket(bucket, f"s3://{location}", env.STORAGE_URI), prefix
 
 
 def _session(creds: credentials.S3Credentials) -> boto3.session.Session:
@@ -126,8 +116,8 @@ class S3Source:
         self.request = request
         self.bucket, self.prefix = split_location(request.uri.location)
         self.errors = S3Errors(self.bucket, self.prefix)
-        self.part_size = _int_env(env.S3_PART_SIZE_MB, DEFAULT_PART_MB) * 1024 * 1024
-        self.part_workers = _int_env(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS)
+        self.part_size = max(1, env_int(env.S3_PART_SIZE_MB, DEFAULT_PART_MB)) * 1024 * 1024
+        self.part_workers = max(1, env_int(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS))
         self._part_pool: ThreadPoolExecutor | None = None
         # Keys of the objects to fetch in ranged parts; None until `plan` (then: all large).
         self._split: set[str] | None = None
@@ -141,7 +131,7 @@ class S3Source:
         self._upload_parts: dict[tuple, tuple[tuple[int, ...], bool]] = {}
         self._lock = threading.Lock()
         creds = credentials.s3_credentials()
-        timeout = float(os.environ.get(env.HTTP_TIMEOUT_S) or 60)
+        timeout = env_float(env.HTTP_TIMEOUT_S, 60.0, minimum=1)
         config = Config(
             # kubetune.retry is the one retry loop: botocore's own would multiply it.
             retries={"total_max_attempts": 1, "mode": "standard"},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -15,14 +17,28 @@ from botocore.exceptions import (
 )
 from urllib3.exceptions import ProtocolError, ReadTimeoutError as Urllib3ReadTimeout
 
+from kubetune import env
 from kubetune.errors import BadInputError, TransientError
 from kubetune.retry import TransientFailure
+from kubetune.unknown_host import unknown_host_error
+
+# boto3's own name for the endpoint, which the credential chain also honours.
+AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
 
 TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                    "RequestLimitExceeded", "503", "500", "502", "504"}
 CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
                     "ExpiredToken", "TokenRefreshRequired", "InvalidClientTokenId"}
+
+
+def unknown_s3_host(exc: BaseException) -> BadInputError | None:
+    """One line for an S3 host name that does not exist, naming the variable it came from."""
+    for variable in (env.S3_ENDPOINT, AWS_ENDPOINT_URL):
+        if os.environ.get(variable):
+            return unknown_host_error(exc, os.environ[variable], variable, "")
+    return unknown_host_error(exc, None, None, f"AWS's endpoint for the region: set "
+                                               f"{env.S3_ENDPOINT} for another store")
 
 
 def _retry_after(exc: ClientError) -> float | None:
@@ -75,6 +91,9 @@ class S3Errors:
             raise BadInputError("no S3 credentials: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or "
                                 "their *_FILE variants), ROLE_ARN, or the standard AWS chain"
                                 ) from None
+        unknown = unknown_s3_host(exc)
+        if unknown is not None:
+            raise unknown from None
         if isinstance(exc, (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError,
                             ReadTimeoutError, IncompleteReadError, ResponseStreamingError,
                             ProtocolError, Urllib3ReadTimeout, ConnectionError, TimeoutError)):

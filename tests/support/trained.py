@@ -5,6 +5,10 @@ export, each as its own process, exactly as `make demo` does, only with fewer st
 One epoch: torchtune 0.6.1 on CPU folds each epoch's LoRA into the live base weights
 when it saves a checkpoint, so only a one-epoch CPU run has an adapter that matches its
 merged model (the exporter's logits check refuses the others).
+
+The dtype is pinned to fp32: left to the machine, a CPU with native bf16 (avx512_bf16,
+AMX) trains in bf16, and the numerics tests that compare an export with PEFT or with
+the merged model at float32 tolerances would fail there, and only there.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ TRAIN_ARGS = [
     "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train", "epochs=1",
     "max_steps_per_epoch=6", "batch_size=8", "gradient_accumulation_steps=1",
     "optimizer.lr=3e-3", "lr_scheduler.num_warmup_steps=2", "model.lora_rank=8",
-    "model.lora_alpha=16", "model.apply_lora_to_output=True", "seed=0",
+    "model.lora_alpha=16", "model.apply_lora_to_output=True", "seed=0", "dtype=fp32",
 ]
 
 

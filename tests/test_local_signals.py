@@ -1,0 +1,114 @@
+"""`kubetune local` under signals: a SIGTERM reaches the running steps as the kubelet's
+would, and a step killed by a signal is reported with the signal's name and 128 + N."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kubetune.errors import EXIT_TRANSIENT
+from tests.support.cli import REPO, clean_env, error_lines
+
+pytestmark = pytest.mark.slow
+
+# Enough steps that a signal lands mid-training (the run is stopped long before its end).
+TRAIN_ARGS = [
+    "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train", "epochs=2",
+    "max_steps_per_epoch=40", "batch_size=4", "gradient_accumulation_steps=1",
+    "optimizer.lr=3e-3", "lr_scheduler.num_warmup_steps=2", "model.lora_rank=8",
+    "model.lora_alpha=16", "seed=0",
+]
+
+
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def start_local(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+    workdir = tmp_path / "run"
+    term = tmp_path / "termination-log"
+    log = tmp_path / "local.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "entrypoints", "local", "--workdir", str(workdir),
+             *TRAIN_ARGS], env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)), cwd=REPO,
+            stdout=out, stderr=subprocess.PIPE, text=True)
+    return proc, workdir, term
+
+
+def wait_for_training(proc: subprocess.Popen, workdir: Path, steps: int = 3) -> None:
+    metrics = workdir / "workspace" / "output" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"training never reached step {steps}: exit {proc.poll()}, "
+                f"{proc.stderr.read()[-2000:]}")
+
+
+def assert_no_orphans(workdir: Path) -> None:
+    # The recipe processes die with their launcher; give the kernel a moment to reap them.
+    for _ in range(50):
+        left = processes_mentioning(str(workdir))
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left running: {left}")
+
+
+def test_sigterm_to_local_stops_the_trainer_with_a_resumable_checkpoint(tmp_path):
+    proc, workdir, term = start_local(tmp_path)
+    wait_for_training(proc, workdir)
+    proc.send_signal(signal.SIGTERM)  # what the kubelet sends a pod on eviction
+    _, stderr = proc.communicate(timeout=240)
+    log = (tmp_path / "local.log").read_text()
+    assert proc.returncode == EXIT_TRANSIENT, log[-3000:] + stderr[-2000:]
+    assert f"==> trainer: FAILED (exit {EXIT_TRANSIENT})" in log
+    assert "==> exporter:" not in log  # nothing starts after a stop
+    lines = error_lines(subprocess.CompletedProcess([], proc.returncode, "", stderr))
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    assert lines[0].startswith("error: local: trainer: ") and "resumable checkpoint" in lines[0]
+    assert term.read_text().strip() == lines[0].removeprefix("error: ")
+    output = workdir / "workspace" / "output"
+    saved = [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text()
+             .splitlines()]
+    assert saved and saved[-1] < 80  # stopped, not run to its end
+    assert not (output / "kubetune-complete.json").exists()
+    assert_no_orphans(workdir)
+
+
+def test_a_step_killed_by_sigkill_is_named_and_exits_128_plus_9(tmp_path):
+    proc, workdir, term = start_local(tmp_path)
+    wait_for_training(proc, workdir)
+    launchers = [pid for pid, cmd in processes_mentioning(str(workdir))
+                 if "entrypoints.tune" in cmd]
+    assert len(launchers) == 1, processes_mentioning(str(workdir))
+    os.kill(launchers[0], signal.SIGKILL)  # the OOM killer's way
+    _, stderr = proc.communicate(timeout=240)
+    log = (tmp_path / "local.log").read_text()
+    assert proc.returncode == 128 + signal.SIGKILL, log[-3000:] + stderr[-2000:]
+    assert "==> trainer: FAILED (exit 137)" in log and "==> exporter:" not in log
+    lines = error_lines(subprocess.CompletedProcess([], proc.returncode, "", stderr))
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    assert lines[0].startswith("error: local: trainer: killed by signal SIGKILL"), lines
+    assert term.read_text().strip() == lines[0].removeprefix("error: ")
+    assert_no_orphans(workdir)
