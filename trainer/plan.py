@@ -16,11 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
-from trainer import dataset_check, dataset_location, hardware, methods, resume, speed, topology
+from trainer import (config_keys, dataset_check, dataset_location, hardware, methods, resume,
+                     speed, topology)
 from trainer.checkpoint_model import SPECIAL_TOKENS_FILE, CheckpointModel, read_checkpoint_model
-from trainer.recipe_config import apply_overrides, load_config, resolve_recipe
+from trainer.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
+                                   resolve_recipe)
 from trainer.tune_command import TuneRunRequest
-from trainer.validate import check_nf4, check_tokenizer
+from trainer.validate import check_nf4, check_tokenizer, check_values
 
 log = logging.getLogger("trainer")
 
@@ -143,6 +145,35 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
     check_tokenizer(cfg.tokenizer, {f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"})
 
 
+OUR_METRIC_LOGGER = "trainer.metric_logger.JsonLinesMetricLogger"
+
+
+def _user_config_file(name: str) -> bool:
+    try:
+        return configs_dir() not in resolve_config(name).resolve().parents
+    except BadInputError:
+        return False  # a controller-composed name: the fallback is shipped too
+
+
+def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: str) -> list[str]:
+    """Our JSON-lines logger always; a logger the user chose (an override, or their own
+    config file) is kept and fed the same records. A shipped config's default DiskLogger
+    is not the user's choice and is left out."""
+    theirs = cfg.get("metric_logger")
+    ours = OmegaConf.create({"_component_": OUR_METRIC_LOGGER, "log_dir": "${output_dir}"})
+    chosen = any(k == "metric_logger" or k.startswith("metric_logger.") for k in user_keys) \
+        or _user_config_file(config_name)
+    notes = []
+    if (isinstance(theirs, DictConfig) and chosen
+            and theirs.get("_component_") not in (None, OUR_METRIC_LOGGER)):
+        # Resolved here: ${output_dir} must mean the run's output_dir once nested.
+        ours.also = OmegaConf.to_container(theirs, resolve=True)
+        notes.append(f"metric_logger: {theirs._component_} kept; {cfg.output_dir}/"
+                     "metrics.jsonl is written beside it")
+    cfg.metric_logger = ours
+    return notes
+
+
 def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
@@ -178,6 +209,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         topo = topology.Topology(1, 1, 0, None)
 
     notes += _model_section(cfg, checkpoint, method, request.config)
+    notes += config_keys.check(list(_override_keys(request.overrides)), base, cfg,
+                               Path(recipe_path), configs_dir())
+    check_values(cfg)
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
     _checkpointer_section(cfg, checkpoint)
@@ -200,11 +234,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
         found.total_rows if found else None, max_seq_len)
 
-    cfg.metric_logger = OmegaConf.create({
-        "_component_": "trainer.metric_logger.JsonLinesMetricLogger",
-        "log_dir": "${output_dir}",
-    })
+    notes += _metric_logger_section(cfg, user_keys, request.config)
     _kubetune_section(cfg, environ)
+    check_values(cfg)
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg)
     cfg.kubetune.fingerprint = fingerprint

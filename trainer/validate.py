@@ -100,3 +100,82 @@ def check_writable(output_dir: Path) -> None:
     except OSError as exc:
         raise BadInputError(f"output_dir {output_dir} is not writable ({exc.strerror}): mount "
                             "the volume read-write or set output_dir / --output-dir") from None
+
+
+# key -> (kind, lowest allowed, nullable). Kinds: "int" (a whole number), "float".
+_VALUE_RULES: dict[str, tuple[str, float, bool]] = {
+    "epochs": ("int", 1, False),
+    "batch_size": ("int", 1, False),
+    "max_steps_per_epoch": ("int", 1, True),
+    "gradient_accumulation_steps": ("int", 1, False),
+    "log_every_n_steps": ("int", 1, True),
+    "seed": ("int", 0, True),
+    "clip_grad_norm": ("float", 0, True),
+    "optimizer.lr": ("float", 0, False),
+    "optimizer.weight_decay": ("float", 0, True),
+    "lr_scheduler.num_warmup_steps": ("int", 0, True),
+    "model.lora_rank": ("int", 1, False),
+    "model.lora_alpha": ("float", 0, False),
+    "model.lora_dropout": ("float", 0, False),
+    "tokenizer.max_seq_len": ("int", 1, True),
+    "kubetune.save_every_n_steps": ("int", 0, True),
+    "kubetune.grace_period_s": ("float", 0, True),
+}
+# Strictly above the lowest value (a zero learning rate trains nothing).
+_POSITIVE = {"optimizer.lr", "model.lora_alpha"}
+
+
+def _number(key: str, value, kind: str):
+    """``value`` as the kind ``key`` needs; a numeric string (``lr=2e-5`` parses as one
+    in YAML 1.1) is taken as its number."""
+    if isinstance(value, bool):
+        raise ValueError
+    if isinstance(value, str):
+        value = float(value.strip())
+    if kind == "int":
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError
+            value = int(value)
+        if not isinstance(value, int):
+            raise ValueError
+        return value
+    if not isinstance(value, (int, float)) or value != value:  # NaN
+        raise ValueError
+    return value
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Every number a recipe reads is a number in its range, or the run fails here in one
+    line instead of as a traceback in the recipe (or, for ``epochs=0``, as a run that
+    trains nothing and is marked complete)."""
+    from omegaconf import OmegaConf
+
+    for key, (kind, lowest, nullable) in _VALUE_RULES.items():
+        parent, _, leaf = key.rpartition(".")
+        section = OmegaConf.select(cfg, parent) if parent else cfg
+        if not isinstance(section, DictConfig) or leaf not in section:
+            continue
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except Exception as exc:  # an interpolation that does not resolve
+            raise BadInputError(f"{key}: {exc}".splitlines()[0]) from None
+        if value is None:
+            if nullable:
+                continue
+            raise BadInputError(f"{key} is empty: set {key}=<{kind}>")
+        what = "a whole number" if kind == "int" else "a number"
+        bound = f"> {lowest:g}" if key in _POSITIVE else f">= {lowest:g}"
+        if key == "model.lora_dropout":
+            bound = "in [0, 1)"
+        try:
+            number = _number(key, value, kind)
+        except (TypeError, ValueError):
+            raise BadInputError(f"{key}={value}: must be {what} {bound}") from None
+        bad = number <= lowest if key in _POSITIVE else number < lowest
+        if key == "model.lora_dropout":
+            bad = bad or number >= 1
+        if bad:
+            raise BadInputError(f"{key}={value}: must be {what} {bound}")
+        if number != value:
+            OmegaConf.update(cfg, key, number, merge=False)
