@@ -179,3 +179,29 @@ def check_values(cfg: DictConfig) -> None:
             raise BadInputError(f"{key}={value}: must be {what} {bound}")
         if number != value:
             OmegaConf.update(cfg, key, number, merge=False)
+
+
+# How a full volume shows in a recipe's last line: Python's OSError, safetensors' Rust
+# error, torch.save's stream writer (which does not say why a write failed).
+_DISK_FULL = ("No space left on device", "[Errno 28]", "StorageFull")
+_WRITE_FAILED = ("file write failed", "PytorchStreamWriter failed")
+# Below this a failed write is taken to be the full volume's doing.
+_NEARLY_FULL_BYTES = 16 << 20
+
+
+def check_volume(cause: str, output_dir: Path) -> None:
+    """Turn the recipe's failure into exit 65 when the output volume filled up under it
+    (while saving a checkpoint): a restart would fail the same way."""
+    try:
+        stats = os.statvfs(output_dir)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError:
+        free = None
+    if not (any(sign in cause for sign in _DISK_FULL) or (
+            any(sign in cause for sign in _WRITE_FAILED)
+            and free is not None and free < _NEARLY_FULL_BYTES)):
+        return
+    room = f", {free / (1 << 20):.1f} MB free" if free is not None else ""
+    raise BadInputError(f"the output volume is full ({output_dir}{room}): the recipe could not "
+                        "write its checkpoint; enlarge the volume (PVC) or point output_dir "
+                        "at a bigger one")
