@@ -234,8 +234,14 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
         found.total_rows if found else None, max_seq_len)
 
+    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
+        base, "tokenizer.max_seq_len", default=None) is not None
+    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
+        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
+        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
     _kubetune_section(cfg, environ)
+    cfg.kubetune.count_cut_samples = not limit_chosen
     check_values(cfg)
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg)
