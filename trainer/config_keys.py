@@ -118,7 +118,10 @@ def check(user_keys: list[str], base: DictConfig, cfg: DictConfig, recipe_path: 
         sub = rest.split(".", 1)[0]
         if not sub or sub == "_component_" or top in OWN_SECTIONS:
             continue
-        params, open_ended = _component_keys(base.get(top), cfg.get(top))
+        sections = [base.get(top), cfg.get(top)]
+        if top == "metric_logger" and isinstance(cfg.get(top), DictConfig):
+            sections.append(cfg.metric_logger.get("also"))  # the user's logger, kept
+        params, open_ended = _component_keys(*sections)
         if not params:
             continue
         if top == "dataset":

@@ -22,7 +22,7 @@ from trainer.checkpoint_model import SPECIAL_TOKENS_FILE, CheckpointModel, read_
 from trainer.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
                                    resolve_recipe)
 from trainer.tune_command import TuneRunRequest
-from trainer.validate import check_nf4, check_tokenizer, check_values
+from trainer.validate import check_choices, check_nf4, check_tokenizer, check_values
 
 log = logging.getLogger("trainer")
 
@@ -176,10 +176,15 @@ def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: st
 
 def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
-    if section.get("grace_period_s") is None:
-        section.grace_period_s = float(environ.get(env.GRACE_PERIOD_S) or DEFAULT_GRACE_PERIOD_S)
-    if section.get("save_every_n_steps") is None:
-        section.save_every_n_steps = int(environ.get(env.SAVE_EVERY_N_STEPS) or 0)
+    for key, name, kind, default in (
+            ("grace_period_s", env.GRACE_PERIOD_S, float, DEFAULT_GRACE_PERIOD_S),
+            ("save_every_n_steps", env.SAVE_EVERY_N_STEPS, int, 0)):
+        if section.get(key) is None:
+            try:
+                section[key] = kind(environ.get(name) or default)
+            except ValueError:
+                raise BadInputError(f"{name}={environ.get(name)}: must be "
+                                    f"{'a whole number' if kind is int else 'a number'}") from None
     cfg.kubetune = section
 
 
@@ -190,6 +195,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     base, notes = _config_for(request.config)
     cfg = apply_overrides(base, request.overrides)
     user_keys = _override_keys(request.overrides)
+    check_choices(cfg)
 
     cfg.output_dir = str(cfg.get("output_dir") or workspace.output_dir)
     model_dir = Path(OmegaConf.select(cfg, "checkpointer.checkpoint_dir") or workspace.model_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -205,3 +206,37 @@ def check_volume(cause: str, output_dir: Path) -> None:
     raise BadInputError(f"the output volume is full ({output_dir}{room}): the recipe could not "
                         "write its checkpoint; enlarge the volume (PVC) or point output_dir "
                         "at a bigger one")
+
+
+# torchtune's training dtypes (recipes refuse fp16) and devices.
+DTYPES = ("bf16", "fp32")
+_DEVICE = re.compile(r"^(cpu|cuda|xpu|npu|mps)(:\d+)?$")
+LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
+_BOOL_KEYS = ("shuffle", "compile", "enable_activation_checkpointing",
+              "enable_activation_offloading", "dataset.packed", "dataset.train_on_input",
+              "model.apply_lora_to_mlp", "model.apply_lora_to_output", "model.use_dora",
+              "model.quantize_base")
+
+
+def check_choices(cfg: DictConfig) -> None:
+    """Values picked from a fixed set: dtype, device, switches, LoRA's attention modules."""
+    from omegaconf import ListConfig, OmegaConf
+
+    dtype = cfg.get("dtype")
+    if dtype is not None and str(dtype) not in DTYPES:
+        raise BadInputError(f"dtype={dtype}: must be one of {', '.join(DTYPES)}")
+    device = cfg.get("device")
+    if device is not None and not _DEVICE.match(str(device)):
+        raise BadInputError(f"device={device}: must be cpu or cuda (cuda:N)")
+    for key in _BOOL_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not isinstance(value, bool):
+            raise BadInputError(f"{key}={value}: must be True or False")
+    modules = OmegaConf.select(cfg, "model.lora_attn_modules", default=None)
+    if modules is not None:
+        names = list(modules) if isinstance(modules, (list, ListConfig)) else [modules]
+        bad = [str(m) for m in names if str(m) not in LORA_ATTN_MODULES]
+        if bad or not names:
+            raise BadInputError(f"model.lora_attn_modules=[{','.join(map(str, names))}]"
+                                f": each must be one of {', '.join(LORA_ATTN_MODULES)} "
+                                "(torchtune's names: o_proj is output_proj)")
