@@ -16,7 +16,8 @@ import pytest
 from tests.support.cli import clean_env, kubetune
 from tests.support.trainer import make_pvc, tune_run
 
-RECIPE = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device"]
+RECIPE = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
+          "dataset=torchtune.datasets.instruct_dataset"]
 
 
 @dataclass
