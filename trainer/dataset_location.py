@@ -138,6 +138,6 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
     instead = _instead_of(dataset_cfg, dataset_cfg.get("source"))
     dataset_cfg.source = builder
     dataset_cfg.data_files = ListConfig(files)
-    notes.append(f"dataset: reading the dataset initializer's {len(files)} {builder} file(s) "
+    notes.append(f"dataset: using the dataset initializer's {len(files)} {builder} file(s) "
                  f"under {dataset_dir} ({descriptor.get('rows', '?')} rows) {instead}")
     return notes
