@@ -215,8 +215,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         topo = topology.Topology(1, 1, 0, None)
 
     notes += _model_section(cfg, checkpoint, method, request.config)
-    notes += config_keys.check(list(_override_keys(request.overrides)), base, cfg,
-                               Path(recipe_path), configs_dir())
+    in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
+    notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
