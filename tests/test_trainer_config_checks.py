@@ -5,8 +5,6 @@ crashing the recipe."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
