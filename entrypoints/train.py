@@ -7,8 +7,8 @@ would, and runs it through the same launcher as `tune run`.
 
 from __future__ import annotations
 
+import difflib
 import json
-import os
 import shlex
 from pathlib import Path
 
@@ -79,12 +79,20 @@ def lora_config_overrides(text: str) -> list[str]:
             "lora_alpha": "model.lora_alpha", "alpha": "model.lora_alpha",
             "lora_dropout": "model.lora_dropout", "dropout": "model.lora_dropout",
             "use_dora": "model.use_dora"}
+    # JSON types are exact: "8" is not a rank, and would reach the recipe as a string.
+    kinds = {"model.lora_rank": (int,), "model.lora_alpha": (int, float),
+             "model.lora_dropout": (int, float), "model.use_dora": (bool,)}
     out = []
     for key, value in data.items():
         if key in ("target_modules", "lora_target_modules"):
             modules = value if isinstance(value, list) else str(value).split(",")
             out += lora_target_overrides([str(m) for m in modules])
         elif key in keys:
+            kind = kinds[keys[key]]
+            if not isinstance(value, kind) or (bool not in kind and isinstance(value, bool)):
+                raise BadInputError(f"{env.LORA_CONFIG} {key}={json.dumps(value)}: must be "
+                                    f"{'true or false' if bool in kind else 'a number'}, "
+                                    'e.g. {"r": 8, "lora_alpha": 16}')
             out.append(f"{keys[key]}={value}")
         else:
             raise BadInputError(f"{env.LORA_CONFIG} key {key!r} is not one of r, lora_alpha, "
@@ -133,8 +141,8 @@ def train_overrides(options: dict) -> list[str]:
     put("enable_activation_offloading", o.get("activation_offloading"))
     put("compile", o.get("compile"))
     if o.get("method", "lora") != "full":
-        if os.environ.get(env.LORA_CONFIG):
-            args += lora_config_overrides(os.environ[env.LORA_CONFIG])
+        if o.get("lora_config"):
+            args += lora_config_overrides(o["lora_config"])
         put("model.lora_rank", o.get("lora_rank"))
         put("model.lora_alpha", o.get("lora_alpha"))
         put("model.lora_dropout", o.get("lora_dropout"))
@@ -159,12 +167,26 @@ def train_overrides(options: dict) -> list[str]:
     return args
 
 
+def split_overrides(text: str | None) -> list[str]:
+    """``KUBETUNE_TRAIN_OVERRIDES``: overrides as a shell would split them."""
+    try:
+        return shlex.split(text or "")
+    except ValueError as exc:
+        raise BadInputError(f"{env.TRAIN_OVERRIDES} cannot be split into key=value overrides "
+                            f"({exc}): quote each value whole, e.g. "
+                            "dataset.new_system_prompt='Answer briefly.'") from None
+
+
 def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "lora",
-              overrides: tuple[str, ...] = (), dry_run: bool = False, **options) -> int:
-    """Fine-tune the model in ``model_dir`` on ``dataset_dir``; checkpoints to ``output_dir``."""
+              overrides: tuple[str, ...] = (), dry_run: bool = False,
+              train_overrides_text: str | None = None, **options) -> int:
+    """Fine-tune the model in ``model_dir`` on ``dataset_dir``; checkpoints to ``output_dir``.
+
+    ``train_overrides_text``: space-separated overrides applied before ``overrides``
+    (``KUBETUNE_TRAIN_OVERRIDES``)."""
     topo = topology.resolve(TuneRunRequest("", ""), "cuda")
     recipe, config, implied = recipe_for(method, topo)
-    extra = shlex.split(os.environ.get(env.TRAIN_OVERRIDES, ""))
+    extra = split_overrides(train_overrides_text)
     args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
             *train_overrides({"method": method, **options}), *extra, *overrides]
     ws = workspace()
@@ -184,7 +206,25 @@ def _switch(flag: str, name: str, help_text: str):
                         help=f"{help_text} (default: the recipe's) [env: {name}]")
 
 
-@click.command("train", context_settings={"ignore_unknown_options": True})
+class _TrainCommand(click.Command):
+    """Overrides are free ``key=value`` arguments (hence ``ignore_unknown_options``), but
+    an argument that starts with ``-`` is a mistyped option: click's usage error (exit 2,
+    with its "did you mean"), not an override the plan would reject as exit 65."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        for arg in ctx.params.get("overrides") or ():
+            if arg.startswith("-"):
+                name = arg.split("=", 1)[0]
+                options = [flag for param in self.get_params(ctx)
+                           for flag in (*param.opts, *param.secondary_opts)
+                           if flag.startswith("--")]
+                raise click.NoSuchOption(
+                    name, possibilities=difflib.get_close_matches(name, options), ctx=ctx)
+        return rest
+
+
+@click.command("train", cls=_TrainCommand, context_settings={"ignore_unknown_options": True})
 @model_dir_option
 @dataset_dir_option
 @output_dir_option
@@ -214,6 +254,12 @@ def _switch(flag: str, name: str, help_text: str):
 @_opt("--lora-target-modules", env.LORA_TARGET_MODULES,
       "Comma-separated: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head "
       f"or all-linear (also settable as JSON in {env.LORA_CONFIG})")
+@_opt("--lora-config", env.LORA_CONFIG,
+      'LoRA settings as PEFT-style JSON, e.g. {"r": 8, "lora_alpha": 16, "target_modules": '
+      '["q_proj", "v_proj"]}; the --lora-* options win over it')
+@click.option("--train-overrides", "train_overrides_text", envvar=env.TRAIN_OVERRIDES,
+              default=None, help="Space-separated key=value overrides, applied before "
+              f"OVERRIDES [env: {env.TRAIN_OVERRIDES}]")
 @_opt("--dataset-type", env.DATASET_TYPE, "instruct or chat",
       type=click.Choice(sorted(DATASET_TYPES)))
 @_opt("--column-map", env.COLUMN_MAP, "Role to column, e.g. input=question,output=answer")

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.support.cli import clean_env, error_lines, kubetune
+from tests.support.sdk_trainjob import sdk_trainjob_spec
 
 # The SDK 0.5.0's own pydantic models warn on import; nothing of ours.
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
@@ -35,39 +36,6 @@ def sources(model: Path, dataset: Path) -> dict:
 def run(tmp_path: Path, runtime: str, job: Path | None = None):
     args = ["local", "--workdir", str(tmp_path / "run"), "--runtime", str(BASE / runtime)]
     return kubetune(*args, *(["--trainjob", str(job)] if job else []), env=clean_env())
-
-
-def sdk_trainjob_spec(runtime_path: Path) -> dict:
-    """The TrainJob spec the Kubeflow SDK builds for a BuiltinTrainer LoRA run on
-    ``runtime_path``, from the same functions `TrainerClient().train()` calls."""
-    from kubeflow.trainer import (BuiltinTrainer, HuggingFaceDatasetInitializer,
-                                  HuggingFaceModelInitializer, Initializer, LoraConfig,
-                                  TorchTuneConfig)
-    from kubeflow.trainer.backends.kubernetes import utils
-    from kubeflow.trainer.types.types import (DataFormat, Runtime, RuntimeKind,
-                                              TorchTuneInstructDataset)
-    from kubeflow_trainer_api import models
-
-    cr = models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(
-        yaml.safe_load(runtime_path.read_text()))
-    runtime = Runtime(name=cr.metadata.name, kind=RuntimeKind(cr.kind),
-                      trainer=utils.get_runtime_trainer(
-                          cr.metadata.labels["trainer.kubeflow.org/framework"],
-                          cr.spec.template.spec.replicated_jobs, cr.spec.ml_policy))
-    # The SDK only builds hf:// and s3:// sources: the test swaps in file:// ones below.
-    initializer = Initializer(
-        dataset=HuggingFaceDatasetInitializer(storage_uri="hf://kubetune/tiny-addition"),
-        model=HuggingFaceModelInitializer(storage_uri="hf://kubetune/tiny-llama3"))
-    trainer = BuiltinTrainer(config=TorchTuneConfig(
-        epochs=1, batch_size=16, resources_per_node={"gpu": 1},
-        peft_config=LoraConfig(lora_rank=8, lora_alpha=16, lora_attn_modules=["q_proj", "v_proj"]),
-        dataset_preprocess_config=TorchTuneInstructDataset(source=DataFormat.PARQUET,
-                                                           split="train")))
-    return {"trainer": utils.get_trainer_cr_from_builtin_trainer(runtime, trainer, initializer)
-            .to_dict(),
-            "initializer": {"dataset": utils.get_dataset_initializer(initializer.dataset)
-                            .to_dict(),
-                            "model": utils.get_model_initializer(initializer.model).to_dict()}}
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from types import ModuleType
 
 from omegaconf import OmegaConf
 
-from trainer import cpu_adapt, recipe_noise, run_report, train_progress
+from trainer import cpu_adapt, recipe_noise, run_report, train_progress, truncation
 from trainer.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
@@ -49,7 +49,9 @@ def defines_save(cls: type) -> bool:
                if k.__module__ == cls.__module__)
 
 
-def install(cls: type, guard: Guard) -> None:
+def install(cls: type, guard: Guard, count_cut_samples: bool = False) -> None:
+    if count_cut_samples and hasattr(cls, "_setup_data"):
+        cls._setup_data = truncation.wrap_setup_data(cls._setup_data)
     original_setup = cls.setup
 
     @functools.wraps(original_setup)
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TQDM_DISABLE") == "1":
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
-    install(recipe_class(module), guard)
+    install(recipe_class(module), guard, bool(settings.get("count_cut_samples")))
 
     # The recipe's `recipe_main` is wrapped by torchtune's config.parse, which reads argv.
     sys.argv = [str(recipe_path), *recipe_args]

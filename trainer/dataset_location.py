@@ -3,7 +3,9 @@
 The trainer is offline by design. Where the arguments name the data (``dataset.data_dir``
 or ``dataset.data_files``) we check it exists, repairing what upstream crashes on
 (``data_dir=/workspace/dataset/.``). Where they name none, the dataset initializer's
-descriptor says which files it wrote and in which format.
+descriptor says which files it wrote and in which format. Either way the data on disk
+decides ``dataset.source``: the Kubeflow SDK keeps the recipe config's hub repo
+(``yahma/alpaca-cleaned``) or sends no source at all, and both would fail offline.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from omegaconf import DictConfig, ListConfig
 
 from kubetune.errors import BadInputError
 from kubetune.workspace import DATASET_DESCRIPTOR_NAME
+from trainer.component_params import component_params
 
 # Hugging Face `datasets` builder for each file format the dataset initializer records.
 BUILDER_FOR_FORMAT = {"parquet": "parquet", "json": "json", "jsonl": "json", "csv": "csv",
                       "arrow": "arrow"}
+# `source` values `datasets` reads from local files (anything else is a hub repo id).
+LOCAL_BUILDERS = {"parquet", "json", "csv", "arrow", "text"}
 
 
 def read_descriptor(dataset_dir: Path) -> dict | None:
@@ -50,6 +55,44 @@ def _scan(dataset_dir: Path) -> dict | None:
     return {"format": builder, "files": files}
 
 
+def _format_of(files: list[str]) -> str | None:
+    """The one `datasets` builder that reads all of ``files``, if there is one."""
+    builders = {BUILDER_FOR_FORMAT.get(Path(str(f)).suffix.lstrip(".")) for f in files}
+    return builders.pop() if len(builders) == 1 and None not in builders else None
+
+
+def _read_locally(dataset_cfg: DictConfig, builder: str | None, where: str) -> list[str]:
+    """Make ``dataset.source`` the builder of the local files at ``where``."""
+    source = dataset_cfg.get("source")
+    if source is not None and Path(str(source)).exists():
+        return []  # a local dataset directory or loading script the user named
+    if builder is None:
+        if source in LOCAL_BUILDERS:
+            return []
+        raise BadInputError(
+            f"dataset at {where}: no single data format (parquet, json, jsonl, csv, arrow) "
+            f"to read, and dataset.source={source} is not a local format: set "
+            "dataset.source=parquet (or json, csv) or point dataset.data_files at the files")
+    if source == builder:
+        return []
+    dataset_cfg.source = builder
+    return [f"dataset: reading the local {builder} data at {where} "
+            f"{_instead_of(dataset_cfg, source)}"]
+
+
+def _instead_of(dataset_cfg: DictConfig, source) -> str:
+    """What the config would have read: its source, else the builder's default one."""
+    if source is None:
+        component = str(dataset_cfg.get("_component_", ""))
+        params = component_params(component) if component else None
+        default = params.defaults.get("source") if params else None
+        if not isinstance(default, str):
+            return "(the config names no dataset.source)"
+        return (f"instead of dataset.source={default} ({component.rsplit('.', 1)[-1]}'s "
+                "default; the trainer never downloads)")
+    return f"instead of dataset.source={source} (the trainer never downloads)"
+
+
 def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
     """Fix ``dataset_cfg`` in place; return log lines saying what changed."""
     if not isinstance(dataset_cfg, DictConfig):
@@ -65,15 +108,20 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
         if not Path(normalized).is_dir():
             raise BadInputError(f"dataset.data_dir {normalized} does not exist: check the "
                                 "dataset initializer's output or the path you passed")
-        return notes
+        found = _scan(Path(normalized))
+        return notes + _read_locally(dataset_cfg, found and found["format"], normalized)
     if data_files:
-        files = [data_files] if isinstance(data_files, str) else list(data_files)
-        if isinstance(data_files, (dict, DictConfig)):
+        if isinstance(data_files, str):
+            files = [data_files]
+        elif isinstance(data_files, (dict, DictConfig)):
             files = [f for v in data_files.values() for f in ([v] if isinstance(v, str) else v)]
+        else:
+            files = list(data_files)
         missing = [f for f in files if not Path(str(f)).is_file()]
         if missing:
             raise BadInputError(f"dataset.data_files {missing[0]} does not exist")
-        return notes
+        where = str(files[0]) if len(files) == 1 else f"{len(files)} files"
+        return notes + _read_locally(dataset_cfg, _format_of(files), where)
     descriptor = read_descriptor(dataset_dir) or _scan(Path(dataset_dir))
     if descriptor is None:
         source = dataset_cfg.get("source")
@@ -87,8 +135,9 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
         raise BadInputError(f"dataset descriptor names format {descriptor.get('format')!r}; "
                             f"supported: {', '.join(sorted(BUILDER_FOR_FORMAT))}")
     files = [str(Path(dataset_dir) / f) for f in descriptor.get("files", [])]
+    instead = _instead_of(dataset_cfg, dataset_cfg.get("source"))
     dataset_cfg.source = builder
     dataset_cfg.data_files = ListConfig(files)
     notes.append(f"dataset: using the dataset initializer's {len(files)} {builder} file(s) "
-                 f"under {dataset_dir} ({descriptor.get('rows', '?')} rows)")
+                 f"under {dataset_dir} ({descriptor.get('rows', '?')} rows) {instead}")
     return notes

@@ -29,7 +29,7 @@ from trainer.checkpoint_model import SPECIAL_TOKENS_FILE
 from trainer.metric_logger import METRICS_NAME
 from trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
 from trainer.summary import summarize
-from trainer.validate import check_writable
+from trainer.validate import check_volume, check_writable
 
 log = logging.getLogger("trainer")
 
@@ -255,6 +255,8 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         reason = "stopped by signal" + (" (grace period over)" if supervisor.killed else "")
     else:
         reason = "completed" if code == 0 else f"failed (exit {code})"
+        if code != 0:
+            check_volume(_error_line(tail), output_dir)  # before writing anything more there
     if primary:
         summary = summarize(output_dir, wall, reason, plan_.checkpoint.architecture.dims,
                             str(plan_.cfg.device), plan_.topology.world_size,

@@ -5,6 +5,9 @@ and, through ``trainer.train_progress``, prints one progress line per logged ste
 Each line: step, epoch, loss, lr, tokens (this step, all ranks), tokens_per_second (as
 the recipe measured it, per device), peak_memory_bytes (CUDA peak reserved on GPU, peak
 resident memory on CPU), time_s since the logger started.
+
+A logger the user configured (TensorBoard, W&B, MLflow, torchtune's DiskLogger) comes in
+as ``also`` and gets every call too: ours writes beside theirs, never instead.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ def peak_memory_bytes() -> int:
 class JsonLinesMetricLogger:
     """Implements torchtune's MetricLoggerInterface (log, log_dict, log_config, close)."""
 
-    def __init__(self, log_dir: str, print_every_s: float = 5.0, **_: Any) -> None:
+    def __init__(self, log_dir: str, print_every_s: float = 5.0,
+                 also: Mapping[str, Any] | None = None, **_: Any) -> None:
+        self._also = [_instantiate(also)] if also else []
         self._path = Path(log_dir) / METRICS_NAME
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self._path, "a", encoding="utf-8")
@@ -62,9 +67,16 @@ class JsonLinesMetricLogger:
         self._progress.set_plan(total_steps, total_epochs)
 
     def log(self, name: str, data: Any, step: int) -> None:
-        self.log_dict({name: data}, step)
+        for other in self._also:
+            other.log(name, data, step)
+        self._write({name: data}, step)
 
     def log_dict(self, payload: Mapping[str, Any], step: int) -> None:
+        for other in self._also:
+            other.log_dict(payload, step)
+        self._write(payload, step)
+
+    def _write(self, payload: Mapping[str, Any], step: int) -> None:
         record: dict[str, Any] = {"step": int(step)}
         if self._epoch is not None:
             record["epoch"] = self._epoch
@@ -82,15 +94,31 @@ class JsonLinesMetricLogger:
         self._progress.on_step(record)
 
     def log_config(self, config: Any) -> None:
-        pass  # the launcher already wrote the merged config next to the metrics
+        # The launcher already wrote the merged config next to the metrics.
+        for other in self._also:
+            if hasattr(other, "log_config"):
+                other.log_config(config)
 
     def close(self) -> None:
-        self._progress.close()
-        if not self._file.closed:
-            self._file.close()
+        progress = getattr(self, "_progress", None)  # None: __init__ failed before it
+        if progress is not None:
+            progress.close()
+        for other in getattr(self, "_also", []):
+            other.close()
+        self._also = []
+        file = getattr(self, "_file", None)  # None: __init__ failed before opening it
+        if file is not None and not file.closed:
+            file.close()
 
     def __del__(self) -> None:
         self.close()
+
+
+def _instantiate(spec: Mapping[str, Any]) -> Any:
+    from omegaconf import DictConfig, OmegaConf
+    from torchtune import config
+
+    return config.instantiate(spec if isinstance(spec, DictConfig) else OmegaConf.create(spec))
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -17,11 +17,13 @@ from kubetune import env
 from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
-from trainer import dataset_check, dataset_location, hardware, methods, resume, speed, topology
+from trainer import (config_keys, dataset_check, dataset_location, hardware, methods, resume,
+                     speed, topology)
 from trainer.checkpoint_model import SPECIAL_TOKENS_FILE, CheckpointModel, read_checkpoint_model
-from trainer.recipe_config import apply_overrides, load_config, resolve_recipe
+from trainer.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
+                                   resolve_recipe)
 from trainer.tune_command import TuneRunRequest
-from trainer.validate import check_nf4, check_tokenizer
+from trainer.validate import check_choices, check_nf4, check_tokenizer, check_values
 
 log = logging.getLogger("trainer")
 
@@ -144,6 +146,35 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
     check_tokenizer(cfg.tokenizer, {f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"})
 
 
+OUR_METRIC_LOGGER = "trainer.metric_logger.JsonLinesMetricLogger"
+
+
+def _user_config_file(name: str) -> bool:
+    try:
+        return configs_dir() not in resolve_config(name).resolve().parents
+    except BadInputError:
+        return False  # a controller-composed name: the fallback is shipped too
+
+
+def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: str) -> list[str]:
+    """Our JSON-lines logger always; a logger the user chose (an override, or their own
+    config file) is kept and fed the same records. A shipped config's default DiskLogger
+    is not the user's choice and is left out."""
+    theirs = cfg.get("metric_logger")
+    ours = OmegaConf.create({"_component_": OUR_METRIC_LOGGER, "log_dir": "${output_dir}"})
+    chosen = any(k == "metric_logger" or k.startswith("metric_logger.") for k in user_keys) \
+        or _user_config_file(config_name)
+    notes = []
+    if (isinstance(theirs, DictConfig) and chosen
+            and theirs.get("_component_") not in (None, OUR_METRIC_LOGGER)):
+        # Resolved here: ${output_dir} must mean the run's output_dir once nested.
+        ours.also = OmegaConf.to_container(theirs, resolve=True)
+        notes.append(f"metric_logger: {theirs._component_} kept; {cfg.output_dir}/"
+                     "metrics.jsonl is written beside it")
+    cfg.metric_logger = ours
+    return notes
+
+
 def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
@@ -160,6 +191,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     base, notes = _config_for(request.config)
     cfg = apply_overrides(base, request.overrides)
     user_keys = _override_keys(request.overrides)
+    check_choices(cfg)
 
     cfg.output_dir = str(cfg.get("output_dir") or workspace.output_dir)
     model_dir = Path(OmegaConf.select(cfg, "checkpointer.checkpoint_dir") or workspace.model_dir)
@@ -179,6 +211,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         topo = topology.Topology(1, 1, 0, None)
 
     notes += _model_section(cfg, checkpoint, method, request.config)
+    in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
+    notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
+    check_values(cfg)
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
     _checkpointer_section(cfg, checkpoint)
@@ -203,11 +238,15 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         dims=checkpoint.architecture.dims,
         gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
 
-    cfg.metric_logger = OmegaConf.create({
-        "_component_": "trainer.metric_logger.JsonLinesMetricLogger",
-        "log_dir": "${output_dir}",
-    })
+    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
+        base, "tokenizer.max_seq_len", default=None) is not None
+    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
+        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
+        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
+    notes += _metric_logger_section(cfg, user_keys, request.config)
     _kubetune_section(cfg, environ)
+    cfg.kubetune.count_cut_samples = not limit_chosen
+    check_values(cfg)
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg)
     cfg.kubetune.fingerprint = fingerprint

@@ -45,6 +45,11 @@ def _recipes_root() -> Path:
     return _torchtune_dir().parent / "recipes"
 
 
+def configs_dir() -> Path:
+    """Where torchtune's shipped configs live."""
+    return _recipes_root() / "configs"
+
+
 def resolve_recipe(name: str) -> tuple[Path, bool]:
     """Return the recipe's script path and whether it supports distributed runs."""
     for recipe in _registry():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -100,3 +101,142 @@ def check_writable(output_dir: Path) -> None:
     except OSError as exc:
         raise BadInputError(f"output_dir {output_dir} is not writable ({exc.strerror}): mount "
                             "the volume read-write or set output_dir / --output-dir") from None
+
+
+# key -> (kind, lowest allowed, nullable). Kinds: "int" (a whole number), "float".
+_VALUE_RULES: dict[str, tuple[str, float, bool]] = {
+    "epochs": ("int", 1, False),
+    "batch_size": ("int", 1, False),
+    "max_steps_per_epoch": ("int", 1, True),
+    "gradient_accumulation_steps": ("int", 1, False),
+    "log_every_n_steps": ("int", 1, True),
+    "seed": ("int", 0, True),
+    "clip_grad_norm": ("float", 0, True),
+    "optimizer.lr": ("float", 0, False),
+    "optimizer.weight_decay": ("float", 0, True),
+    "lr_scheduler.num_warmup_steps": ("int", 0, True),
+    "model.lora_rank": ("int", 1, False),
+    "model.lora_alpha": ("float", 0, False),
+    "model.lora_dropout": ("float", 0, False),
+    "tokenizer.max_seq_len": ("int", 1, True),
+    "kubetune.save_every_n_steps": ("int", 0, True),
+    "kubetune.grace_period_s": ("float", 0, True),
+}
+# Strictly above the lowest value (a zero learning rate trains nothing).
+_POSITIVE = {"optimizer.lr", "model.lora_alpha"}
+
+
+def _number(key: str, value, kind: str):
+    """``value`` as the kind ``key`` needs; a numeric string (``lr=2e-5`` parses as one
+    in YAML 1.1) is taken as its number."""
+    if isinstance(value, bool):
+        raise ValueError
+    if isinstance(value, str):
+        value = float(value.strip())
+    if kind == "int":
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError
+            value = int(value)
+        if not isinstance(value, int):
+            raise ValueError
+        return value
+    if not isinstance(value, (int, float)) or value != value:  # NaN
+        raise ValueError
+    return value
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Every number a recipe reads is a number in its range, or the run fails here in one
+    line instead of as a traceback in the recipe (or, for ``epochs=0``, as a run that
+    trains nothing and is marked complete)."""
+    from omegaconf import OmegaConf
+
+    for key, (kind, lowest, nullable) in _VALUE_RULES.items():
+        parent, _, leaf = key.rpartition(".")
+        section = OmegaConf.select(cfg, parent) if parent else cfg
+        if not isinstance(section, DictConfig) or leaf not in section:
+            continue
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except Exception as exc:  # an interpolation that does not resolve
+            raise BadInputError(f"{key}: {exc}".splitlines()[0]) from None
+        if value is None:
+            if nullable:
+                continue
+            raise BadInputError(f"{key} is empty: set {key}=<{kind}>")
+        what = "a whole number" if kind == "int" else "a number"
+        bound = f"> {lowest:g}" if key in _POSITIVE else f">= {lowest:g}"
+        if key == "model.lora_dropout":
+            bound = "in [0, 1)"
+        try:
+            number = _number(key, value, kind)
+        except (TypeError, ValueError):
+            raise BadInputError(f"{key}={value}: must be {what} {bound}") from None
+        bad = number <= lowest if key in _POSITIVE else number < lowest
+        if key == "model.lora_dropout":
+            bad = bad or number >= 1
+        if bad:
+            raise BadInputError(f"{key}={value}: must be {what} {bound}")
+        if number != value:
+            OmegaConf.update(cfg, key, number, merge=False)
+
+
+# How a full volume shows in a recipe's last line: Python's OSError, safetensors' Rust
+# error, torch.save's stream writer (which does not say why a write failed).
+_DISK_FULL = ("No space left on device", "[Errno 28]", "StorageFull")
+_WRITE_FAILED = ("file write failed", "PytorchStreamWriter failed")
+# Below this a failed write is taken to be the full volume's doing.
+_NEARLY_FULL_BYTES = 16 << 20
+
+
+def check_volume(cause: str, output_dir: Path) -> None:
+    """Turn the recipe's failure into exit 65 when the output volume filled up under it
+    (while saving a checkpoint): a restart would fail the same way."""
+    try:
+        stats = os.statvfs(output_dir)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError:
+        free = None
+    if not (any(sign in cause for sign in _DISK_FULL) or (
+            any(sign in cause for sign in _WRITE_FAILED)
+            and free is not None and free < _NEARLY_FULL_BYTES)):
+        return
+    room = f", {free / (1 << 20):.1f} MB free" if free is not None else ""
+    raise BadInputError(f"the output volume is full ({output_dir}{room}): the recipe could not "
+                        "write its checkpoint; enlarge the volume (PVC) or point output_dir "
+                        "at a bigger one")
+
+
+# torchtune's training dtypes (recipes refuse fp16) and devices.
+DTYPES = ("bf16", "fp32")
+_DEVICE = re.compile(r"^(cpu|cuda|xpu|npu|mps)(:\d+)?$")
+LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
+_BOOL_KEYS = ("shuffle", "compile", "enable_activation_checkpointing",
+              "enable_activation_offloading", "dataset.packed", "dataset.train_on_input",
+              "model.apply_lora_to_mlp", "model.apply_lora_to_output", "model.use_dora",
+              "model.quantize_base")
+
+
+def check_choices(cfg: DictConfig) -> None:
+    """Values picked from a fixed set: dtype, device, switches, LoRA's attention modules."""
+    from omegaconf import ListConfig, OmegaConf
+
+    dtype = cfg.get("dtype")
+    if dtype is not None and str(dtype) not in DTYPES:
+        raise BadInputError(f"dtype={dtype}: must be one of {', '.join(DTYPES)}")
+    device = cfg.get("device")
+    if device is not None and not _DEVICE.match(str(device)):
+        raise BadInputError(f"device={device}: must be cpu or cuda (cuda:N)")
+    for key in _BOOL_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not isinstance(value, bool):
+            raise BadInputError(f"{key}={value}: must be True or False")
+    modules = OmegaConf.select(cfg, "model.lora_attn_modules", default=None)
+    if modules is not None:
+        names = list(modules) if isinstance(modules, (list, ListConfig)) else [modules]
+        bad = [str(m) for m in names if str(m) not in LORA_ATTN_MODULES]
+        if bad or not names:
+            raise BadInputError(f"model.lora_attn_modules=[{','.join(map(str, names))}]"
+                                f": each must be one of {', '.join(LORA_ATTN_MODULES)} "
+                                "(torchtune's names: o_proj is output_proj)")

@@ -1,0 +1,58 @@
+"""TrainJob specs built by the real Kubeflow SDK (``kubeflow`` 0.5.0), from the same
+functions `TrainerClient().train()` calls, so tests submit exactly what a user's
+notebook would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def sdk_trainjob_spec(runtime_path: Path, dataset_uri: str = "hf://kubetune/tiny-addition",
+                      dataset_preprocess_config: Any = "parquet",
+                      model_uri: str = "hf://kubetune/tiny-llama3", epochs: int = 1,
+                      batch_size: int = 16) -> dict:
+    """The TrainJob spec of a BuiltinTrainer LoRA run on ``runtime_path``.
+
+    ``dataset_preprocess_config``: a ``TorchTuneInstructDataset``, None (the SDK's
+    default: the recipe config's own dataset), or "parquet" (``source=PARQUET,
+    split="train"``). The SDK builds only hf:// and s3:// sources: callers swap in
+    file:// ones with :func:`use_local_sources`; the trainer args it derived from the
+    hub URI (``dataset.data_dir`` / ``data_files``) stay as the SDK wrote them.
+    """
+    from kubeflow.trainer import (BuiltinTrainer, HuggingFaceDatasetInitializer,
+                                  HuggingFaceModelInitializer, Initializer, LoraConfig,
+                                  TorchTuneConfig)
+    from kubeflow.trainer.backends.kubernetes import utils
+    from kubeflow.trainer.types.types import (DataFormat, Runtime, RuntimeKind,
+                                              TorchTuneInstructDataset)
+    from kubeflow_trainer_api import models
+
+    if dataset_preprocess_config == "parquet":
+        dataset_preprocess_config = TorchTuneInstructDataset(source=DataFormat.PARQUET,
+                                                             split="train")
+    cr = models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(
+        yaml.safe_load(Path(runtime_path).read_text()))
+    runtime = Runtime(name=cr.metadata.name, kind=RuntimeKind(cr.kind),
+                      trainer=utils.get_runtime_trainer(
+                          cr.metadata.labels["trainer.kubeflow.org/framework"],
+                          cr.spec.template.spec.replicated_jobs, cr.spec.ml_policy))
+    initializer = Initializer(dataset=HuggingFaceDatasetInitializer(storage_uri=dataset_uri),
+                              model=HuggingFaceModelInitializer(storage_uri=model_uri))
+    trainer = BuiltinTrainer(config=TorchTuneConfig(
+        epochs=epochs, batch_size=batch_size, resources_per_node={"gpu": 1},
+        peft_config=LoraConfig(lora_rank=8, lora_alpha=16, lora_attn_modules=["q_proj", "v_proj"]),
+        dataset_preprocess_config=dataset_preprocess_config))
+    return {"trainer": utils.get_trainer_cr_from_builtin_trainer(runtime, trainer, initializer)
+            .to_dict(),
+            "initializer": {"dataset": utils.get_dataset_initializer(initializer.dataset)
+                            .to_dict(),
+                            "model": utils.get_model_initializer(initializer.model).to_dict()}}
+
+
+def use_local_sources(spec: dict, model_dir: Path, dataset_dir: Path) -> dict:
+    spec["initializer"]["model"]["storageUri"] = f"file://{model_dir}"
+    spec["initializer"]["dataset"]["storageUri"] = f"file://{dataset_dir}"
+    return spec

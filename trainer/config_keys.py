@@ -1,0 +1,138 @@
+"""Catch typos in ``key=value`` overrides before anything starts.
+
+OmegaConf merges any key, and torchtune's recipes read only the keys they know, so
+``epochz=1`` would be kept and ignored, and our model section would drop
+``model.lora_rnk=5``: a run that trains with settings the user did not ask for. A key
+close to a known one is a typo (exit 65, naming the key it is close to); keys under a
+component (``model.``, ``dataset.``, ``optimizer.`` ...) are checked against the
+parameters of the component that will really be built; any other unknown top-level key
+gets one warning line (a custom recipe may read it).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from kubetune.errors import BadInputError
+from trainer.component_params import component_params
+
+# Top-level keys the launcher itself reads or writes, whatever the recipe.
+LAUNCHER_KEYS = {"kubetune", "output_dir", "device", "dtype", "metric_logger",
+                 "resume_from_checkpoint", "log_peak_memory_stats", "compile", "seed"}
+# Sections whose keys the launcher rebuilds from the checkpoint (tokenizer, checkpointer)
+# or owns (kubetune): their keys are checked there, not here.
+OWN_SECTIONS = {"kubetune", "tokenizer", "checkpointer"}
+# What every torchtune dataset builder passes on to `datasets.load_dataset`.
+LOAD_DATASET_KEYS = {"data_dir", "data_files", "split", "name", "revision", "cache_dir",
+                     "streaming", "num_proc", "keep_in_memory", "trust_remote_code",
+                     "verification_mode", "storage_options", "features", "field"}
+_CFG_READ = re.compile(r"""cfg(?:\.get\(\s*|\[\s*)["'](\w+)["']|cfg\.(\w+)""")
+_TOP_LEVEL = re.compile(r"^(\w+):", re.MULTILINE)
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance with adjacent transpositions (``epcohs`` is one edit)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cost = 0 if ca == cb else 1
+            best = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                best = min(best, prev2[j - 2] + 1)
+            cur.append(best)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def closest(name: str, known: set[str]) -> str | None:
+    """The known name a typo of ``name`` would be: one edit for short names, two else."""
+    limit = 1 if len(name) <= 5 else 2
+    scored = sorted((edit_distance(name, k), k) for k in known if k != name)
+    return scored[0][1] if scored and scored[0][0] <= limit else None
+
+
+@functools.lru_cache(maxsize=8)
+def _recipe_reads(recipe_path: str) -> frozenset[str]:
+    try:
+        text = Path(recipe_path).read_text(encoding="utf-8")
+    except OSError:
+        return frozenset()
+    return frozenset(a or b for a, b in _CFG_READ.findall(text))
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_config_keys(configs_dir: str) -> frozenset[str]:
+    """Top-level keys of every config torchtune ships: a recipe may read one of them
+    without a literal ``cfg.<key>`` in its file (through a helper)."""
+    keys: set[str] = set()
+    for path in Path(configs_dir).rglob("*.yaml"):
+        try:
+            keys.update(_TOP_LEVEL.findall(path.read_text(encoding="utf-8")))
+        except OSError:
+            continue
+    return frozenset(keys)
+
+
+def _component_keys(*sections) -> tuple[set[str], bool]:
+    """Parameters of the components the sections name; True when any is open-ended
+    (``**kwargs``) or unreadable, so that only near-misses can be called typos."""
+    keys: set[str] = set()
+    open_ended = False
+    for section in sections:
+        if not isinstance(section, DictConfig) or "_component_" not in section:
+            continue
+        params = component_params(str(section["_component_"]))
+        if params is None or params.var_kwargs:
+            open_ended = True
+        if params is not None:
+            keys |= set(params.defaults)
+    return keys, open_ended
+
+
+def check(user_keys: list[str], base: DictConfig, cfg: DictConfig, recipe_path: Path,
+          configs_dir: Path) -> list[str]:
+    """Raise on a typo among ``user_keys`` (override keys, as written); return warnings.
+
+    ``base``: the config before the overrides; ``cfg``: the planned config, whose
+    components are the ones that will be built.
+    """
+    known_top = (set(base.keys()) | LAUNCHER_KEYS | _recipe_reads(str(recipe_path))
+                 | _shipped_config_keys(str(configs_dir)))
+    warnings: list[str] = []
+    for key in dict.fromkeys(k.lstrip("~") for k in user_keys):
+        top, _, rest = key.partition(".")
+        if top not in known_top:
+            guess = closest(top, known_top)
+            if guess is not None:
+                raise BadInputError(f"unknown key {key} (did you mean "
+                                    f"{'.'.join([guess, rest]) if rest else guess}?)")
+            warnings.append(f"warning: key {key} is not in the config and no recipe reads "
+                            "it: it has no effect")
+            continue
+        sub = rest.split(".", 1)[0]
+        if not sub or sub == "_component_" or top in OWN_SECTIONS:
+            continue
+        sections = [base.get(top), cfg.get(top)]
+        if top == "metric_logger" and isinstance(cfg.get(top), DictConfig):
+            sections.append(cfg.metric_logger.get("also"))  # the user's logger, kept
+        params, open_ended = _component_keys(*sections)
+        if not params:
+            continue
+        if top == "dataset":
+            params |= LOAD_DATASET_KEYS
+        if sub in params:
+            continue
+        guess = closest(sub, params)
+        if guess is not None:
+            raise BadInputError(f"unknown key {key} (did you mean {top}.{guess}?)")
+        if top == "model" and not open_ended:
+            component = cfg.model.get("_component_")
+            raise BadInputError(f"unknown key {key}: {component} takes no {sub} "
+                                f"(it takes {', '.join(sorted(params))})")
+    return warnings
