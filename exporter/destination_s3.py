@@ -54,8 +54,9 @@ class S3Destination:
             self._client = boto3.client(
                 "s3", endpoint_url=c.endpoint_url, region_name=c.region,
                 aws_access_key_id=c.access_key_id, aws_secret_access_key=c.secret_access_key,
-                # kubetune.retry is the one retry loop: botocore makes single attempts.
-                config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                # kubetune.retry is the one retry loop: botocore makes single attempts
+                # ("max_attempts" counts retries after the first: 1 would double ours).
+                config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
                               connect_timeout=10, read_timeout=120),
             )
         return self._client
