@@ -67,10 +67,18 @@ def url_credentials(text: str) -> set[str]:
     return found
 
 
+_file_cache: dict[tuple, str] = {}
+
+
 def _file_secret(path: str) -> str:
+    # Every printed line is redacted: read a Secret file again only when it changed.
     try:
-        with open(Path(path), "rb") as handle:
-            return handle.read(_MAX_SECRET_FILE).decode("utf-8", "replace")
+        stat = os.stat(path)
+        key = (path, stat.st_mtime_ns, stat.st_size)
+        if key not in _file_cache:
+            with open(Path(path), "rb") as handle:
+                _file_cache[key] = handle.read(_MAX_SECRET_FILE).decode("utf-8", "replace")
+        return _file_cache[key]
     except OSError:
         return ""
 
