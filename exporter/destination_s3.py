@@ -17,6 +17,7 @@ from pathlib import Path
 
 from exporter import manifest as export_manifest
 from exporter.destination import fresh_build_dir
+from initializers.sources.s3_errors import retry_after
 from kubetune import retry
 from kubetune.credentials import s3_credentials
 from kubetune.errors import BadInputError, TransientError
@@ -83,7 +84,7 @@ class S3Destination:
         if isinstance(exc, ClientError):
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if code in _TRANSIENT_CODES:
-                return retry.TransientFailure(f"S3 answered {code}")
+                return retry.TransientFailure(f"S3 answered {code}", retry_after(exc))
         return None
 
     def _call(self, what: str, func):

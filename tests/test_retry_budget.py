@@ -111,11 +111,12 @@ def test_retry_after_past_the_budget_gives_up_at_once_and_says_so(s3, store, tmp
     assert [r.method for r in store.requests if r.path == "/budget/tiny/config.json"] == ["GET"]
 
 
-def test_the_exporter_makes_one_request_per_attempt(trained_run, s3, store, tmp_path):
+def test_the_exporter_makes_one_request_per_attempt_and_honours_retry_after(
+        trained_run, s3, store, tmp_path):
     """botocore's own retries are off: 3 attempts of ours are 3 PUTs, not 6."""
     s3.client().create_bucket(Bucket="budget-export")
     store.fault("status", "/budget-export/run/*", times=100, method="PUT", status=503,
-                code="SlowDown")
+                code="SlowDown", headers={"Retry-After": "1"})
     env = trained_run.env(**{**s3.env(), "ENDPOINT": store.url},
                           EXPORT_URI="s3://budget-export/run",
                           KUBETUNE_EXPORT_DIR=str(tmp_path / "export-work"),
@@ -126,3 +127,6 @@ def test_the_exporter_makes_one_request_per_attempt(trained_run, s3, store, tmp_
     assert result.returncode == 75, result.stdout + result.stderr
     puts = [r.path for r in store.requests if r.method == "PUT"]
     assert len(puts) == 3 and len(set(puts)) == 1, puts
+    # Backoff alone would wait at most 0.05 s, 0.1 s.
+    assert "S3 answered SlowDown; retry 1/2 in 1.0s" in result.stderr
+    assert "S3 answered SlowDown; retry 2/2 in 1.0s" in result.stderr
