@@ -130,3 +130,13 @@ def test_the_exporter_makes_one_request_per_attempt_and_honours_retry_after(
     # Backoff alone would wait at most 0.05 s, 0.1 s.
     assert "S3 answered SlowDown; retry 1/2 in 1.0s" in result.stderr
     assert "S3 answered SlowDown; retry 2/2 in 1.0s" in result.stderr
+
+
+def test_assuming_a_role_makes_one_request_per_attempt(s3, store, tmp_path):
+    """botocore's STS client retries nothing of its own: 3 attempts are 3 AssumeRole calls."""
+    store.fault("status", "/", times=100, method="POST", status=503, code="ServiceUnavailable")
+    result = init_from_s3(s3, store, tmp_path / "model",
+                          ROLE_ARN="arn:aws:iam::123456789012:role/kubetune-reader",
+                          AWS_ENDPOINT_URL_STS=store.url)
+    assert result.returncode == 75, result.stderr
+    assert [r.method for r in store.requests if r.path == "/"] == ["POST"] * 3

@@ -115,7 +115,8 @@ def _session(creds: credentials.S3Credentials) -> boto3.session.Session:
         return session
     # STS is reached through boto3's own endpoint resolution (AWS_ENDPOINT_URL_STS for a
     # local STS); ENDPOINT names the object store only.
-    assumed = retry.call(lambda: session.client("sts").assume_role(
+    single = Config(retries={"total_max_attempts": 1, "mode": "standard"})  # ours retries
+    assumed = retry.call(lambda: session.client("sts", config=single).assume_role(
         RoleArn=creds.role_arn, RoleSessionName="kubetune-initializer"),
         f"assume role {creds.role_arn}", classify=role_classify(creds.role_arn))["Credentials"]
     for value in (assumed["AccessKeyId"], assumed["SecretAccessKey"], assumed["SessionToken"]):
