@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 
 from kubetune import logs
 from kubetune.errors import EXIT_INTERNAL, KubetuneError
+from kubetune.redact import redact, redact_std_streams
 from kubetune.termination import report_failure
 
 F = TypeVar("F", bound=Callable)
@@ -20,6 +21,7 @@ F = TypeVar("F", bound=Callable)
 
 def run_step(step: str, func: Callable[[], int | None]) -> int:
     """Run ``func`` as step ``step``; map failures to a one-line report and an exit code."""
+    redact_std_streams()  # before logging binds sys.stderr
     logs.setup(step)
     try:
         return func() or 0
@@ -30,7 +32,8 @@ def run_step(step: str, func: Callable[[], int | None]) -> int:
         report_failure(f"{step}: interrupted")
         return 130
     except Exception as exc:  # a bug: keep the traceback for the report, one line for the user
-        traceback.print_exc(file=sys.stderr)
+        # Frames quote the failing line and the exception its arguments (a URL, a header).
+        print(redact(traceback.format_exc()), end="", file=sys.stderr, flush=True)
         first = str(exc).splitlines()[0] if str(exc) else ""
         report_failure(f"{step}: internal error: {type(exc).__name__}: {first}")
         return EXIT_INTERNAL

@@ -41,7 +41,7 @@ class LocalDestination:
                                 "kubetune export: choose a new or empty directory")
 
     def _is_mount(self) -> bool:
-        return os.path.ismount(self.path)
+        return staging.is_mount_point(self.path)  # a subPath bind mount included
 
     def build_dir(self) -> Path:
         staged = (self.path / f"{STAGING_PREFIX}export" if self._is_mount()

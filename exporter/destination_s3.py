@@ -17,7 +17,7 @@ from pathlib import Path
 
 from exporter import manifest as export_manifest
 from exporter.destination import fresh_build_dir
-from initializers.sources.s3_errors import unknown_s3_host
+from initializers.sources.s3_errors import retry_after, unknown_s3_host
 from initializers.uri_names import check_s3_bucket
 from kubetune import env, retry
 from kubetune.credentials import s3_credentials
@@ -55,8 +55,9 @@ class S3Destination:
             self._client = boto3.client(
                 "s3", endpoint_url=c.endpoint_url, region_name=c.region,
                 aws_access_key_id=c.access_key_id, aws_secret_access_key=c.secret_access_key,
-                # kubetune.retry is the one retry loop: botocore makes single attempts.
-                config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                # kubetune.retry is the one retry loop: botocore makes single attempts
+                # ("max_attempts" counts retries after the first: 1 would double ours).
+                config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
                               connect_timeout=10, read_timeout=120),
             )
         return self._client
@@ -85,7 +86,7 @@ class S3Destination:
         if isinstance(exc, ClientError):
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if code in _TRANSIENT_CODES:
-                return retry.TransientFailure(f"S3 answered {code}")
+                return retry.TransientFailure(f"S3 answered {code}", retry_after(exc))
         return None
 
     def _call(self, what: str, func):

@@ -117,6 +117,10 @@ class Downloader:
             if path.is_symlink():
                 path.unlink()
 
+        # How far the file got: an attempt that drops after getting further than any
+        # before it restarts the retry budget (a long transfer is not a failing one).
+        reached = retry.Progress(_bytes_on_disk(part))
+
         def attempt() -> str:
             self.progress.restart_file(remote.path, _bytes_on_disk(part))
             callback = self.progress.callback(remote.path)
@@ -136,11 +140,15 @@ class Downloader:
                 part.unlink(missing_ok=True)
                 part_state.unlink(missing_ok=True)
                 raise
+            except Exception:
+                reached.reached(_bytes_on_disk(part))
+                raise
             part.replace(target)
             part_state.unlink(missing_ok=True)
             return verified.sha256
 
-        digest = retry.call(attempt, f"download {remote.path}", classify=self._classify)
+        digest = retry.call(attempt, f"download {remote.path}", classify=self._classify,
+                            progress=reached)
         size = target.stat().st_size
         self.progress.file_done(remote.path, size)
         return remote.path, size, digest

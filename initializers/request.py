@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from initializers.storage_uri import StorageUri
+from kubetune.redact import strip_userinfo
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,9 @@ class InitRequest:
         """What a completed tree must match for a rerun to skip the download."""
         return {
             "kind": self.kind,
-            "storage_uri": self.uri.raw,
+            # Recorded in the manifest: never a URL's user or password (and the same
+            # whatever the credentials of the run, so a rerun still matches).
+            "storage_uri": strip_userinfo(self.uri.raw),
             "allow_patterns": list(self.allow_patterns),
             "ignore_patterns": list(self.ignore_patterns),
             "requested_revision": self.revision,

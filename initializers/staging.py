@@ -5,14 +5,22 @@ fetched into ``.kubetune-staging-<name>`` next to it (``*.part`` until whole), t
 manifest is written last, and the staged tree replaces the output by rename. A killed
 pod leaves only the staging directory, which the next run resumes from: whole files are
 re-verified, ``*.part`` files are resumed by sources that can (or overwritten).
+
+An output that is a mount point (a volume, or a Kubernetes ``subPath``: a bind mount of
+a directory of the same filesystem, which ``os.path.ismount`` misses) cannot be renamed
+over, and a rename into it from outside fails (EXDEV). It is staged inside itself instead,
+and its contents are swapped: the old manifest goes first (nothing half-replaced is ever
+trusted), then the old entries, then the staged ones, the manifest last.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -48,7 +56,31 @@ def lock(output_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# A volume's own entries, never ours to remove.
+_VOLUME_ENTRIES = ("lost+found",)
+
+
+def _mount_points() -> set[str]:
+    # Field 5 of /proc/self/mountinfo, with spaces and such escaped in octal.
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+            return {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                           line.split()[4])
+                    for line in table if len(line.split()) > 4}
+    except OSError:
+        return set()
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether something is mounted on ``path``, a same-filesystem bind mount included."""
+    if os.path.ismount(path):
+        return True
+    return path.is_dir() and os.path.realpath(path) in _mount_points()
+
+
 def staging_dir_for(output_path: Path) -> Path:
+    if is_mount_point(output_path):
+        return output_path / f"{STAGING_PREFIX}{output_path.name}"
     return output_path.parent / f"{STAGING_PREFIX}{output_path.name}"
 
 
@@ -79,21 +111,44 @@ def prune(staging: Path, keep: set[str]) -> None:
 
 def commit(staging: Path, output_path: Path) -> None:
     """Make the staged tree the output, atomically where the volume allows."""
-    if os.path.ismount(output_path):
-        # A mount point cannot be renamed over: move entries in, the manifest last.
-        for child in list(output_path.iterdir()):
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        for child in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST_NAME):
-            os.replace(child, output_path / child.name)
-        staging.rmdir()
+    if staging.parent == output_path or is_mount_point(output_path):
+        _swap_contents(staging, output_path)
         return
     if output_path.exists():
         retired = output_path.parent / f"{STAGING_PREFIX}retired-{output_path.name}"
         if retired.exists():
             shutil.rmtree(retired)
-        os.replace(output_path, retired)
+        try:
+            os.replace(output_path, retired)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            _swap_contents(staging, output_path)  # a mount point /proc did not show us
+            return
         os.replace(staging, output_path)
         shutil.rmtree(retired, ignore_errors=True)
     else:
         output_path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, output_path)
+
+
+def _swap_contents(staging: Path, output_path: Path) -> None:
+    """Replace what ``output_path`` holds with what ``staging`` holds, manifest last.
+
+    Not atomic, but never trusted half-done: the old manifest is removed first, so a
+    kill part-way leaves an output no step reads, and the next run stages again (files
+    already moved are fetched again)."""
+    (output_path / MANIFEST_NAME).unlink(missing_ok=True)
+    for child in list(output_path.iterdir()):
+        if child == staging or child.name in _VOLUME_ENTRIES:
+            continue
+        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    for child in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST_NAME):
+        # Staged outside a mount we did not see: a rename cannot cross it.
+        try:
+            os.replace(child, output_path / child.name)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.move(child, output_path / child.name)
+    staging.rmdir()

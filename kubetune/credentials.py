@@ -18,23 +18,32 @@ from kubetune.redact import register_secret
 FILE_SUFFIX = "_FILE"
 
 
+def _one_line(value: str, where: str) -> str | None:
+    """``value`` without the whitespace around it (a Secret file's trailing newline);
+    registered for redaction before anything can print it, each line on its own."""
+    register_secret(value)
+    value = value.strip()
+    if any(c.isspace() for c in value):
+        # A header or a signature built from it would fail with the value in the message.
+        raise BadInputError(f"{where} holds more than one line or word; a token or key is "
+                            "one: fix the Secret")
+    return value or None
+
+
 def secret(*names: str) -> str | None:
     """The first of ``names`` set inline, or through ``<NAME>_FILE``; None if none is."""
     for name in names:
         value = os.environ.get(name)
         if value:
-            value = value.strip()
-            register_secret(value)
-            return value
+            return _one_line(value, name)
         path = os.environ.get(name + FILE_SUFFIX)
         if path:
             try:
-                value = Path(path).read_text().strip()
+                value = Path(path).read_text()
             except OSError as exc:
                 raise BadInputError(f"{name}{FILE_SUFFIX} names {path}, which cannot be read: "
                                     f"{exc.strerror}") from None
-            register_secret(value)
-            return value or None
+            return _one_line(value, f"the file {name}{FILE_SUFFIX} names ({path})")
     return None
 
 
@@ -42,11 +51,12 @@ def hf_token() -> str | None:
     """Kubeflow's ACCESS_TOKEN first, then Hugging Face's own HF_TOKEN."""
     token = secret("ACCESS_TOKEN", "HF_TOKEN")
     if token is None and os.environ.get("HF_TOKEN_PATH"):
+        path = os.environ["HF_TOKEN_PATH"]
         try:
-            token = Path(os.environ["HF_TOKEN_PATH"]).read_text().strip() or None
+            value = Path(path).read_text()
         except OSError:
-            token = None
-        register_secret(token)
+            return None
+        token = _one_line(value, f"the file HF_TOKEN_PATH names ({path})")
     return token
 
 

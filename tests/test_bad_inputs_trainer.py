@@ -62,7 +62,7 @@ ROWS = [
     Row("lora_attn_modules o_proj", ["model.lora_attn_modules=[q_proj,o_proj]"],
         "o_proj is output_proj"),
     Row("seed=abc", ["seed=abc"], "seed=abc: must be a whole number"),
-    Row("KUBETUNE_SAVE_EVERY_N_STEPS=abc", [], "KUBETUNE_SAVE_EVERY_N_STEPS=abc",
+    Row("KUBETUNE_SAVE_EVERY_N_STEPS=abc", [], "KUBETUNE_SAVE_EVERY_N_STEPS='abc' is not a whole number",
         env={"KUBETUNE_SAVE_EVERY_N_STEPS": "abc"}),
     Row("--lora-rank 0", ["--lora-rank", "0"], "model.lora_rank=0", via="train"),
     Row("--max-steps -5", ["--max-steps", "-5"], "max_steps_per_epoch=-5", via="train"),

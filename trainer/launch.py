@@ -233,14 +233,21 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
     stop_file.unlink(missing_ok=True)
     start, started_at = time.monotonic(), time.time()
     tail: collections.deque = collections.deque(maxlen=200)
+    # Both of the recipe's streams pass through redact: it prints configs and URLs too.
     child = subprocess.Popen(command, env=_child_env(plan_, stop_file), stderr=subprocess.PIPE,
-                             start_new_session=True, preexec_fn=die_with_parent)
+                             stdout=subprocess.PIPE, start_new_session=True,
+                             preexec_fn=die_with_parent)
     with _Supervisor(child, stop_file, plan_.grace_period_s) as supervisor:
-        reader = threading.Thread(target=_stream, args=(child.stderr, sys.stderr, tail),
-                                  daemon=True)
-        reader.start()
+        readers = [threading.Thread(target=_stream, args=(child.stderr, sys.stderr, tail),
+                                    daemon=True),
+                   threading.Thread(target=_stream, args=(child.stdout, sys.stdout,
+                                                          collections.deque(maxlen=1)),
+                                    daemon=True)]
+        for reader in readers:
+            reader.start()
         code = child.wait()
-        reader.join(timeout=10)
+        for reader in readers:
+            reader.join(timeout=10)
     wall = time.monotonic() - start
 
     stopped = supervisor.stopped_at is not None and code != 0

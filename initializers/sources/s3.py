@@ -87,6 +87,11 @@ def _etag_proves(remote: RemoteFile) -> bool:
     return bool(remote.md5 or (remote.multipart_etag and remote.part_sizes))
 
 
+def _as_path(rel: str) -> str:
+    """The file a key's relative part names (empty and "." segments dropped)."""
+    return "/".join(part for part in rel.split("/") if part not in ("", "."))
+
+
 def split_location(location: str) -> tuple[str, str]:
     bucket, _, prefix = location.partition("/")
     return check_s3_bucket(bucket, f"s3://{location}", env.STORAGE_URI), prefix
@@ -100,7 +105,8 @@ def _session(creds: credentials.S3Credentials) -> boto3.session.Session:
         return session
     # STS is reached through boto3's own endpoint resolution (AWS_ENDPOINT_URL_STS for a
     # local STS); ENDPOINT names the object store only.
-    assumed = retry.call(lambda: session.client("sts").assume_role(
+    single = Config(retries={"total_max_attempts": 1, "mode": "standard"})  # ours retries
+    assumed = retry.call(lambda: session.client("sts", config=single).assume_role(
         RoleArn=creds.role_arn, RoleSessionName="kubetune-initializer"),
         f"assume role {creds.role_arn}", classify=role_classify(creds.role_arn))["Credentials"]
     for value in (assumed["AccessKeyId"], assumed["SecretAccessKey"], assumed["SessionToken"]):
@@ -178,9 +184,17 @@ class S3Source:
             chosen = [(o, o["Key"][len(base):]) for o in objects
                       if o["Key"].startswith(base) and not o["Key"].endswith("/")]
         files = []
+        # Keys are strings, paths are not: "m/./a", "m//a" and "m/a" are one file on disk.
+        by_path: dict[str, str] = {}
         for obj, rel in chosen:
             if not keep(rel, self.request.allow_patterns, self.request.ignore_patterns):
                 continue
+            same = by_path.setdefault(_as_path(rel), obj["Key"])
+            if same != obj["Key"]:
+                raise BadInputError(
+                    f"s3://{self.bucket}: keys {same!r} and {obj['Key']!r} name the same file "
+                    f"{_as_path(rel)!r}: delete or rename one, or exclude it with "
+                    "IGNORE_PATTERNS")
             etag = obj.get("ETag", "").strip('"')
             files.append(RemoteFile(
                 path=rel, size=obj.get("Size"), etag=etag or None, key=obj["Key"],

@@ -41,7 +41,8 @@ def unknown_s3_host(exc: BaseException) -> BadInputError | None:
                                                f"{env.S3_ENDPOINT} for another store")
 
 
-def _retry_after(exc: ClientError) -> float | None:
+def retry_after(exc: ClientError) -> float | None:
+    """The seconds an S3 error's Retry-After header asks for, if any."""
     headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
     try:
         return float(headers["retry-after"]) if "retry-after" in headers else None
@@ -61,7 +62,7 @@ class S3Errors:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket}"
         if code in TRANSIENT_CODES or (status is not None and status >= 500) or status == 429:
-            return TransientFailure(f"S3 {code or status}", _retry_after(exc))
+            return TransientFailure(f"S3 {code or status}", retry_after(exc))
         if code == "NoSuchBucket":
             return BadInputError(f"bucket {self.bucket} does not exist (check STORAGE_URI and "
                                  "ENDPOINT / REGION)")

@@ -101,7 +101,8 @@ class Repo:
 class Fault:
     """Applied to the next ``times`` requests whose path matches ``match`` (a glob)."""
 
-    kind: str  # "status" | "reset" | "truncate" | "corrupt" | "slow" | "stall" | "stall_api"
+    # "status" | "reset" | "truncate" | "corrupt" | "slow" | "slow_reset" | "stall" | "stall_api"
+    kind: str
     match: str
     times: int = 1
     method: str | None = None  # None: any
@@ -412,11 +413,18 @@ def _make_handler(hub: HubServer):
             if self.command == "HEAD":
                 return
             kind = fault.kind if fault else None
-            if kind in ("reset", "truncate"):
+            if kind in ("reset", "truncate", "slow_reset"):
                 half = start + (end - start) // 2
-                self.wfile.write(f.read(start, half))
+                if kind == "slow_reset":  # a long transfer that drops: half at bytes_per_s
+                    step = max(fault.bytes_per_s // 10, 1)
+                    for position in range(start, half, step):
+                        self.wfile.write(f.read(position, min(position + step, half)))
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                else:
+                    self.wfile.write(f.read(start, half))
                 self.wfile.flush()
-                if kind == "reset":
+                if kind in ("reset", "slow_reset"):
                     # Let the client read what was sent (an RST discards unread data),
                     # then SO_LINGER 0: close with RST, as a dropped connection looks.
                     time.sleep(1.0)
