@@ -106,6 +106,8 @@ def _check(row: Row, result: subprocess.CompletedProcess, output: Path, term: Pa
         assert "Traceback" not in result.stderr
     if row.code == 65:
         assert term.read_text().strip() == errors[0].removeprefix("error: ")
+    else:  # click's usage error: its own message, and the termination log says it too
+        assert row.says in term.read_text()
     # Nothing the exporter or a re-run would take for a finished (or started) run.
     assert not (output / "kubetune-complete.json").exists()
     assert row.code != 65 or not (output / "summary.json").exists()
