@@ -221,7 +221,8 @@ def _phi3(cfg: dict, dims: dict) -> Architecture:
     if cfg.get("tie_word_embeddings"):
         raise _refuse("phi3", "tied word embeddings", "use Phi-3 or Phi-4")
     dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
-    return Architecture("phi3", "phi3", "PHI3_MINI", dims)
+    return Architecture("phi3", "phi3", "PHI3_MINI", dims,
+                        checkpointer="trainer.models.phi3_weights.Phi3HFCheckpointer")
 
 
 def weight_files(model_dir: Path) -> list[str]:
