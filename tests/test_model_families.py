@@ -1,0 +1,158 @@
+"""Qwen3, Gemma 2 and Phi-3/Phi-4 checkpoints written by transformers itself: they load in
+the trainer with transformers' logits, train, and export an adapter that PEFT applies
+to the base to give the exported merged model.
+
+transformers and peft run in the serving venv (tests/test_export_serving.py explains
+why); the trainer and the exporter run as `kubetune` processes, as in a pod.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import tiny_tokenizers
+from tests.support.cli import REPO, clean_env, kubetune
+from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+
+HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
+VOCAB = 320  # the model's embedding rows; each tokenizer uses the first ones
+
+
+@dataclass(frozen=True)
+class Family:
+    hf_family: str  # tests/support/hf_checkpoint.py FAMILIES key
+    tokenizer: str  # "bpe" or "spm"
+    special: tuple[str, ...]
+    lora_component: str
+    checkpointer: str
+    targets: str  # --lora-target-modules
+    # transformers loads byte-level BPE from tokenizer.json; a sentencepiece-only
+    # checkpoint needs the sentencepiece package, which the serving venv lacks.
+    token_ids: bool = False
+
+
+FAMILIES = {
+    "qwen3": Family("qwen3", "bpe", tiny_tokenizers.QWEN3_SPECIAL,
+                    "trainer.models.qwen3.lora_qwen3",
+                    "trainer.models.qwen3_weights.Qwen3HFCheckpointer", "all-linear"),
+    "gemma2": Family("gemma2", "spm", (), "trainer.models.gemma2.lora_gemma2",
+                     "trainer.models.gemma2.Gemma2HFCheckpointer", "all-linear",
+                     token_ids=True),
+    # Phi-4's tokenizer files; a subset of each fused module's parts is adapted, so the
+    # fused PEFT adapter has zero blocks where a part has none.
+    "phi4": Family("phi3", "bpe", tiny_tokenizers.PHI4_SPECIAL,
+                   "torchtune.models.phi3.lora_phi3",
+                   "trainer.models.phi3_weights.Phi3HFCheckpointer",
+                   "q_proj,v_proj,gate_proj,down_proj"),
+}
+TRAIN = ["--epochs", "1", "--batch-size", "8", "--learning-rate", "3e-3", "--warmup-steps", "2",
+         "--dtype", "fp32", "--seed", "0"]
+
+
+def serving(python: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), *args], capture_output=True, text=True, timeout=600,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                               "HOME": "/tmp"})
+
+
+def write_checkpoint(python: Path, name: str, dest: Path) -> Path:
+    family = FAMILIES[name]
+    written = serving(python, str(HF_CHECKPOINT), "write", family.hf_family, str(dest),
+                      str(VOCAB))
+    assert written.returncode == 0, written.stderr[-3000:]
+    if family.tokenizer == "bpe":
+        tiny_tokenizers.write_bpe(dest, family.special)
+    else:
+        tiny_tokenizers.write_spm(dest, family.special)
+    return dest
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def checkpoint(request, serving_python, tmp_path_factory) -> tuple[str, Path]:
+    name = request.param
+    return name, write_checkpoint(serving_python, name, tmp_path_factory.mktemp(name) / "model")
+
+
+def hf_logits(python: Path, model_dir: Path, tokens: list[list[int]], tmp: Path):
+    import torch
+
+    (tmp / "tokens.json").write_text(json.dumps(tokens))
+    result = serving(python, str(HF_CHECKPOINT), "logits", str(model_dir), str(tmp / "tokens.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.tensor(json.loads(result.stdout))
+
+
+def tokens() -> list[list[int]]:
+    import torch
+
+    return torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def train(model_dir: Path, dataset_dir: Path, output: Path, *args: str
+          ) -> subprocess.CompletedProcess:
+    env = clean_env(KUBETUNE_MODEL_DIR=str(model_dir), KUBETUNE_DATASET_DIR=str(dataset_dir),
+                    KUBETUNE_OUTPUT_DIR=str(output))
+    return kubetune("train", *TRAIN, *args, env=env, timeout=900)
+
+
+def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
+        checkpoint, serving_python, tiny_dataset_dir, tmp_path):
+    from tests.support.torchtune_logits import logits
+
+    name, model_dir = checkpoint
+    family = FAMILIES[name]
+
+    # Loaded as the trainer loads it (builder + checkpointer from config.json), fp32.
+    want = hf_logits(serving_python, model_dir, tokens(), tmp_path)
+    got = logits(model_dir, tokens())
+    scale = max(1.0, float(want.abs().max()))
+    assert float((got - want).abs().max()) <= TOLERANCE * scale
+
+    dry = train(model_dir, tiny_dataset_dir, tmp_path / "dry", "--dry-run",
+                "--lora-target-modules", family.targets)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    cfg = yaml.safe_load(dry.stdout.split("config:\n", 1)[1].split("\ncommand: ", 1)[0])
+    assert cfg["model"]["_component_"] == family.lora_component
+    assert cfg["checkpointer"]["_component_"] == family.checkpointer
+
+    output, export = tmp_path / "output", tmp_path / "export"
+    trained = train(model_dir, tiny_dataset_dir, output, "--max-steps", "6",
+                    "--lora-target-modules", family.targets)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir", str(output),
+                        "--export-uri", str(export), "--export-format", "both",
+                        env=clean_env())
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    served = serving(serving_python, str(REPO / "tests/support/serve_adapter.py"), str(export),
+                     *(["--token-ids"] if family.token_ids else []))
+    assert served.returncode == 0, served.stderr[-3000:]
+    report = json.loads(served.stdout.strip().splitlines()[-1])
+    print(f"{name}: peft vs merged: {report}")
+    assert report["max_abs_diff"] <= TOLERANCE * max(1.0, report["logit_scale"])
+    assert report["adapter_effect"] > 100 * TOLERANCE
+
+
+def test_qwen3_full_finetune_saves_what_transformers_loads(serving_python, tiny_dataset_dir,
+                                                          tmp_path):
+    from tests.support.torchtune_logits import logits
+
+    model_dir = write_checkpoint(serving_python, "qwen3", tmp_path / "model")
+    output = tmp_path / "output"
+    trained = train(model_dir, tiny_dataset_dir, output, "--method", "full", "--max-steps", "2")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    saved = output / "epoch_0"
+    assert not (saved / "adapter_model.safetensors").exists()
+    # The saved checkpoint is HF layout: transformers loads it and agrees with the trainer.
+    want = hf_logits(serving_python, saved, tokens(), tmp_path)
+    assert float((logits(saved, tokens()) - want).abs().max()) <= TOLERANCE * max(
+        1.0, float(want.abs().max()))
+    before = hf_logits(serving_python, model_dir, tokens(), tmp_path)
+    assert float((want - before).abs().max()) > 100 * TOLERANCE  # training moved it
