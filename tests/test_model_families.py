@@ -103,6 +103,31 @@ def train(model_dir: Path, dataset_dir: Path, output: Path, *args: str
     return kubetune("train", *TRAIN, *args, env=env, timeout=900)
 
 
+def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: Path
+                                 ) -> tuple[Path, Path]:
+    """`kubetune local --runtime` of the direct Qwen3-8B LoRA runtime on the tiny Qwen3;
+    returns the workspace's model and output directories."""
+    from tests.test_local_runtime import BASE, sources, trainjob
+
+    env = {"KUBETUNE_MAX_STEPS": "6", "KUBETUNE_EPOCHS": "1", "KUBETUNE_BATCH_SIZE": "8",
+           "KUBETUNE_LEARNING_RATE": "3e-3", "KUBETUNE_WARMUP_STEPS": "2",
+           "KUBETUNE_DTYPE": "fp32", "KUBETUNE_SEED": "0",
+           "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
+    job = trainjob(tmp_path, "kubetune-qwen3-8b-lora", {
+        **sources(model_dir, dataset_dir),
+        "trainer": {"env": [{"name": k, "value": v} for k, v in env.items()]}})
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
+                      str(BASE / "kubetune-qwen3-8b-lora.yaml"), "--trainjob", str(job),
+                      env=clean_env(), timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ws = tmp_path / "run" / "workspace"
+    assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 6
+    merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
+    assert merged["model"]["_component_"] == "trainer.models.qwen3.lora_qwen3"
+    assert (ws / "export" / "adapter_model.safetensors").is_file()  # the runtime's exporter
+    return ws / "model", ws / "output"
+
+
 def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
         checkpoint, serving_python, tiny_dataset_dir, tmp_path):
     from tests.support.torchtune_logits import logits
@@ -123,10 +148,14 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
     assert cfg["model"]["_component_"] == family.lora_component
     assert cfg["checkpointer"]["_component_"] == family.checkpointer
 
-    output, export = tmp_path / "output", tmp_path / "export"
-    trained = train(model_dir, tiny_dataset_dir, output, "--max-steps", "6",
-                    "--lora-target-modules", family.targets)
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    if name == "qwen3":  # through its ClusterTrainingRuntime, as a TrainJob runs it
+        model_dir, output = lora_run_through_the_runtime(model_dir, tiny_dataset_dir, tmp_path)
+    else:
+        output = tmp_path / "output"
+        trained = train(model_dir, tiny_dataset_dir, output, "--max-steps", "6",
+                        "--lora-target-modules", family.targets)
+        assert trained.returncode == 0, trained.stderr[-3000:]
+    export = tmp_path / "export"
     exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir", str(output),
                         "--export-uri", str(export), "--export-format", "both",
                         env=clean_env())
