@@ -20,7 +20,7 @@ from tests.support import tiny_tokenizers
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.slow
+
 
 HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
 VOCAB = 320  # the model's embedding rows; each tokenizer uses the first ones
@@ -42,7 +42,7 @@ class Family:
 FAMILIES = {
     "qwen3": Family("qwen3", "bpe", tiny_tokenizers.QWEN3_SPECIAL,
                     "trainer.models.qwen3.lora_qwen3",
-                    "trainer.models.qwen3_weights.Qwen3HFCheckpointer", "all-linear"),
+                    "trainer.models.qwen_weights.Qwen3HFCheckpointer", "all-linear"),
     "gemma2": Family("gemma2", "spm", (), "trainer.models.gemma2.lora_gemma2",
                      "trainer.models.gemma2.Gemma2HFCheckpointer", "all-linear",
                      token_ids=True),
@@ -53,8 +53,9 @@ FAMILIES = {
                    "trainer.models.phi3_weights.Phi3HFCheckpointer",
                    "q_proj,v_proj,gate_proj,down_proj"),
 }
-TRAIN = ["--epochs", "1", "--batch-size", "8", "--learning-rate", "3e-3", "--warmup-steps", "2",
-         "--dtype", "fp32", "--seed", "0"]
+TRAIN = ["--epochs", "1", "--batch-size", "8", "--learning-rate", "3e-3", "--dtype", "fp32",
+         "--seed", "0"]
+LORA_STEPS = ["--max-steps", "3", "--warmup-steps", "1"]
 
 
 def serving(python: Path, *args: str) -> subprocess.CompletedProcess:
@@ -109,8 +110,8 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
     returns the workspace's model and output directories."""
     from tests.test_local_runtime import BASE, sources, trainjob
 
-    env = {"KUBETUNE_MAX_STEPS": "6", "KUBETUNE_EPOCHS": "1", "KUBETUNE_BATCH_SIZE": "8",
-           "KUBETUNE_LEARNING_RATE": "3e-3", "KUBETUNE_WARMUP_STEPS": "2",
+    env = {"KUBETUNE_MAX_STEPS": "3", "KUBETUNE_EPOCHS": "1", "KUBETUNE_BATCH_SIZE": "8",
+           "KUBETUNE_LEARNING_RATE": "3e-3", "KUBETUNE_WARMUP_STEPS": "1",
            "KUBETUNE_DTYPE": "fp32", "KUBETUNE_SEED": "0",
            "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
     job = trainjob(tmp_path, "kubetune-qwen3-8b-lora", {
@@ -121,13 +122,15 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
                       env=clean_env(), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ws = tmp_path / "run" / "workspace"
-    assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 6
+    assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
     merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
     assert merged["model"]["_component_"] == "trainer.models.qwen3.lora_qwen3"
+    assert merged["checkpointer"]["_component_"] == FAMILIES["qwen3"].checkpointer
     assert (ws / "export" / "adapter_model.safetensors").is_file()  # the runtime's exporter
     return ws / "model", ws / "output"
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
         checkpoint, serving_python, tiny_dataset_dir, tmp_path):
     from tests.support.torchtune_logits import logits
@@ -141,20 +144,17 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
     scale = max(1.0, float(want.abs().max()))
     assert float((got - want).abs().max()) <= TOLERANCE * scale
 
-    dry = train(model_dir, tiny_dataset_dir, tmp_path / "dry", "--dry-run",
-                "--lora-target-modules", family.targets)
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    cfg = yaml.safe_load(dry.stdout.split("config:\n", 1)[1].split("\ncommand: ", 1)[0])
-    assert cfg["model"]["_component_"] == family.lora_component
-    assert cfg["checkpointer"]["_component_"] == family.checkpointer
-
     if name == "qwen3":  # through its ClusterTrainingRuntime, as a TrainJob runs it
         model_dir, output = lora_run_through_the_runtime(model_dir, tiny_dataset_dir, tmp_path)
     else:
         output = tmp_path / "output"
-        trained = train(model_dir, tiny_dataset_dir, output, "--max-steps", "6",
+        trained = train(model_dir, tiny_dataset_dir, output, *LORA_STEPS,
                         "--lora-target-modules", family.targets)
         assert trained.returncode == 0, trained.stderr[-3000:]
+        # The builder and checkpointer resolved from config.json, as the dry run shows.
+        merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
+        assert merged["model"]["_component_"] == family.lora_component
+        assert merged["checkpointer"]["_component_"] == family.checkpointer
     export = tmp_path / "export"
     exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir", str(output),
                         "--export-uri", str(export), "--export-format", "both",
@@ -169,6 +169,7 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
     assert report["adapter_effect"] > 100 * TOLERANCE
 
 
+@pytest.mark.slow
 def test_qwen3_full_finetune_saves_what_transformers_loads(serving_python, tiny_dataset_dir,
                                                           tmp_path):
     from tests.support.torchtune_logits import logits
@@ -185,3 +186,45 @@ def test_qwen3_full_finetune_saves_what_transformers_loads(serving_python, tiny_
         1.0, float(want.abs().max()))
     before = hf_logits(serving_python, model_dir, tokens(), tmp_path)
     assert float((want - before).abs().max()) > 100 * TOLERANCE  # training moved it
+
+
+def test_qwen2_adapter_is_saved_in_hf_rows(tmp_path):
+    """torchtune 0.6.1 permutes q/k LoRA B as if Qwen's RoPE were interleaved; the adapter
+    the Qwen checkpointer saves, applied to the base, gives the merged model it saves."""
+    import torch
+    from torchtune import training
+    from torchtune.config._utils import _get_component_from_path
+    from torchtune.modules.peft import get_adapter_state_dict, get_merged_lora_ckpt
+
+    from exporter import verify_logits
+    from kubetune.demo import write_tiny_qwen2
+    from trainer.checkpoint_model import read_checkpoint_model
+
+    model_dir = write_tiny_qwen2(tmp_path / "model")
+    checkpoint = read_checkpoint_model(model_dir)
+    arch = checkpoint.architecture
+    model = _get_component_from_path(arch.component(lora=True))(
+        lora_attn_modules=["q_proj", "k_proj", "v_proj"], lora_rank=4, lora_alpha=8,
+        **arch.dims)
+    checkpointer = _get_component_from_path(arch.checkpointer)(
+        checkpoint_dir=str(model_dir), checkpoint_files=checkpoint.weight_files,
+        model_type=arch.model_type, output_dir=str(tmp_path / "out"))
+    model.load_state_dict(checkpointer.load_checkpoint()[training.MODEL_KEY], strict=False)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained adapter: B no longer zero
+        for name, param in model.named_parameters():
+            if "lora_b" in name:
+                param.normal_(std=0.05)
+    adapter = {k: v.clone() for k, v in get_adapter_state_dict(model.state_dict()).items()}
+    merged = get_merged_lora_ckpt({k: v.clone() for k, v in model.state_dict().items()},
+                                  rank=4, alpha=8)
+    checkpointer.save_checkpoint({
+        training.MODEL_KEY: merged, training.ADAPTER_KEY: adapter,
+        training.ADAPTER_CONFIG: {"r": 4, "lora_alpha": 8, "peft_type": "LORA",
+                                  "target_modules": ["q_proj", "k_proj", "v_proj"]}}, epoch=0)
+    saved = tmp_path / "out" / "epoch_0"
+    config = json.loads((saved / "adapter_config.json").read_text())
+    report = verify_logits.check(model_dir / "config.json", [model_dir / "model.safetensors"],
+                                 saved / "adapter_model.safetensors", config,
+                                 sorted(saved.glob("model-*.safetensors")))
+    assert report.max_abs_diff <= TOLERANCE * report.scale

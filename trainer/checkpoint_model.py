@@ -149,7 +149,8 @@ def architecture_of(cfg: dict) -> Architecture:
     if model_type == "qwen2":
         dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
         dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-        return Architecture("qwen2", "qwen2", "QWEN2", dims)
+        return Architecture("qwen2", "qwen2", "QWEN2", dims,
+                            checkpointer="trainer.models.qwen_weights.Qwen2HFCheckpointer")
     if model_type == "mistral":
         dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
         return Architecture("mistral", "mistral", "MISTRAL", dims)
@@ -185,7 +186,7 @@ def _qwen3(cfg: dict, dims: dict) -> Architecture:
     dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
     dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     return Architecture("qwen3", "qwen3", "QWEN3", dims, package="trainer.models.qwen3",
-                        checkpointer="trainer.models.qwen3_weights.Qwen3HFCheckpointer")
+                        checkpointer="trainer.models.qwen_weights.Qwen3HFCheckpointer")
 
 
 def _gemma2(cfg: dict, dims: dict) -> Architecture:

@@ -12,7 +12,7 @@ def hf_to_tune(arch, config: dict, state: dict) -> dict:
     args = dict(num_heads=heads, num_kv_heads=kv_heads, dim=dims["embed_dim"],
                 head_dim=head_dim)
     if arch.family == "qwen3":
-        from trainer.models.qwen3_weights import qwen3_hf_to_tune
+        from trainer.models.qwen_weights import qwen3_hf_to_tune
 
         return qwen3_hf_to_tune(state, tie_word_embeddings=dims["tie_word_embeddings"])
     if arch.family == "qwen2":

@@ -8,7 +8,7 @@ for Qwen3 once it knows the two norm keys. ``Qwen3HFCheckpointer`` is torchtune'
 ``FullModelHFCheckpointer`` run as QWEN2 with those keys added for the call, so loading,
 shard layout, index and copied files stay torchtune's.
 
-The PEFT adapter is the one place torchtune's QWEN2 path is wrong for a rotate-half model:
+The PEFT adapter is the one place torchtune's QWEN2 path is wrong (for Qwen2 as for Qwen3):
 ``tune_to_peft_adapter_weights`` permutes LoRA B of q/k from the interleaved RoPE layout
 of Llama-style models into HF's, but these rows were never interleaved. The checkpointer
 undoes that permutation on the adapter it writes, so ``adapter_model.safetensors`` is what
@@ -69,39 +69,50 @@ def unpermute_lora_b(adapter: dict[str, torch.Tensor], num_heads: int, num_kv_he
 
 
 @contextlib.contextmanager
-def _qwen3_conversion(qwen3_head_dim: int) -> Iterator[None]:
-    """torchtune's QWEN2 conversion, for the duration of one load or save, knowing Qwen3's
-    norm keys and writing the adapter in rotate-half row order."""
-    original_adapter = convert_weights.tune_to_peft_adapter_weights
+def rotate_half_adapter(head_dim: int) -> Iterator[None]:
+    """For one save: torchtune's PEFT adapter conversion, q/k LoRA B left in the
+    rotate-half row order the model (and HF) use."""
+    original = convert_weights.tune_to_peft_adapter_weights
 
-    def adapter_weights(state, num_heads=32, num_kv_heads=32, dim=4096, head_dim=None):
-        converted = original_adapter(state, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                     dim=dim, head_dim=qwen3_head_dim)
-        return unpermute_lora_b(converted, num_heads, num_kv_heads, qwen3_head_dim)
+    def adapter_weights(state, num_heads=32, num_kv_heads=32, dim=4096, **_):
+        converted = original(state, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                             dim=dim, head_dim=head_dim)
+        return unpermute_lora_b(converted, num_heads, num_kv_heads, head_dim)
 
-    with patched(qwen2_convert, "_FROM_HF", updates=QWEN3_KEYS), \
-            patched(convert_weights, attribute="tune_to_peft_adapter_weights",
-                    value=adapter_weights):
+    with patched(convert_weights, attribute="tune_to_peft_adapter_weights",
+                 value=adapter_weights):
         yield
 
 
+def _head_dim(config: dict) -> int:
+    return int(config.get("head_dim")
+               or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+
+
+class Qwen2HFCheckpointer(FullModelHFCheckpointer):
+    """torchtune's ``FullModelHFCheckpointer`` for QWEN2, its PEFT adapter in HF rows."""
+
+    def save_checkpoint(self, *args, **kwargs) -> None:
+        with rotate_half_adapter(_head_dim(self._config)):
+            return super().save_checkpoint(*args, **kwargs)
+
+
 class Qwen3HFCheckpointer(FullModelHFCheckpointer):
-    """``FullModelHFCheckpointer`` for Qwen3 checkpoints (``model_type: QWEN3``)."""
+    """``FullModelHFCheckpointer`` for Qwen3 checkpoints (``model_type: QWEN3``): torchtune's
+    QWEN2 path, knowing Qwen3's norm keys, its PEFT adapter in HF rows."""
 
     def __init__(self, *args, model_type: str = "QWEN3", **kwargs) -> None:
         if model_type != "QWEN3":
             raise ValueError(f"Qwen3HFCheckpointer reads QWEN3 checkpoints, not {model_type}")
         super().__init__(*args, model_type="QWEN2", **kwargs)
         self._config.setdefault("tie_word_embeddings", False)
-        heads = int(self._config["num_attention_heads"])
-        self._config.setdefault("num_key_value_heads", heads)
-        self._head_dim = int(self._config.get("head_dim")
-                             or int(self._config["hidden_size"]) // heads)
+        self._config.setdefault("num_key_value_heads", self._config["num_attention_heads"])
 
     def load_checkpoint(self):
-        with _qwen3_conversion(self._head_dim):
+        with patched(qwen2_convert, "_FROM_HF", updates=QWEN3_KEYS):
             return super().load_checkpoint()
 
     def save_checkpoint(self, *args, **kwargs) -> None:
-        with _qwen3_conversion(self._head_dim):
+        with patched(qwen2_convert, "_FROM_HF", updates=QWEN3_KEYS), \
+                rotate_half_adapter(_head_dim(self._config)):
             return super().save_checkpoint(*args, **kwargs)
