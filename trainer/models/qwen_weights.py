@@ -1,5 +1,5 @@
-"""Qwen3 weights between the Hugging Face layout and ``trainer.models.qwen3``, both ways,
-and the checkpointer that reads and writes Qwen3 checkpoints in the HF layout.
+"""Qwen checkpoints in the Hugging Face layout: Qwen3 weights to ``trainer.models.qwen3``
+and back, and the checkpointers that read and write Qwen2 and Qwen3 in that layout.
 
 A Qwen3 state dict is a Qwen2 one without q/k/v biases plus one norm per q and k head.
 torchtune keeps Qwen's RoPE in HF's rotate-half layout (``Qwen2RotaryPositionalEmbeddings``),
@@ -42,11 +42,6 @@ def qwen3_hf_to_tune(state: dict[str, torch.Tensor], tie_word_embeddings: bool =
     return {get_mapped_key(key, _FROM_HF): value for key, value in state.items()
             if "rotary_emb.inv_freq" not in key
             and not (tie_word_embeddings and key == TIED_KEY)}
-
-
-def qwen3_tune_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    to_hf = {v: k for k, v in _FROM_HF.items() if v is not None}
-    return {get_mapped_key(key, to_hf): value for key, value in state.items()}
 
 
 def unpermute_lora_b(adapter: dict[str, torch.Tensor], num_heads: int, num_kv_heads: int,
