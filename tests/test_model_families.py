@@ -37,6 +37,7 @@ class Family:
     # transformers loads byte-level BPE from tokenizer.json; a sentencepiece-only
     # checkpoint needs the sentencepiece package, which the serving venv lacks.
     token_ids: bool = False
+    method: str = "lora"
 
 
 FAMILIES = {
@@ -46,12 +47,12 @@ FAMILIES = {
     "gemma2": Family("gemma2", "spm", (), "trainer.models.gemma2.lora_gemma2",
                      "trainer.models.gemma2.Gemma2HFCheckpointer", "all-linear",
                      token_ids=True),
-    # Phi-4's tokenizer files; a subset of each fused module's parts is adapted, so the
-    # fused PEFT adapter has zero blocks where a part has none.
+    # Phi-4's tokenizer files; DoRA on a subset of each fused module's parts, so the
+    # fused PEFT adapter has zero blocks and base-norm magnitudes where a part has none.
     "phi4": Family("phi3", "bpe", tiny_tokenizers.PHI4_SPECIAL,
                    "torchtune.models.phi3.lora_phi3",
                    "trainer.models.phi3_weights.Phi3HFCheckpointer",
-                   "q_proj,v_proj,gate_proj,down_proj"),
+                   "q_proj,v_proj,gate_proj,down_proj", method="dora"),
 }
 TRAIN = ["--epochs", "1", "--batch-size", "8", "--learning-rate", "3e-3", "--dtype", "fp32",
          "--seed", "0"]
@@ -148,8 +149,8 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
         model_dir, output = lora_run_through_the_runtime(model_dir, tiny_dataset_dir, tmp_path)
     else:
         output = tmp_path / "output"
-        trained = train(model_dir, tiny_dataset_dir, output, *LORA_STEPS,
-                        "--lora-target-modules", family.targets)
+        trained = train(model_dir, tiny_dataset_dir, output, *LORA_STEPS, "--method",
+                        family.method, "--lora-target-modules", family.targets)
         assert trained.returncode == 0, trained.stderr[-3000:]
         # The builder and checkpointer resolved from config.json, as the dry run shows.
         merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
@@ -167,6 +168,8 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
     print(f"{name}: peft vs merged: {report}")
     assert report["max_abs_diff"] <= TOLERANCE * max(1.0, report["logit_scale"])
     assert report["adapter_effect"] > 100 * TOLERANCE
+    config = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert config.get("use_dora", False) is (family.method == "dora")
 
 
 @pytest.mark.slow
