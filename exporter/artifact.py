@@ -63,10 +63,12 @@ def write_adapter(training: TrainingOutput, model_dir: Path, dest: Path) -> None
     config = adapter_config(training, model_dir)
     (dest / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     source = training.checkpoint_dir / ADAPTER_WEIGHTS
-    if dora.needs_fix(source):
-        from trainer.checkpoint_model import read_config
+    from trainer.checkpoint_model import architecture_of, read_config
 
-        fixed = dora.write_fixed(source, dest / ADAPTER_WEIGHTS, read_config(Path(model_dir)))
+    model_config = read_config(Path(model_dir))
+    # Only families whose q/k rows torchtune permutes have magnitudes out of HF order.
+    if architecture_of(model_config).permutes_qk and dora.needs_fix(source):
+        fixed = dora.write_fixed(source, dest / ADAPTER_WEIGHTS, model_config)
         log.info("adapter: %d DoRA magnitude vectors of q/k put in Hugging Face row order", fixed)
     else:
         shutil.copyfile(source, dest / ADAPTER_WEIGHTS)

@@ -88,17 +88,9 @@ def _model(config: dict):
 
 
 def _to_tune(arch, config: dict, state: dict) -> dict:
-    dims = arch.dims
-    head_dim = int(config.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
-    args = dict(num_heads=dims["num_heads"], num_kv_heads=dims["num_kv_heads"],
-                dim=dims["embed_dim"], head_dim=head_dim)
-    if arch.family == "qwen2":
-        from torchtune.models.qwen2._convert_weights import qwen2_hf_to_tune
+    from trainer.models.convert import hf_to_tune
 
-        return qwen2_hf_to_tune(state, tie_word_embeddings=dims["tie_word_embeddings"], **args)
-    from torchtune.models.convert_weights import hf_to_tune
-
-    return hf_to_tune(state, **args)
+    return hf_to_tune(arch, config, state)
 
 
 def _logits(model, arch, config: dict, state: dict, tokens):

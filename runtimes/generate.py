@@ -108,6 +108,12 @@ RUNTIMES = [
          shm="8Gi", storage="80Gi",
          node_env=_env(KUBETUNE_METHOD="lora", KUBETUNE_LORA_RANK="16",
                        KUBETUNE_LORA_ALPHA="32", KUBETUNE_EPOCHS="1")),
+    Spec("kubetune-qwen3-8b-lora", "Qwen3-8B, LoRA, one GPU (kubetune train; torchtune "
+         "0.6.1 has no Qwen3: kubetune's builder on torchtune's modules)", "kubetune",
+         "hf://Qwen/Qwen3-8B", DEFAULT_DATASET, TRAIN, gpus=1, memory="64Gi", cpu="8",
+         shm="8Gi", storage="100Gi",
+         node_env=_env(KUBETUNE_METHOD="lora", KUBETUNE_LORA_RANK="16",
+                       KUBETUNE_LORA_ALPHA="32", KUBETUNE_EPOCHS="1")),
     Spec("kubetune-byo-model", "Bring your own model: model and dataset only from the "
          "TrainJob (spec.initializer), method from KUBETUNE_METHOD (default lora)",
          "kubetune", None, None, TRAIN, gpus=1, memory="64Gi", cpu="8", shm="8Gi",

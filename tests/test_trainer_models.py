@@ -31,6 +31,10 @@ def fake_checkpoint(root, config: dict, files: dict[str, str], shards: int = 1):
 
 
 TIKTOKEN = "IQ== 0\nIg== 1\n"
+QWEN3_TOKENS = json.dumps({"added_tokens": [
+    {"id": 151643 + i, "content": t, "special": True} for i, t in enumerate(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+         "<think>", "</think>"])]})
 CASES = {
     "llama3.1 with rope scaling, 4 shards": (
         {"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
@@ -45,6 +49,23 @@ CASES = {
                 "torchtune.models.mistral.lora_mistral", "MISTRAL", "mistral_tokenizer"),
     "gemma": ({"model_type": "gemma", "head_dim": 32}, {"tokenizer.model": "sentencepiece"}, 1,
               "torchtune.models.gemma.lora_gemma", "GEMMA", "gemma_tokenizer"),
+    # transformers 5's config.json: rope_theta inside rope_parameters.
+    "qwen3 head_dim != hidden/heads, 2 shards": (
+        {"model_type": "qwen3", "head_dim": 128, "tie_word_embeddings": False,
+         "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}},
+        {"vocab.json": "{}", "merges.txt": "#version: 0.2\n", "tokenizer.json": QWEN3_TOKENS},
+        2, "trainer.models.qwen3.lora_qwen3", "QWEN3", "qwen2_5_tokenizer"),
+    "gemma2": ({"model_type": "gemma2", "head_dim": 64, "query_pre_attn_scalar": 64,
+                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                "sliding_window": 4096}, {"tokenizer.model": "sentencepiece"}, 1,
+               "trainer.models.gemma2.lora_gemma2", "GEMMA2", "gemma_tokenizer"),
+    "phi3 (sentencepiece)": ({"model_type": "phi3", "rope_scaling": None},
+                             {"tokenizer.model": "sentencepiece"}, 2,
+                             "torchtune.models.phi3.lora_phi3", "PHI3_MINI",
+                             "phi3_mini_tokenizer"),
+    "phi4 (byte-level BPE)": ({"model_type": "phi3", "rope_theta": 250000},
+                              {"vocab.json": "{}", "merges.txt": "#version: 0.2\n"}, 1,
+                              "torchtune.models.phi3.lora_phi3", "PHI3_MINI", "phi4_tokenizer"),
 }
 
 
@@ -67,7 +88,39 @@ def test_dry_run_builds_from_the_checkpoint(tmp_path, tiny_dataset_dir, case):
     assert cfg["tokenizer"]["_component_"].endswith(tokenizer)
     if case == "gemma":
         assert "apply_lora_to_output" not in cfg["model"]  # its builder ties the output
+    if case.startswith("qwen3"):
+        assert cfg["model"]["head_dim"] == 128 and cfg["model"]["rope_base"] == 1e6
+        assert cfg["checkpointer"]["_component_"].endswith("Qwen3HFCheckpointer")
+        assert cfg["tokenizer"]["special_tokens_path"].endswith("tokenizer.json")
+    if case == "gemma2":
+        assert cfg["model"]["hidden_capping_value"] == 50.0
+        assert cfg["model"]["final_capping_value"] == 30.0
+        assert "apply_lora_to_output" not in cfg["model"]
     if case.startswith("llama3.2"):
         assert cfg["model"]["tie_word_embeddings"] is True
         assert cfg["model"]["scale_factor"] == 32
     assert not pvc.output.exists()
+
+
+REFUSED = {
+    "qwen3 with YaRN": ({"model_type": "qwen3", "rope_scaling": {"rope_type": "yarn",
+                                                                  "factor": 4.0}},
+                        "qwen3 checkpoint: rope type 'yarn' (context extension)"),
+    "phi-3.5 longrope": ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}},
+                         "phi3 checkpoint: rope type 'longrope'"),
+    "qwen3 moe": ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' in config.json is "
+                                                "not supported"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_a_family_cannot_do_is_one_line_65(tmp_path, tiny_dataset_dir, case):
+    config, message = REFUSED[case]
+    model = fake_checkpoint(tmp_path / "model-src", config, {"tokenizer.model": "spm"})
+    pvc = make_pvc(tmp_path / "pvc", model, tiny_dataset_dir)
+    result = tune_run(pvc, "lora_finetune_single_device", "--config",
+                      "llama3_2/1B_lora_single_device", f"output_dir={pvc.output}",
+                      f"checkpointer.checkpoint_dir={pvc.model}", "--kubetune-dry-run")
+    assert result.returncode == 65, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]

@@ -17,22 +17,35 @@ LORA_KEYS = ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output", "
              "lora_alpha", "lora_dropout", "use_dora", "quantize_base")
 
 
+HF_CHECKPOINTER = "torchtune.training.FullModelHFCheckpointer"
+
+
 @dataclass
 class Architecture:
     family: str  # torchtune models subpackage, e.g. "llama3_2"
     builder: str  # full-model builder name in that package
     model_type: str  # FullModelHFCheckpointer model_type
     dims: dict = field(default_factory=dict)
+    # Where the builders live: torchtune's package for the family, or ours
+    # (trainer/models) for a family torchtune 0.6.1 lacks.
+    package: str = ""
+    checkpointer: str = HF_CHECKPOINTER
 
     @property
     def lora_keys(self) -> tuple[str, ...]:
-        if self.family == "gemma":  # its LoRA builder ties the output: no output LoRA
+        if self.family in ("gemma", "gemma2"):  # LoRA builders tie the output: no output LoRA
             return tuple(k for k in LORA_KEYS if k != "apply_lora_to_output")
         return LORA_KEYS
 
+    @property
+    def permutes_qk(self) -> bool:
+        """Whether torchtune holds q/k rows in the interleaved RoPE layout (converting
+        from HF permutes them); Qwen and Phi-3 keep HF's rotate-half rows as they are."""
+        return self.family not in ("qwen2", "qwen3", "phi3")
+
     def component(self, lora: bool) -> str:
         name = f"lora_{self.builder}" if lora else self.builder
-        return f"torchtune.models.{self.family}.{name}"
+        return f"{self.package or 'torchtune.models.' + self.family}.{name}"
 
 
 @dataclass
@@ -99,9 +112,23 @@ def _common_dims(cfg: dict) -> dict:
     except KeyError as exc:
         raise BadInputError(f"config.json lacks {exc.args[0]!r}, which every causal LM "
                             "config has: is this a complete model directory?") from None
-    if cfg.get("rope_theta") is not None:
-        dims["rope_base"] = cfg["rope_theta"]
+    # transformers 5 writes rope_parameters.rope_theta; hub configs mostly rope_theta.
+    theta = cfg.get("rope_theta")
+    if theta is None:
+        theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None:
+        dims["rope_base"] = theta
     return dims
+
+
+def _rope_type(cfg: dict) -> str:
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    return str(scaling.get("rope_type") or scaling.get("type") or "default")
+
+
+def _refuse(family: str, what: str, fix: str) -> BadInputError:
+    return BadInputError(f"{family} checkpoint: {what}, which torchtune's {family} builder "
+                         f"cannot run; {fix}")
 
 
 def architecture_of(cfg: dict) -> Architecture:
@@ -122,7 +149,8 @@ def architecture_of(cfg: dict) -> Architecture:
     if model_type == "qwen2":
         dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
         dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-        return Architecture("qwen2", "qwen2", "QWEN2", dims)
+        return Architecture("qwen2", "qwen2", "QWEN2", dims,
+                            checkpointer="trainer.models.qwen_weights.Qwen2HFCheckpointer")
     if model_type == "mistral":
         dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
         return Architecture("mistral", "mistral", "MISTRAL", dims)
@@ -131,10 +159,71 @@ def architecture_of(cfg: dict) -> Architecture:
         dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
         dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
         return Architecture("gemma", "gemma", "GEMMA", dims)
+    if model_type == "qwen3":
+        return _qwen3(cfg, dims)
+    if model_type == "gemma2":
+        return _gemma2(cfg, dims)
+    if model_type == "phi3":
+        return _phi3(cfg, dims)
     raise BadInputError(
-        f"model_type {model_type!r} in config.json is not supported; supported: llama, qwen2, "
-        "mistral, gemma"
+        f"model_type {model_type!r} in config.json is not supported; supported: {SUPPORTED}"
     )
+
+
+SUPPORTED = "llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (Phi-3, Phi-3.5, Phi-4)"
+
+
+def _qwen3(cfg: dict, dims: dict) -> Architecture:
+    if cfg.get("attention_bias"):
+        raise _refuse("qwen3", "attention_bias is true", "Qwen3 checkpoints have none")
+    if cfg.get("use_sliding_window"):
+        raise _refuse("qwen3", "use_sliding_window is true", "set it false in config.json")
+    if _rope_type(cfg) != "default":
+        raise _refuse("qwen3", f"rope type {_rope_type(cfg)!r} (context extension)",
+                      "remove rope_scaling from config.json to train at the native length")
+    dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
+    dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
+    dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
+    dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    return Architecture("qwen3", "qwen3", "QWEN3", dims, package="trainer.models.qwen3",
+                        checkpointer="trainer.models.qwen_weights.Qwen3HFCheckpointer")
+
+
+def _gemma2(cfg: dict, dims: dict) -> Architecture:
+    attn_cap, final_cap = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
+    if attn_cap is None or final_cap is None:
+        raise _refuse("gemma2", "logit soft-capping is off (null in config.json)",
+                      "use the checkpoint's original attn/final_logit_softcapping")
+    dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
+    dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
+    dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
+    dims["hidden_capping_value"] = float(attn_cap)
+    dims["final_capping_value"] = float(final_cap)
+    dims["sliding_window_size"] = int(cfg.get("sliding_window") or dims["max_seq_len"])
+    if cfg.get("query_pre_attn_scalar") is not None:
+        dims["query_pre_attn_scalar"] = int(cfg["query_pre_attn_scalar"])
+    return Architecture("gemma2", "gemma2", "GEMMA2", dims, package="trainer.models.gemma2",
+                        checkpointer="trainer.models.gemma2.Gemma2HFCheckpointer")
+
+
+def _phi3(cfg: dict, dims: dict) -> Architecture:
+    """Phi-3, Phi-3.5 and Phi-4 (all ``model_type: phi3``); the tokenizer tells them apart."""
+    rope_params = cfg.get("rope_parameters") or {}
+    partial = cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
+    if _rope_type(cfg) != "default":
+        raise _refuse("phi3", f"rope type {_rope_type(cfg)!r} (long-context RoPE, as in "
+                      "Phi-3-128k, Phi-3.5 and Phi-4-mini)", "use a 4k-context Phi-3 or Phi-4")
+    if float(partial or 1.0) != 1.0:
+        raise _refuse("phi3", f"partial_rotary_factor {partial}", "use Phi-3 or Phi-4")
+    head_dim = cfg.get("head_dim")
+    if head_dim and int(head_dim) != dims["embed_dim"] // dims["num_heads"]:
+        raise _refuse("phi3", f"head_dim {head_dim} is not hidden_size / num_attention_heads",
+                      "use Phi-3 or Phi-4")
+    if cfg.get("tie_word_embeddings"):
+        raise _refuse("phi3", "tied word embeddings", "use Phi-3 or Phi-4")
+    dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
+    return Architecture("phi3", "phi3", "PHI3_MINI", dims,
+                        checkpointer="trainer.models.phi3_weights.Phi3HFCheckpointer")
 
 
 def weight_files(model_dir: Path) -> list[str]:
@@ -181,6 +270,12 @@ def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Token
             return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args)
         return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args,
                          special_tokens_from_config(model_dir))
+    if family == "qwen3":
+        return _qwen3_tokenizer(model_dir, max_seq_len)
+    if family == "phi3":
+        return _phi3_tokenizer(model_dir, max_seq_len)
+    if family == "gemma2":  # Gemma 2 keeps Gemma's sentencepiece tokenizer
+        family = "gemma"
     if family in ("mistral", "gemma"):
         path = model_dir / "tokenizer.model"
         if not path.is_file():
@@ -189,6 +284,37 @@ def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Token
         return Tokenizer(f"torchtune.models.{family}.{family}_tokenizer",
                          {"path": str(path), "max_seq_len": max_seq_len})
     raise BadInputError(f"no tokenizer known for model family {family}")
+
+
+def _qwen3_tokenizer(model_dir: Path, max_seq_len: int | None) -> Tokenizer:
+    """Qwen3 ships Qwen2.5's byte-level BPE files; its tokenizer.json adds the special
+    tokens Qwen3 introduced (<think>, ...) to Qwen2.5's, at the ids it gives them."""
+    files = [model_dir / "vocab.json", model_dir / "merges.txt", model_dir / "tokenizer.json"]
+    for f in files:
+        if not f.is_file():
+            raise BadInputError(f"tokenizer file {f} is missing: a Qwen3 checkpoint ships "
+                                "vocab.json, merges.txt and tokenizer.json")
+    return Tokenizer("torchtune.models.qwen2_5.qwen2_5_tokenizer",
+                     {"path": str(files[0]), "merges_file": str(files[1]),
+                      "special_tokens_path": str(files[2]), "max_seq_len": max_seq_len})
+
+
+def _phi3_tokenizer(model_dir: Path, max_seq_len: int | None) -> Tokenizer:
+    """Phi-3/3.5 ship a sentencepiece tokenizer.model; Phi-4 a byte-level BPE
+    (vocab.json + merges.txt). Both read their special tokens from tokenizer.json."""
+    special = model_dir / "tokenizer.json"
+    extra = {"special_tokens_path": str(special)} if special.is_file() else {}
+    if (model_dir / "tokenizer.model").is_file():
+        return Tokenizer("torchtune.models.phi3.phi3_mini_tokenizer",
+                         {"path": str(model_dir / "tokenizer.model"), **extra,
+                          "max_seq_len": max_seq_len})
+    vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
+    if vocab.is_file() and merges.is_file():
+        return Tokenizer("torchtune.models.phi4.phi4_tokenizer",
+                         {"vocab_path": str(vocab), "merges_path": str(merges), **extra,
+                          "max_seq_len": max_seq_len})
+    raise BadInputError(f"{model_dir} has no Phi tokenizer: Phi-3 ships tokenizer.model, "
+                        "Phi-4 vocab.json and merges.txt")
 
 
 def read_checkpoint_model(model_dir: Path) -> CheckpointModel:

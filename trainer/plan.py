@@ -19,7 +19,8 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
 from trainer import (config_keys, dataset_check, dataset_location, hardware, methods, resume,
                      speed, topology)
-from trainer.checkpoint_model import SPECIAL_TOKENS_FILE, CheckpointModel, read_checkpoint_model
+from trainer.checkpoint_model import (HF_CHECKPOINTER, SPECIAL_TOKENS_FILE, CheckpointModel,
+                                      read_checkpoint_model)
 from trainer.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
                                    resolve_recipe)
 from trainer.tune_command import TuneRunRequest
@@ -109,6 +110,8 @@ def _checkpointer_section(cfg: DictConfig, checkpoint: CheckpointModel) -> None:
     ckpt_cfg = cfg.get("checkpointer") or OmegaConf.create({})
     ckpt_cfg._component_ = ckpt_cfg.get("_component_",
                                         "torchtune.training.FullModelHFCheckpointer")
+    if checkpoint.architecture.checkpointer != HF_CHECKPOINTER:  # a family of ours
+        ckpt_cfg._component_ = checkpoint.architecture.checkpointer
     ckpt_cfg.checkpoint_dir = str(checkpoint.model_dir)
     ckpt_cfg.checkpoint_files = checkpoint.weight_files
     ckpt_cfg.model_type = checkpoint.architecture.model_type
@@ -126,11 +129,12 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
     given = tok_cfg.get("path") if "tokenizer.path" in user_keys else None
     new_tok = {"_component_": tokenizer.component, **tokenizer.args,
                "max_seq_len": tok_cfg.get("max_seq_len")}
-    if given and Path(str(given)).name == Path(tokenizer.args["path"]).name:
-        new_tok["path"] = str(given)
+    path_key = "path" if "path" in tokenizer.args else "vocab_path"  # phi4_tokenizer's
+    if given and Path(str(given)).name == Path(tokenizer.args[path_key]).name:
+        new_tok[path_key] = str(given)
     elif given:
         log.info("tokenizer.path %s does not fit a %s checkpoint: using %s", given,
-                 checkpoint.architecture.family, tokenizer.args["path"])
+                 checkpoint.architecture.family, tokenizer.args[path_key])
     if tok_cfg.get("merges_file") and "tokenizer.merges_file" in user_keys:
         new_tok["merges_file"] = str(tok_cfg.merges_file)
     if tok_cfg.get("prompt_template"):

@@ -58,7 +58,7 @@ def check_tokenizer(tok_cfg: DictConfig, pending: set[str] = frozenset()) -> Non
     """The tokenizer files exist, are readable and are the format the builder parses
     (``pending``: files the launcher writes itself at start)."""
     component = str(tok_cfg.get("_component_", ""))
-    path = Path(str(tok_cfg.get("path")))
+    path = Path(str(tok_cfg.get("path") or tok_cfg.get("vocab_path")))  # phi4: vocab_path
     data = _readable(path, "tokenizer.path")
     if "llama3" in component:
         first = data.split(b"\n", 1)[0].split()

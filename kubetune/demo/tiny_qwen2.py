@@ -87,7 +87,12 @@ def _random_state_dict(spec: TinyQwen2Spec) -> dict:
 
 
 def _write_tokenizer(model_dir: Path, max_length: int) -> None:
-    ids = special_token_ids()
+    write_bpe_tokenizer(model_dir, max_length, special_token_ids())
+
+
+def write_bpe_tokenizer(model_dir: Path, max_length: int, ids: dict[str, int]) -> None:
+    """The byte-level BPE files of a Qwen-style checkpoint, with ``ids`` as its special
+    tokens (the Qwen2 demo's; other families' tiny test models pass their own)."""
     byte_chars = _byte_to_unicode()
     vocab = {byte_chars[b]: b for b in range(NUM_BYTES)}
     (model_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))

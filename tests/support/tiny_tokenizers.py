@@ -1,0 +1,48 @@
+"""Tokenizer files for the tiny test checkpoints of each family, in the layout the real
+checkpoints ship: byte-level BPE (vocab.json + merges.txt + tokenizer.json) for Qwen3 and
+Phi-4, a sentencepiece tokenizer.model for Gemma 2 and Phi-3."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from kubetune.demo.tiny_qwen2 import write_bpe_tokenizer
+from kubetune.demo.tiny_tokenizer import NUM_BYTES, added_tokens
+
+# The special tokens torchtune's tokenizers look up, at small ids after the 256 bytes.
+QWEN3_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+                 "<think>", "</think>")
+PHI4_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_sep|>", "<|im_end|>", "<|dummy_85|>")
+PHI3_SPECIAL = ("<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>")
+SPM_VOCAB = 300  # 256 byte pieces, 4 control pieces, a few merges
+# Gemma's control ids: pad 0, eos 1, bos 2, unk 3.
+SPM_IDS = {"pad_id": 0, "eos_id": 1, "bos_id": 2, "unk_id": 3}
+
+
+def write_bpe(model_dir: Path, special: tuple[str, ...]) -> int:
+    """Returns the tokenizer's vocabulary size."""
+    ids = {token: NUM_BYTES + i for i, token in enumerate(special)}
+    write_bpe_tokenizer(Path(model_dir), 512, ids)
+    return NUM_BYTES + len(special)
+
+
+def write_spm(model_dir: Path, special: tuple[str, ...] = ()) -> int:
+    """A sentencepiece BPE model (byte fallback) trained on arithmetic text; ``special``
+    tokens follow its vocabulary, listed in a tokenizer.json's added_tokens as Phi-3's.
+    Returns the vocabulary size, special tokens included."""
+    import sentencepiece as spm
+
+    lines = [f"{a} + {b} = {a + b}. What is {a} plus {b}?" for a in range(30) for b in range(9)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=SPM_VOCAB,
+        model_type="bpe", byte_fallback=True, character_coverage=1.0, **SPM_IDS,
+        minloglevel=2)
+    (Path(model_dir) / "tokenizer.model").write_bytes(model.getvalue())
+    if special:
+        ids = {token: SPM_VOCAB + i for i, token in enumerate(special)}
+        (Path(model_dir) / "tokenizer.json").write_text(
+            json.dumps({"version": "1.0", "added_tokens": added_tokens(ids)}, indent=1))
+    return SPM_VOCAB + len(special)

@@ -1,0 +1,27 @@
+"""Logits of a HF checkpoint as the trainer loads it: the component builder and the
+checkpointer the planner picks from config.json, torchtune's weight conversion, fp32."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+
+def logits(model_dir: Path, tokens: list[list[int]]):
+    import torch
+    from torchtune.config._utils import _get_component_from_path
+
+    from trainer.checkpoint_model import read_checkpoint_model
+
+    checkpoint = read_checkpoint_model(Path(model_dir))
+    arch = checkpoint.architecture
+    model = _get_component_from_path(arch.component(lora=False))(**arch.dims)
+    with tempfile.TemporaryDirectory() as out:
+        checkpointer = _get_component_from_path(arch.checkpointer)(
+            checkpoint_dir=str(model_dir), checkpoint_files=checkpoint.weight_files,
+            model_type=arch.model_type, output_dir=out)
+        state = checkpointer.load_checkpoint()["model"]
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    model.eval()
+    with torch.no_grad():
+        return model(torch.tensor(tokens)).float()

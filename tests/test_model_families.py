@@ -1,0 +1,233 @@
+"""Qwen3, Gemma 2 and Phi-3/Phi-4 checkpoints written by transformers itself: they load in
+the trainer with transformers' logits, train, and export an adapter that PEFT applies
+to the base to give the exported merged model.
+
+transformers and peft run in the serving venv (tests/test_export_serving.py explains
+why); the trainer and the exporter run as `kubetune` processes, as in a pod.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import tiny_tokenizers
+from tests.support.cli import REPO, clean_env, kubetune
+from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
+
+
+
+HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
+VOCAB = 320  # the model's embedding rows; each tokenizer uses the first ones
+
+
+@dataclass(frozen=True)
+class Family:
+    hf_family: str  # tests/support/hf_checkpoint.py FAMILIES key
+    tokenizer: str  # "bpe" or "spm"
+    special: tuple[str, ...]
+    lora_component: str
+    checkpointer: str
+    targets: str  # --lora-target-modules
+    # transformers loads byte-level BPE from tokenizer.json; a sentencepiece-only
+    # checkpoint needs the sentencepiece package, which the serving venv lacks.
+    token_ids: bool = False
+    method: str = "lora"
+
+
+FAMILIES = {
+    "qwen3": Family("qwen3", "bpe", tiny_tokenizers.QWEN3_SPECIAL,
+                    "trainer.models.qwen3.lora_qwen3",
+                    "trainer.models.qwen_weights.Qwen3HFCheckpointer", "all-linear"),
+    "gemma2": Family("gemma2", "spm", (), "trainer.models.gemma2.lora_gemma2",
+                     "trainer.models.gemma2.Gemma2HFCheckpointer", "all-linear",
+                     token_ids=True),
+    # Phi-4's tokenizer files; DoRA on a subset of each fused module's parts, so the
+    # fused PEFT adapter has zero blocks and base-norm magnitudes where a part has none.
+    "phi4": Family("phi3", "bpe", tiny_tokenizers.PHI4_SPECIAL,
+                   "torchtune.models.phi3.lora_phi3",
+                   "trainer.models.phi3_weights.Phi3HFCheckpointer",
+                   "q_proj,v_proj,gate_proj,down_proj", method="dora"),
+}
+TRAIN = ["--epochs", "1", "--batch-size", "8", "--learning-rate", "3e-3", "--dtype", "fp32",
+         "--seed", "0"]
+LORA_STEPS = ["--max-steps", "3", "--warmup-steps", "1"]
+
+
+def serving(python: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), *args], capture_output=True, text=True, timeout=600,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                               "HOME": "/tmp"})
+
+
+def write_checkpoint(python: Path, name: str, dest: Path) -> Path:
+    family = FAMILIES[name]
+    written = serving(python, str(HF_CHECKPOINT), "write", family.hf_family, str(dest),
+                      str(VOCAB))
+    assert written.returncode == 0, written.stderr[-3000:]
+    if family.tokenizer == "bpe":
+        tiny_tokenizers.write_bpe(dest, family.special)
+    else:
+        tiny_tokenizers.write_spm(dest, family.special)
+    return dest
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def checkpoint(request, serving_python, tmp_path_factory) -> tuple[str, Path]:
+    name = request.param
+    return name, write_checkpoint(serving_python, name, tmp_path_factory.mktemp(name) / "model")
+
+
+def hf_logits(python: Path, model_dir: Path, tokens: list[list[int]], tmp: Path):
+    import torch
+
+    (tmp / "tokens.json").write_text(json.dumps(tokens))
+    result = serving(python, str(HF_CHECKPOINT), "logits", str(model_dir), str(tmp / "tokens.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.tensor(json.loads(result.stdout))
+
+
+def tokens() -> list[list[int]]:
+    import torch
+
+    return torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def train(model_dir: Path, dataset_dir: Path, output: Path, *args: str
+          ) -> subprocess.CompletedProcess:
+    env = clean_env(KUBETUNE_MODEL_DIR=str(model_dir), KUBETUNE_DATASET_DIR=str(dataset_dir),
+                    KUBETUNE_OUTPUT_DIR=str(output))
+    return kubetune("train", *TRAIN, *args, env=env, timeout=900)
+
+
+def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: Path
+                                 ) -> tuple[Path, Path]:
+    """`kubetune local --runtime` of the direct Qwen3-8B LoRA runtime on the tiny Qwen3;
+    returns the workspace's model and output directories."""
+    from tests.test_local_runtime import BASE, sources, trainjob
+
+    env = {"KUBETUNE_MAX_STEPS": "3", "KUBETUNE_EPOCHS": "1", "KUBETUNE_BATCH_SIZE": "8",
+           "KUBETUNE_LEARNING_RATE": "3e-3", "KUBETUNE_WARMUP_STEPS": "1",
+           "KUBETUNE_DTYPE": "fp32", "KUBETUNE_SEED": "0",
+           "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
+    job = trainjob(tmp_path, "kubetune-qwen3-8b-lora", {
+        **sources(model_dir, dataset_dir),
+        "trainer": {"env": [{"name": k, "value": v} for k, v in env.items()]}})
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
+                      str(BASE / "kubetune-qwen3-8b-lora.yaml"), "--trainjob", str(job),
+                      env=clean_env(), timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ws = tmp_path / "run" / "workspace"
+    assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
+    merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
+    assert merged["model"]["_component_"] == "trainer.models.qwen3.lora_qwen3"
+    assert merged["checkpointer"]["_component_"] == FAMILIES["qwen3"].checkpointer
+    assert (ws / "export" / "adapter_model.safetensors").is_file()  # the runtime's exporter
+    return ws / "model", ws / "output"
+
+
+@pytest.mark.slow
+def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
+        checkpoint, serving_python, tiny_dataset_dir, tmp_path):
+    from tests.support.torchtune_logits import logits
+
+    name, model_dir = checkpoint
+    family = FAMILIES[name]
+
+    # Loaded as the trainer loads it (builder + checkpointer from config.json), fp32.
+    want = hf_logits(serving_python, model_dir, tokens(), tmp_path)
+    got = logits(model_dir, tokens())
+    scale = max(1.0, float(want.abs().max()))
+    assert float((got - want).abs().max()) <= TOLERANCE * scale
+
+    if name == "qwen3":  # through its ClusterTrainingRuntime, as a TrainJob runs it
+        model_dir, output = lora_run_through_the_runtime(model_dir, tiny_dataset_dir, tmp_path)
+    else:
+        output = tmp_path / "output"
+        trained = train(model_dir, tiny_dataset_dir, output, *LORA_STEPS, "--method",
+                        family.method, "--lora-target-modules", family.targets)
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        # The builder and checkpointer resolved from config.json, as the dry run shows.
+        merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
+        assert merged["model"]["_component_"] == family.lora_component
+        assert merged["checkpointer"]["_component_"] == family.checkpointer
+    export = tmp_path / "export"
+    exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir", str(output),
+                        "--export-uri", str(export), "--export-format", "both",
+                        env=clean_env())
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    served = serving(serving_python, str(REPO / "tests/support/serve_adapter.py"), str(export),
+                     *(["--token-ids"] if family.token_ids else []))
+    assert served.returncode == 0, served.stderr[-3000:]
+    report = json.loads(served.stdout.strip().splitlines()[-1])
+    print(f"{name}: peft vs merged: {report}")
+    assert report["max_abs_diff"] <= TOLERANCE * max(1.0, report["logit_scale"])
+    assert report["adapter_effect"] > 100 * TOLERANCE
+    config = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert config.get("use_dora", False) is (family.method == "dora")
+
+
+@pytest.mark.slow
+def test_qwen3_full_finetune_saves_what_transformers_loads(serving_python, tiny_dataset_dir,
+                                                          tmp_path):
+    from tests.support.torchtune_logits import logits
+
+    model_dir = write_checkpoint(serving_python, "qwen3", tmp_path / "model")
+    output = tmp_path / "output"
+    trained = train(model_dir, tiny_dataset_dir, output, "--method", "full", "--max-steps", "2")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    saved = output / "epoch_0"
+    assert not (saved / "adapter_model.safetensors").exists()
+    # The saved checkpoint is HF layout: transformers loads it and agrees with the trainer.
+    want = hf_logits(serving_python, saved, tokens(), tmp_path)
+    assert float((logits(saved, tokens()) - want).abs().max()) <= TOLERANCE * max(
+        1.0, float(want.abs().max()))
+    before = hf_logits(serving_python, model_dir, tokens(), tmp_path)
+    assert float((want - before).abs().max()) > 100 * TOLERANCE  # training moved it
+
+
+def test_qwen2_adapter_is_saved_in_hf_rows(tmp_path):
+    """torchtune 0.6.1 permutes q/k LoRA B as if Qwen's RoPE were interleaved; the adapter
+    the Qwen checkpointer saves, applied to the base, gives the merged model it saves."""
+    import torch
+    from torchtune import training
+    from torchtune.config._utils import _get_component_from_path
+    from torchtune.modules.peft import get_adapter_state_dict, get_merged_lora_ckpt
+
+    from exporter import verify_logits
+    from kubetune.demo import write_tiny_qwen2
+    from trainer.checkpoint_model import read_checkpoint_model
+
+    model_dir = write_tiny_qwen2(tmp_path / "model")
+    checkpoint = read_checkpoint_model(model_dir)
+    arch = checkpoint.architecture
+    model = _get_component_from_path(arch.component(lora=True))(
+        lora_attn_modules=["q_proj", "k_proj", "v_proj"], lora_rank=4, lora_alpha=8,
+        **arch.dims)
+    checkpointer = _get_component_from_path(arch.checkpointer)(
+        checkpoint_dir=str(model_dir), checkpoint_files=checkpoint.weight_files,
+        model_type=arch.model_type, output_dir=str(tmp_path / "out"))
+    model.load_state_dict(checkpointer.load_checkpoint()[training.MODEL_KEY], strict=False)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained adapter: B no longer zero
+        for name, param in model.named_parameters():
+            if "lora_b" in name:
+                param.normal_(std=0.05)
+    adapter = {k: v.clone() for k, v in get_adapter_state_dict(model.state_dict()).items()}
+    merged = get_merged_lora_ckpt({k: v.clone() for k, v in model.state_dict().items()},
+                                  rank=4, alpha=8)
+    checkpointer.save_checkpoint({
+        training.MODEL_KEY: merged, training.ADAPTER_KEY: adapter,
+        training.ADAPTER_CONFIG: {"r": 4, "lora_alpha": 8, "peft_type": "LORA",
+                                  "target_modules": ["q_proj", "k_proj", "v_proj"]}}, epoch=0)
+    saved = tmp_path / "out" / "epoch_0"
+    config = json.loads((saved / "adapter_config.json").read_text())
+    report = verify_logits.check(model_dir / "config.json", [model_dir / "model.safetensors"],
+                                 saved / "adapter_model.safetensors", config,
+                                 sorted(saved.glob("model-*.safetensors")))
+    assert report.max_abs_diff <= TOLERANCE * report.scale
