@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import inspect
 import logging
-import os
 import shutil
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path

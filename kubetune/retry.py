@@ -17,7 +17,6 @@ make single attempts, so N attempts here are N requests, not N x their own retri
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time

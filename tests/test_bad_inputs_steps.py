@@ -11,7 +11,6 @@ exporter rows reuse the session's trained run.
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 from dataclasses import dataclass, field

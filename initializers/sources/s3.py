@@ -46,6 +46,7 @@ from initializers.stream_write import write_stream
 from initializers.uri_names import check_s3_bucket
 from kubetune import credentials, env, retry
 from kubetune.env_numbers import env_float, env_int
+from kubetune.errors import BadInputError
 from kubetune.redact import register_secret
 from kubetune.retry import TransientFailure
 
