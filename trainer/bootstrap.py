@@ -65,8 +65,11 @@ def install(cls: type, guard: Guard) -> None:
 
         @functools.wraps(original_save)
         def save_checkpoint(self, epoch: int, *args, **kwargs):
+            checkpointer = getattr(self, "_checkpointer", None)
+            original_dir = guard.before_save(checkpointer)
             result = original_save(self, epoch, *args, **kwargs)
-            guard.after_save(self, self.epochs_run, epoch, epoch + 1 < self.total_epochs)
+            guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch,
+                             epoch + 1 < self.total_epochs)
             return result
 
         cls.save_checkpoint = save_checkpoint
@@ -78,9 +81,12 @@ def install(cls: type, guard: Guard) -> None:
 
         @functools.wraps(original_client_save)
         def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
+            checkpointer = self._get_checkpointer()
+            original_dir = guard.before_save(checkpointer)
             result = original_client_save(self, model, optimizer, training_progress, epoch,
                                           *args, **kwargs)
-            guard.after_save(current.get("recipe"), training_progress.epochs_run, epoch,
+            guard.after_save(current.get("recipe"), checkpointer, original_dir,
+                             training_progress.epochs_run, epoch,
                              epoch + 1 < training_progress.total_epochs)
             return result
 

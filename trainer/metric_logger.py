@@ -2,7 +2,8 @@
 and prints progress lines ``kubectl logs`` shows without carriage-return bars.
 
 Each line: step, epoch, loss, lr, tokens (this step, all ranks), tokens_per_second (as
-the recipe measured it, per device), peak_memory_bytes (CUDA peak reserved on GPU, peak
+the recipe measured it, per device), batch_digest (of the token ids the step trained on,
+all ranks), peak_memory_bytes (CUDA peak reserved on GPU, peak
 resident memory on CPU), time_s since the logger started.
 """
 
@@ -47,6 +48,7 @@ class JsonLinesMetricLogger:
         self._last_print = float("-inf")
         self._epoch: int | None = None
         self._step_tokens: int | None = None
+        self._step_digest: str | None = None
 
     # Called by trainer.step_guard, which sees the batches the recipe trains on.
     def set_epoch(self, epoch: int) -> None:
@@ -54,6 +56,9 @@ class JsonLinesMetricLogger:
 
     def note_step_tokens(self, tokens: int) -> None:
         self._step_tokens = int(tokens)
+
+    def note_step_digest(self, digest: str) -> None:
+        self._step_digest = digest
 
     def log(self, name: str, data: Any, step: int) -> None:
         self.log_dict({name: data}, step)
@@ -69,6 +74,9 @@ class JsonLinesMetricLogger:
             if self._step_tokens is not None:
                 record["tokens"] = self._step_tokens
                 self._step_tokens = None
+            if self._step_digest is not None:
+                record["batch_digest"] = self._step_digest
+                self._step_digest = None
             record["peak_memory_bytes"] = peak_memory_bytes()
         record["time_s"] = round(time.monotonic() - self._start, 3)
         self._file.write(json.dumps(record) + "\n")
