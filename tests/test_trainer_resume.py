@@ -9,6 +9,8 @@ same final weights within 1e-5. The CPU runs are deterministic: fp32, seeded, on
 
 from __future__ import annotations
 
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from kubetune.demo import write_tiny_dataset
-from kubetune.errors import EXIT_TRANSIENT
+from kubetune.errors import EXIT_KILLED, EXIT_TRANSIENT
 from tests.support.trainer import Pvc, make_pvc, start_tune_run, tune_run
 
 pytestmark = pytest.mark.slow
@@ -146,3 +148,44 @@ def test_full_finetune_on_two_processes_resumes_exactly(tmp_path, tiny_model_dir
     result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, **env))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training(pvc, reference, "epoch_1", adapter=False)
+
+
+def test_sigkill_at_each_checkpoint_write_then_restart_completes(tmp_path, tiny_model_dir,
+                                                                 small_dataset_dir):
+    """kill -9 (KUBETUNE_TEST_KILL_AT=N: the trainer SIGKILLs itself at its N-th write
+    point: in the middle of each file torchtune writes, and between the steps that make a
+    checkpoint durable and vouched for) at every point of a resumable save and in the
+    final one. Each time the launcher reports the signal (exit 76), and the restart ends
+    with the uninterrupted run's steps and adapter, resuming only from a vouched save."""
+
+    def args(pvc):
+        return ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
+                *train_args(pvc, "epochs=1", "max_steps_per_epoch=2",
+                            "save_adapter_weights_only=True")]
+
+    env = {"KUBETUNE_SAVE_EVERY_N_STEPS": "1"}  # a resumable save after step 1
+    reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
+    killed_at, n = [], 0
+    while not killed_at or killed_at[-2:-1] != ["resume record written"]:
+        n += 1
+        shutil.rmtree(pvc.output, ignore_errors=True)
+        killed = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, KUBETUNE_TEST_KILL_AT=str(n),
+                                                                  **env))
+        assert killed.returncode == EXIT_KILLED, killed.stderr[-3000:]
+        killed_at.append(re.search(r"killing the trainer at (.*)", killed.stderr).group(1))
+        report = pvc.termination_log.read_text().strip()
+        assert report.startswith("trainer: recipe lora_finetune_single_device was killed by "
+                                  "signal 9 (SIGKILL), likely the out-of-memory killer: raise "
+                                  "the container's memory limit"), report
+        assert f"error: {report}" in killed.stderr.splitlines()
+
+        again = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, **env))
+        assert again.returncode == 0, (killed_at[-1], again.stderr[-3000:])
+        vouched = "resume record written" in killed_at
+        assert ("global step 1, saved on step" in again.stderr) == vouched, killed_at[-1]
+        assert_same_training(pvc, reference, "epoch_0", adapter=True)
+    assert any("adapter_model.pt" in p for p in killed_at[:-1]), killed_at
+    assert any("recipe_state.pt" in p for p in killed_at), killed_at
+    assert "checkpoint renamed into place" in killed_at, killed_at
+    assert "epoch_0/adapter_model.pt" in killed_at[-1], killed_at  # in the final save

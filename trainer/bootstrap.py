@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
         die_with_parent()  # torchrun's workers go when torchrun goes
     cpu_adapt.apply()
+    _log_to_stderr()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()
     if os.environ.get("TQDM_DISABLE") == "1":
@@ -158,6 +159,17 @@ def main(argv: list[str] | None = None) -> int:
             _exit_now(done.code if isinstance(done.code, int) else int(done.code is not None))
         raise
     return 0
+
+
+def _log_to_stderr() -> None:
+    """Our own lines from inside the recipe process (checkpoints vouched for, resume
+    position), formatted as the launcher's; torchtune's loggers are left as they are."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s trainer %(levelname)s %(message)s",
+                                           datefmt="%Y-%m-%dT%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def _exit_now(code: int) -> None:

@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 from kubetune import env
@@ -158,9 +159,8 @@ class KillHook:
                 f.write(data[: len(data) // 2])
                 f.flush()
                 os.fsync(f.fileno())
-        log.info("KUBETUNE_TEST_KILL_AT=%d: killing the trainer at %s", self.kill_at, what)
-        for handler in logging.getLogger().handlers + log.handlers:
-            handler.flush()
+        print(f"KUBETUNE_TEST_KILL_AT={self.kill_at}: killing the trainer at {what}",
+              file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _wrap_writers(self) -> None:
