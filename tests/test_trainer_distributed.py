@@ -76,7 +76,7 @@ def test_two_nodes_on_loopback_stop_together_resume_and_finish(tmp_path, tiny_mo
     nodes = start_nodes("second")
     codes = [node.wait(timeout=600) for node in nodes]
     assert codes == [0, 0], logs("second")[-3000:]
-    assert logs("second").count(f"global step {stopped_at}") == 2  # both nodes resumed
+    assert logs("second").count(f"done (global step {stopped_at}") == 2  # both nodes resumed
     assert [m["step"] for m in pvc.metrics()] == list(range(1, 13))
     summary = pvc.summary()
     assert summary["world_size"] == 2 and summary["exit_reason"] == "completed"

@@ -87,7 +87,10 @@ class CheckpointStore:
         self.kill_hook = KillHook.from_env()
 
     def begin(self) -> Path:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        # Whatever a killed save left: never vouched for, never read.
+        for leftover in [self.staging, *self.output_dir.glob(".kubetune-epoch_*-staging"),
+                         *self.output_dir.glob(f"epoch_*{_OLD_SUFFIX}")]:
+            shutil.rmtree(leftover, ignore_errors=True)
         self.staging.mkdir(parents=True)
         return self.staging
 

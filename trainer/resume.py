@@ -134,12 +134,16 @@ def apply(cfg: DictConfig, output_dir: Path) -> ResumeRecord | None:
                     record.epoch_dir, problem)
         return None
     cfg.resume_from_checkpoint = True
+    # torchtune reads everything it resumes from relative to its checkpointer's output_dir
+    # (and, for a full fine-tune, looks there for the newest epoch_N/): the checkpoint's
+    # own directory. Saves never go there: each is staged (trainer.checkpoint_store).
+    cfg.checkpointer.output_dir = str(Path(output_dir) / record.checkpoint)
     if record.adapter:
-        cfg.checkpointer.adapter_checkpoint = f"{record.epoch_dir}/{ADAPTER_FILE}"
+        cfg.checkpointer.adapter_checkpoint = str(inside / ADAPTER_FILE)
     else:
-        # Full fine-tuning resumes from the saved weights themselves, read from output_dir.
-        cfg.checkpointer.checkpoint_files = [f"{record.epoch_dir}/{s}" for s in shards]
-    cfg.checkpointer.recipe_checkpoint = f"{record.checkpoint}/{RECIPE_STATE_FILE}"
+        # Full fine-tuning resumes from the saved weights themselves.
+        cfg.checkpointer.checkpoint_files = [str(inside / s) for s in shards]
+    cfg.checkpointer.recipe_checkpoint = RECIPE_STATE_FILE
     # For the step guard in the recipe process: where in the run the checkpoint stands.
     cfg.kubetune.resume_steps_in_epoch = record.steps_in_epoch
     cfg.kubetune.resume_global_step = record.global_step
