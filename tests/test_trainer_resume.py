@@ -150,6 +150,29 @@ def test_full_finetune_on_two_processes_resumes_exactly(tmp_path, tiny_model_dir
     assert_same_training(pvc, reference, "epoch_1", adapter=False)
 
 
+@pytest.mark.parametrize("recipe,config,processes,extra", [
+    ("full_finetune_single_device", "llama3_2/1B_full_single_device", 1,
+     ["gradient_accumulation_steps=2", "optimizer_in_bwd=False"]),
+    ("lora_finetune_distributed", "llama3_2/1B_lora", 2, []),
+], ids=["full-1-process-accumulating", "lora-2-processes"])
+def test_the_other_recipes_resume_exactly(tmp_path, tiny_model_dir, small_dataset_dir, recipe,
+                                          config, processes, extra):
+    """The remaining method x topology pairs, stopped once in epoch 0 of 2."""
+
+    def args(pvc):
+        return [recipe, "--config", config, *train_args(pvc, "epochs=2", *extra)]
+
+    env = {"PET_NNODES": "1", "PET_NPROC_PER_NODE": str(processes), "PET_NODE_RANK": "0"}
+    reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
+    assert len(trained_steps(reference)) == 6  # 24 rows, 8 per step: 3 steps x 2 epochs
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
+    assert stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc, **env), 1, "first") < 6
+    result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, **env))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_training(pvc, reference, "epoch_1", adapter=recipe.startswith("lora"))
+
+
 def test_sigkill_at_each_checkpoint_write_then_restart_completes(tmp_path, tiny_model_dir,
                                                                  small_dataset_dir):
     """kill -9 (KUBETUNE_TEST_KILL_AT=N: the trainer SIGKILLs itself at its N-th write

@@ -103,18 +103,20 @@ _SIGNAL_MEANINGS = {
     signal.SIGABRT: "an abort in native code (torch, a driver)",
     signal.SIGTERM: "terminated by another process",
 }
-# torchrun's report of a worker killed by a signal ("exitcode  : -9 (pid: 123)").
-_TORCHRUN_SIGNAL = re.compile(r"exitcode\s*:\s*-(\d+)")
+# torchrun's report of a failed worker ("exitcode  : -9 (pid: 123)"; negative: a signal).
+_TORCHRUN_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 def _killing_signal(code: int, tail: collections.deque) -> int | None:
-    """The signal that killed the recipe (or, under torchrun, one of its workers)."""
+    """The signal that killed the recipe, or under torchrun the worker that failed first
+    (its report's root cause comes last; the workers torchrun then stopped come before)."""
     if code < 0:
         return -code
     for line in reversed(tail):
-        match = _TORCHRUN_SIGNAL.search(line)
+        match = _TORCHRUN_EXIT.search(line)
         if match:
-            return int(match.group(1))
+            worker_code = int(match.group(1))
+            return -worker_code if worker_code < 0 else None
     return None
 
 

@@ -142,7 +142,8 @@ class Guard:
         if original_dir is None:
             return
         checkpointer._output_dir = original_dir
-        reason = self.forced_reason or "epoch"
+        # An epoch's own save is also the stop's checkpoint when the stop came in its last step.
+        reason = self.forced_reason or ("signal" if self.stop_pending else "epoch")
         steps = self.steps_in_epoch if self.forced_reason else 0
         adapter = recipe is not None and hasattr(recipe, "_lora_rank")
         global_step = getattr(recipe, "global_step", 0) if recipe is not None else 0
@@ -150,7 +151,7 @@ class Guard:
             fingerprint=self.fingerprint, epochs_run=epochs_run, steps_in_epoch=steps,
             global_step=global_step, epoch_dir="", adapter=adapter, reason=reason)
         self.store.commit(record, epoch, resumable=intermediate,
-                          publish_epoch=reason == "epoch")
+                          publish_epoch=self.forced_reason is None)
         if intermediate:
             log.info("resumable checkpoint %s: %d epoch(s) + %d step(s), global step %d (%s)",
                      record.checkpoint, epochs_run, steps, global_step, reason)
@@ -219,6 +220,8 @@ class GuardedLoader:
         logger = getattr(recipe, "_metric_logger", None)
         if hasattr(logger, "set_epoch"):
             logger.set_epoch(recipe.epochs_run)
+        if budget == 0:
+            return  # (telling the sampler to skip would carry over into the next epoch)
         skip = 0 if not offset or self._skip_in_sampler(offset * accum) else offset * accum
         batches = iter(self._loader)
         for _ in range(skip):
@@ -227,12 +230,14 @@ class GuardedLoader:
         while True:
             if seen and seen % accum == 0:  # the recipe finished an optimizer step
                 guard.steps_in_epoch = offset + seen // accum
-                if guard.stop_pending:
+                # At the epoch's end the recipe's own save follows (and a pending stop
+                # raises at the next epoch's start): no save of ours there.
+                mid_epoch = guard.steps_in_epoch < steps_this_epoch
+                if guard.stop_pending and mid_epoch:
                     guard.save_now(recipe, "signal")
                     raise StopRequested()
                 if (guard.save_every and recipe.global_step % guard.save_every == 0
-                        and guard.steps_in_epoch < steps_this_epoch):
-                    # (at the epoch's end the recipe's own save follows)
+                        and mid_epoch):
                     guard.save_now(recipe, "step")
             if seen >= budget:
                 return
