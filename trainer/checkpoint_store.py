@@ -30,7 +30,6 @@ step of ``commit``, so a test can show that a kill at any of them loses nothing.
 from __future__ import annotations
 
 import io
-import logging
 import os
 import shutil
 import signal
@@ -39,8 +38,6 @@ from pathlib import Path
 
 from kubetune import env
 from trainer import resume
-
-log = logging.getLogger("trainer")
 
 STAGING_NAME = ".kubetune-checkpoint-staging"
 _OLD_SUFFIX = ".kubetune-old"
