@@ -99,6 +99,7 @@ TRAIN_OVERRIDES = "KUBETUNE_TRAIN_OVERRIDES"
 GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline
 SAVE_EVERY_N_STEPS = "KUBETUNE_SAVE_EVERY_N_STEPS"  # step-level resumable saves (0: per epoch)
 STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the next step
+TEST_KILL_AT = "KUBETUNE_TEST_KILL_AT"  # tests only: SIGKILL at the N-th checkpoint write
 
 # TrainJob status (Kubeflow Trainer 2.2+, feature gate TrainJobStatus): the controller
 # injects these into trainer containers; spelled as the kubeflow SDK reads them.

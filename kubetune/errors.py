@@ -11,6 +11,8 @@ code  name                meaning
 65    BAD_INPUT           the request cannot succeed as given: do not restart
 70    INTERNAL            a bug in kubetune or a dependency: report it
 75    TRANSIENT           a temporary failure outlasted its retries: restart may help
+76    KILLED              the training process was killed by a signal (9: likely the
+                          out-of-memory killer): restart resumes from the last checkpoint
 ====  ==================  ==========================================================
 
 The codes come from BSD ``sysexits.h`` (EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL) so they
@@ -24,6 +26,7 @@ EXIT_USAGE = 2
 EXIT_BAD_INPUT = 65
 EXIT_INTERNAL = 70
 EXIT_TRANSIENT = 75
+EXIT_KILLED = 76
 
 
 class KubetuneError(Exception):
@@ -51,6 +54,12 @@ class TransientError(KubetuneError):
     """A temporary failure (network, server) that outlasted its retries: a restart may help."""
 
     exit_code = EXIT_TRANSIENT
+
+
+class KilledError(KubetuneError):
+    """A child process was killed by a signal (often the OOM killer): a restart resumes."""
+
+    exit_code = EXIT_KILLED
 
 
 class StepFailedError(KubetuneError):

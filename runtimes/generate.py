@@ -22,9 +22,11 @@ EXPORTER_IMAGE = f"{REGISTRY}/exporter:{VERSION}"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 UID = 65532
 # Exit codes (kubetune/errors.py): usage, bad input and internal errors fail for good;
-# everything else (75 transient, a crash, a kill) is counted and may be restarted.
+# everything else (75 transient, 76 a recipe killed by a signal such as the OOM killer's,
+# a crash, a kill) is counted and may be restarted: the restart resumes from the last
+# resumable checkpoint.
 FINAL_EXIT_CODES = [2, 65, 70]
-TRANSIENT_EXIT_CODE = 75
+RESTARTABLE_EXIT_CODES = [75, 76]
 MAX_RESTARTS = 3
 DEFAULT_DATASET = "hf://tatsu-lab/alpaca"
 
@@ -142,7 +144,7 @@ def _failure_policy(container: str, backoff_limit: int) -> dict:
                 "containerName": container, "operator": "In", "values": FINAL_EXIT_CODES}},
             {"action": "Count", "onExitCodes": {
                 "containerName": container, "operator": "In",
-                "values": [TRANSIENT_EXIT_CODE]}},
+                "values": RESTARTABLE_EXIT_CODES}},
             # Evictions and preemptions are not the step's fault.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
                                                       "status": "True"}]},

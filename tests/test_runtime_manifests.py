@@ -147,6 +147,10 @@ def test_runtime_policies(path):
                 # The Job API wants them ascending, unique, and no 0 with In.
                 assert values == sorted(set(values)) and 0 not in values
             assert 65 in codes and 75 not in codes
+            # A recipe killed by a signal (76, e.g. the OOM killer) restarts and resumes.
+            counted = {v for r in job["template"]["spec"]["podFailurePolicy"]["rules"]
+                       if r["action"] == "Count" for v in r["onExitCodes"]["values"]}
+            assert {75, 76} <= counted and 76 not in codes
     node_job = next(j for j in jobs(runtime) if j["name"] == "node")
     assert node_job["template"]["metadata"]["labels"][ANCESTOR] == "trainer"
     node = pod(node_job)["containers"][0]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kubetune.errors import EXIT_TRANSIENT
+from kubetune.errors import EXIT_KILLED, EXIT_TRANSIENT
 from tests.support.trainer import SHORT, make_pvc, start_tune_run, tune_run
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_two_nodes_on_loopback_stop_together_resume_and_finish(tmp_path, tiny_mo
     nodes = start_nodes("second")
     codes = [node.wait(timeout=600) for node in nodes]
     assert codes == [0, 0], logs("second")[-3000:]
-    assert logs("second").count(f"global step {stopped_at}") == 2  # both nodes resumed
+    assert logs("second").count(f"done (global step {stopped_at}") == 2  # both nodes resumed
     assert [m["step"] for m in pvc.metrics()] == list(range(1, 13))
     summary = pvc.summary()
     assert summary["world_size"] == 2 and summary["exit_reason"] == "completed"
@@ -88,3 +88,21 @@ def test_two_nodes_on_loopback_stop_together_resume_and_finish(tmp_path, tiny_mo
     nodes = start_nodes("third")
     assert [node.wait(timeout=120) for node in nodes] == [0, 0]
     assert logs("third").count("nothing to do") == 2
+
+
+def test_a_worker_killed_by_a_signal_is_reported_as_such(tmp_path, tiny_model_dir,
+                                                         tiny_dataset_dir):
+    """Rank 0 SIGKILLed (as the OOM killer does; here by the test hook, at its first
+    checkpoint write): torchrun reports it among its workers; kubetune's line names the
+    signal and what it usually means, with the restartable code 76."""
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    env = pvc.env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0",
+                  KUBETUNE_TEST_KILL_AT="1")
+    result = tune_run(pvc, f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                      "full_finetune_distributed", "--config", "llama3_2/1B_full",
+                      *pvc.runtime_args(), *dataset_args(pvc), env=env)
+    assert result.returncode == EXIT_KILLED, result.stderr[-3000:]
+    report = pvc.termination_log.read_text().strip()
+    assert report.startswith("trainer: recipe full_finetune_distributed was killed by signal 9 "
+                             "(SIGKILL), likely the out-of-memory killer"), report
+    assert not pvc.complete()

@@ -1,57 +1,214 @@
-"""Preemption: SIGTERM mid-run saves a resumable checkpoint and exits 75; the restarted
-pod (same command) resumes from that step and finishes, without repeating steps."""
+"""Preemption loses nothing: a run SIGTERMed (the kubelet's eviction) saves a resumable
+checkpoint and exits 75; the restarted pod (same command) resumes exactly where it stopped.
+
+Exact means what a user checks against a run that was never interrupted: the same number
+of optimizer steps, each logged once, each trained on the same samples in the same order
+(the digest of each step's token ids in metrics.jsonl), the same learning rates, and the
+same final weights within 1e-5. The CPU runs are deterministic: fp32, seeded, one thread.
+"""
 
 from __future__ import annotations
 
+import re
+import shutil
 import time
+from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from kubetune.errors import EXIT_TRANSIENT
-from tests.support.trainer import make_pvc, start_tune_run, tune_run
+from kubetune.demo import write_tiny_dataset
+from kubetune.errors import EXIT_KILLED, EXIT_TRANSIENT
+from tests.support.trainer import Pvc, make_pvc, start_tune_run, tune_run
 
 pytestmark = pytest.mark.slow
 
+ROWS = 24  # batch 4 x 1 process: 6 steps per epoch
+COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
 
-def stop_and_resume(tmp_path, pvc, args, env, total_steps) -> None:
-    first = start_tune_run(pvc, *args, env=env, log=tmp_path / "first.log")
+
+@pytest.fixture(scope="module")
+def small_dataset_dir(tmp_path_factory) -> Path:
+    return write_tiny_dataset(tmp_path_factory.mktemp("sources") / "small", rows=ROWS)
+
+
+def deterministic_env(pvc: Pvc, **extra: str) -> dict[str, str]:
+    return pvc.env(OMP_NUM_THREADS="1", **extra)
+
+
+def train_args(pvc: Pvc, *extra: str) -> list[str]:
+    return [*pvc.runtime_args(), "dataset=torchtune.datasets.instruct_dataset",
+            "dataset.source=parquet", f"dataset.data_dir={pvc.dataset / 'data'}",
+            "batch_size=4", "gradient_accumulation_steps=1", "seed=1", "dtype=fp32",
+            # Large enough steps that a wrong resume moves the weights by far more than 1e-5.
+            "optimizer.lr=3e-3", f"lr_scheduler._component_={COSINE}",
+            "lr_scheduler.num_warmup_steps=2", *extra]
+
+
+def trained_steps(pvc: Pvc) -> list[dict]:
+    return [m for m in pvc.metrics() if "loss" in m]
+
+
+def stop_after(tmp_path: Path, pvc: Pvc, args: list[str], env: dict, step: int,
+               attempt: str) -> int:
+    """Start the run, SIGTERM it once metrics.jsonl shows ``step``; return the last step
+    the stopped run logged."""
+    log = tmp_path / f"{attempt}.log"
+    run = start_tune_run(pvc, *args, env=env, log=log)
     deadline = time.monotonic() + 300
-    while len(pvc.metrics()) < 3 and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    first.terminate()  # SIGTERM, as the kubelet sends on eviction
-    assert first.wait(timeout=120) == EXIT_TRANSIENT, (tmp_path / "first.log").read_text()[-3000:]
+    while (not any(m["step"] >= step for m in trained_steps(pvc)) and run.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    run.terminate()  # SIGTERM, as the kubelet sends on eviction
+    assert run.wait(timeout=120) == EXIT_TRANSIENT, log.read_text()[-3000:]
     report = pvc.termination_log.read_text()
     assert "resumable checkpoint" in report and len(report.strip().splitlines()) == 1
     assert not pvc.complete()
-    stopped_at = pvc.metrics()[-1]["step"]
-    assert stopped_at < total_steps
+    return trained_steps(pvc)[-1]["step"]
 
-    second = tune_run(pvc, *args, env=env)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"step(s) done (global step {stopped_at}" in second.stderr
-    steps = [m["step"] for m in pvc.metrics()]
-    assert steps == list(range(1, total_steps + 1))  # each step once: resumed, not restarted
+
+def final_weights(pvc: Pvc, epoch_dir: str, adapter: bool) -> dict[str, torch.Tensor]:
+    if adapter:
+        return torch.load(pvc.output / epoch_dir / "adapter_model.pt", weights_only=True)
+    weights = {}
+    for shard in sorted((pvc.output / epoch_dir).glob("model-*.safetensors")):
+        weights.update(load_file(shard))
+    return weights
+
+
+def assert_same_training(pvc: Pvc, reference: Pvc, epoch_dir: str, adapter: bool) -> None:
+    """What each step trained on, its loss and LR, and the final weights, as uninterrupted."""
+    got, want = trained_steps(pvc), trained_steps(reference)
+    assert [m["step"] for m in got] == [m["step"] for m in want]  # each step once
+    assert [(m["epoch"], m["batch_digest"]) for m in got] == \
+        [(m["epoch"], m["batch_digest"]) for m in want]  # same samples, same order
+    assert [m["lr"] for m in got] == pytest.approx([m["lr"] for m in want], rel=1e-6)
+    assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in want], abs=1e-5)
+    assert pvc.summary()["steps"] == reference.summary()["steps"] == len(want)
     assert pvc.summary()["exit_reason"] == "completed" and pvc.complete()
+    mine, theirs = final_weights(pvc, epoch_dir, adapter), final_weights(reference, epoch_dir,
+                                                                          adapter)
+    assert mine.keys() == theirs.keys() and mine
+    for name, tensor in theirs.items():
+        assert torch.allclose(mine[name], tensor, rtol=0, atol=1e-5), name
 
 
-def data_args(pvc) -> list[str]:
-    return ["dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
-            f"dataset.data_dir={pvc.dataset / 'data'}", "batch_size=4",
-            "gradient_accumulation_steps=1", "seed=1"]
+def reference_run(tmp_path: Path, model: Path, dataset: Path, args, env_extra: dict) -> Pvc:
+    reference = make_pvc(tmp_path / "reference", model, dataset)
+    result = tune_run(reference, *args(reference), env=deterministic_env(reference, **env_extra))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return reference
 
 
-def test_sigterm_then_restart_resumes_lora_across_epochs(tmp_path, tiny_model_dir,
-                                                        tiny_dataset_dir):
-    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
-    args = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
-            *pvc.runtime_args(), *data_args(pvc), "epochs=2", "max_steps_per_epoch=15"]
-    stop_and_resume(tmp_path, pvc, args, pvc.env(), total_steps=30)
+def test_lora_stopped_three_times_resumes_exactly(tmp_path, tiny_model_dir, small_dataset_dir):
+    """2 epochs x 6 steps, a periodic save every 4 steps; SIGTERM mid-epoch 0, just after
+    the step-4 save, and in the last epoch; each restart resumes; the result is the
+    uninterrupted run's."""
+
+    def args(pvc):
+        return ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
+                *train_args(pvc, "epochs=2")]
+
+    env = {"KUBETUNE_SAVE_EVERY_N_STEPS": "4"}
+    reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
+    assert len(trained_steps(reference)) == 12
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
+    stops = []
+    for attempt, at in (("mid-epoch", 1), ("after-periodic-save", 4), ("last-epoch", 8)):
+        stops.append(stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc, **env), at,
+                                attempt))
+    assert stops[0] < 6 and stops[1] >= 4 and 6 <= stops[2] < 12, stops
+    second = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, **env))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"step(s) done (global step {stops[-1]}" in second.stderr
+    assert_same_training(pvc, reference, "epoch_1", adapter=True)
+    # Finished: the resumable checkpoints are gone; the epochs' outputs stay.
+    assert not (pvc.output / "checkpoints").exists()
+    assert (pvc.output / "epoch_0" / "adapter_model.safetensors").is_file()
 
 
-def test_sigterm_stops_both_ranks_of_a_distributed_full_finetune(tmp_path, tiny_model_dir,
-                                                                 tiny_dataset_dir):
-    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
-    env = pvc.env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0")
-    args = ["full_finetune_distributed", "--config", "llama3_2/1B_full", *pvc.runtime_args(),
-            *data_args(pvc), "epochs=1", "max_steps_per_epoch=20"]
-    stop_and_resume(tmp_path, pvc, args, env, total_steps=20)
+def test_full_finetune_on_two_processes_resumes_exactly(tmp_path, tiny_model_dir,
+                                                       small_dataset_dir):
+    """Distributed (gloo, 2 processes via our launcher) full fine-tune with an epoch cut
+    short by max_steps_per_epoch: stopped mid-epoch 0 and in the last epoch."""
+
+    def args(pvc):
+        return ["full_finetune_distributed", "--config", "llama3_2/1B_full",
+                *train_args(pvc, "epochs=2", "max_steps_per_epoch=2")]
+
+    env = {"PET_NNODES": "1", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "0"}
+    reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
+    assert len(trained_steps(reference)) == 4
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
+    first = stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc, **env), 1, "first")
+    assert first < 4
+    result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, **env))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_training(pvc, reference, "epoch_1", adapter=False)
+
+
+@pytest.mark.parametrize("recipe,config,processes,extra", [
+    ("full_finetune_single_device", "llama3_2/1B_full_single_device", 1,
+     ["gradient_accumulation_steps=2", "optimizer_in_bwd=False"]),
+    ("lora_finetune_distributed", "llama3_2/1B_lora", 2, []),
+], ids=["full-1-process-accumulating", "lora-2-processes"])
+def test_the_other_recipes_resume_exactly(tmp_path, tiny_model_dir, small_dataset_dir, recipe,
+                                          config, processes, extra):
+    """The remaining method x topology pairs, stopped once in epoch 0 of 2."""
+
+    def args(pvc):
+        return [recipe, "--config", config, *train_args(pvc, "epochs=2", *extra)]
+
+    env = {"PET_NNODES": "1", "PET_NPROC_PER_NODE": str(processes), "PET_NODE_RANK": "0"}
+    reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
+    assert len(trained_steps(reference)) == 6  # 24 rows, 8 per step: 3 steps x 2 epochs
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
+    assert stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc, **env), 1, "first") < 6
+    result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, **env))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_training(pvc, reference, "epoch_1", adapter=recipe.startswith("lora"))
+
+
+def test_sigkill_at_each_checkpoint_write_then_restart_completes(tmp_path, tiny_model_dir,
+                                                                 small_dataset_dir):
+    """kill -9 (KUBETUNE_TEST_KILL_AT=N: the trainer SIGKILLs itself at its N-th write
+    point: in the middle of each file torchtune writes, and between the steps that make a
+    checkpoint durable and vouched for) at every point of a resumable save and in the
+    final one. Each time the launcher reports the signal (exit 76), and the restart ends
+    with the uninterrupted run's steps and adapter, resuming only from a vouched save."""
+
+    def args(pvc):
+        return ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
+                *train_args(pvc, "epochs=1", "max_steps_per_epoch=2",
+                            "save_adapter_weights_only=True")]
+
+    env = {"KUBETUNE_SAVE_EVERY_N_STEPS": "1"}  # a resumable save after step 1
+    reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
+    killed_at, n = [], 0
+    while not killed_at or killed_at[-2:-1] != ["resume record written"]:
+        n += 1
+        shutil.rmtree(pvc.output, ignore_errors=True)
+        killed = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, KUBETUNE_TEST_KILL_AT=str(n),
+                                                                  **env))
+        assert killed.returncode == EXIT_KILLED, killed.stderr[-3000:]
+        killed_at.append(re.search(r"killing the trainer at (.*)", killed.stderr).group(1))
+        report = pvc.termination_log.read_text().strip()
+        assert report.startswith("trainer: recipe lora_finetune_single_device was killed by "
+                                  "signal 9 (SIGKILL), likely the out-of-memory killer: raise "
+                                  "the container's memory limit"), report
+        assert f"error: {report}" in killed.stderr.splitlines()
+
+        again = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, **env))
+        assert again.returncode == 0, (killed_at[-1], again.stderr[-3000:])
+        vouched = "resume record written" in killed_at
+        assert ("global step 1, saved on step" in again.stderr) == vouched, killed_at[-1]
+        assert_same_training(pvc, reference, "epoch_0", adapter=True)
+    assert any("adapter_model.pt" in p for p in killed_at[:-1]), killed_at
+    assert any("recipe_state.pt" in p for p in killed_at), killed_at
+    assert "checkpoint renamed into place" in killed_at, killed_at
+    assert "epoch_0/adapter_model.pt" in killed_at[-1], killed_at  # in the final save

@@ -68,8 +68,11 @@ def install(cls: type, guard: Guard, count_cut_samples: bool = False) -> None:
 
         @functools.wraps(original_save)
         def save_checkpoint(self, epoch: int, *args, **kwargs):
+            checkpointer = getattr(self, "_checkpointer", None)
+            original_dir = guard.before_save(checkpointer)
             result = original_save(self, epoch, *args, **kwargs)
-            guard.after_save(self, self.epochs_run, epoch, epoch + 1 < self.total_epochs)
+            guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch,
+                             epoch + 1 < self.total_epochs)
             run_report.on_checkpoint(guard.output_dir, guard.rank)
             return result
 
@@ -82,9 +85,12 @@ def install(cls: type, guard: Guard, count_cut_samples: bool = False) -> None:
 
         @functools.wraps(original_client_save)
         def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
+            checkpointer = self._get_checkpointer()
+            original_dir = guard.before_save(checkpointer)
             result = original_client_save(self, model, optimizer, training_progress, epoch,
                                           *args, **kwargs)
-            guard.after_save(current.get("recipe"), training_progress.epochs_run, epoch,
+            guard.after_save(current.get("recipe"), checkpointer, original_dir,
+                             training_progress.epochs_run, epoch,
                              epoch + 1 < training_progress.total_epochs)
             run_report.on_checkpoint(guard.output_dir, guard.rank)
             return result
@@ -135,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent()  # torchrun's workers go when torchrun goes
     recipe_noise.quiet()  # before torchtune and torchao are imported
     cpu_adapt.apply()
+    _log_to_stderr()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()
     if os.environ.get("TQDM_DISABLE") == "1":
@@ -158,6 +165,17 @@ def main(argv: list[str] | None = None) -> int:
             _exit_now(done.code if isinstance(done.code, int) else int(done.code is not None))
         raise
     return 0
+
+
+def _log_to_stderr() -> None:
+    """Our own lines from inside the recipe process (checkpoints vouched for, resume
+    position), formatted as the launcher's; torchtune's loggers are left as they are."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s trainer %(levelname)s %(message)s",
+                                           datefmt="%Y-%m-%dT%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def _exit_now(code: int) -> None:

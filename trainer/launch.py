@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kubetune import env
-from kubetune.errors import BadInputError, KubetuneError, TransientError
+from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact
 from kubetune.workspace import COMPLETION_MARKER_NAME, REPO_ID_NAME
 from kubetune.logs import wrap_foreign_line
@@ -93,6 +93,42 @@ _OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "can't allocate memo
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:\s*")
 # torchrun's own report of a failed worker: the worker's exception says more.
 _WRAPPER_ERRORS = ("ChildFailedError", "SignalException")
+
+
+# What a signal that kills the recipe usually means, and what to do about it.
+_SIGNAL_MEANINGS = {
+    signal.SIGKILL: "likely the out-of-memory killer: raise the container's memory limit "
+                    "or lower batch_size / tokenizer.max_seq_len",
+    signal.SIGSEGV: "a crash in native code (torch, a driver)",
+    signal.SIGBUS: "a bus error, often a full /dev/shm: enlarge the pod's shm volume",
+    signal.SIGABRT: "an abort in native code (torch, a driver)",
+    signal.SIGTERM: "terminated by another process",
+}
+# torchrun's report of a failed worker ("exitcode  : -9 (pid: 123)"; negative: a signal).
+_TORCHRUN_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def _killing_signal(code: int, tail: collections.deque) -> int | None:
+    """The signal that killed the recipe, or under torchrun the worker that failed first
+    (its report's root cause comes last; the workers torchrun then stopped come before)."""
+    if code < 0:
+        return -code
+    for line in reversed(tail):
+        match = _TORCHRUN_EXIT.search(line)
+        if match:
+            worker_code = int(match.group(1))
+            return -worker_code if worker_code < 0 else None
+    return None
+
+
+def _killed_error(signum: int, recipe: str) -> KilledError:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    meaning = _SIGNAL_MEANINGS.get(signum, "sent by the system or another process")
+    return KilledError(f"recipe {recipe} was killed by signal {signum} ({name}), {meaning}; "
+                       "a restart resumes from the last resumable checkpoint")
 
 
 def _error_line(tail: collections.deque) -> str:
@@ -221,6 +257,9 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         if plan_.resumed_from is None:
             (output_dir / METRICS_NAME).unlink(missing_ok=True)
             resume.clear(output_dir)
+        else:
+            # Steps after the checkpoint (a kill -9 leaves them) are trained and logged again.
+            resume.trim_metrics(output_dir / METRICS_NAME, plan_.resumed_from.global_step)
     special = plan_.checkpoint.tokenizer.special_tokens
     if special:
         # torchtune reads special-token ids from a tokenizer.json's added_tokens.
@@ -274,12 +313,15 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         record = resume.read_record(output_dir)
         if record is not None and record.fingerprint == plan_.fingerprint:
             raise TransientError(
-                f"stopped by signal; resumable checkpoint {output_dir / record.epoch_dir} "
+                f"stopped by signal; resumable checkpoint {output_dir / record.checkpoint} "
                 f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): a restart "
                 "with the same config resumes from it")
         raise TransientError(f"stopped by signal before any resumable checkpoint within the "
                              f"{plan_.grace_period_s:.0f} s grace period: a restart starts over")
     if code != 0:
+        signum = _killing_signal(code, tail)
+        if signum is not None:
+            raise _killed_error(signum, plan_.request.recipe)
         cause = _error_line(tail)
         if any(sign in cause for sign in _OUT_OF_MEMORY):
             raise BadInputError(

@@ -3,7 +3,8 @@ and, through ``trainer.train_progress``, prints one progress line per logged ste
 (``kubectl logs``, no carriage-return bars) and reports the TrainJob status.
 
 Each line: step, epoch, loss, lr, tokens (this step, all ranks), tokens_per_second (as
-the recipe measured it, per device), peak_memory_bytes (CUDA peak reserved on GPU, peak
+the recipe measured it, per device), batch_digest (of the token ids the step trained on,
+all ranks), peak_memory_bytes (CUDA peak reserved on GPU, peak
 resident memory on CPU), time_s since the logger started.
 
 A logger the user configured (TensorBoard, W&B, MLflow, torchtune's DiskLogger) comes in
@@ -54,6 +55,7 @@ class JsonLinesMetricLogger:
         self._progress = TrainProgress()
         self._epoch: int | None = None
         self._step_tokens: int | None = None
+        self._step_digest: str | None = None
 
     # Called by trainer.step_guard, which sees the batches the recipe trains on.
     def set_epoch(self, epoch: int) -> None:
@@ -65,6 +67,9 @@ class JsonLinesMetricLogger:
     # Called by trainer.bootstrap once the recipe knows its epochs and steps per epoch.
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self._progress.set_plan(total_steps, total_epochs)
+
+    def note_step_digest(self, digest: str) -> None:
+        self._step_digest = digest
 
     def log(self, name: str, data: Any, step: int) -> None:
         for other in self._also:
@@ -87,6 +92,9 @@ class JsonLinesMetricLogger:
             if self._step_tokens is not None:
                 record["tokens"] = self._step_tokens
                 self._step_tokens = None
+            if self._step_digest is not None:
+                record["batch_digest"] = self._step_digest
+                self._step_digest = None
             record["peak_memory_bytes"] = peak_memory_bytes()
         record["time_s"] = round(time.monotonic() - self._start, 3)
         self._file.write(json.dumps(record) + "\n")

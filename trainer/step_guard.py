@@ -1,25 +1,39 @@
 """Step-level control around an unmodified torchtune recipe: stop on SIGTERM with a
-resumable checkpoint, periodic step-level saves, and resuming mid-epoch.
+resumable checkpoint, periodic step-level saves, and resuming exactly where a save was.
 
-torchtune 0.6.1's recipes save once per epoch, but their recipe state already carries the
-data loader's position (a ``StatefulDataLoader``). So the one place we need is the data
-loader: between two batches of different optimizer steps the model, optimizer and loader
+Between two batches of different optimizer steps the model, optimizer and data position
 are consistent, and a save there resumes exactly. The recipe's loader is wrapped in a
-proxy that, at each step boundary, asks every rank (one tiny all-reduce) whether any was
-told to stop, counts the step's tokens, and saves when asked to.
+proxy that, at each step boundary, asks every rank (one tiny collective) whether any was
+told to stop, counts the step's tokens, digests what it trained on, and saves when asked.
+
+Resuming exactly, around what torchtune 0.6.1 does not restore:
+
+- data: the recipes build a ``StatefulDataLoader`` and are handed its saved state but never
+  load it; each epoch they call ``sampler.set_epoch(epoch)`` (a ``DistributedSampler``
+  seeded per epoch) and iterate from the first batch. The first epoch after a resume
+  tells the sampler, through its public ``load_state_dict``, to skip exactly the samples
+  the checkpoint's steps consumed (steps x accumulation x batch size, per rank), so the
+  same samples follow in the same order; a sampler without that hook gets the consumed
+  batches drawn and dropped instead.
+- ``global_step``: the recipes restore it only when ``max_steps_per_epoch`` cuts the epoch
+  short, and then as whole epochs; it is set from the record, exactly.
+- the LR scheduler: built at torchtune's (wrong) step, it is stepped on to the record's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
 from kubetune import env
 from kubetune.errors import EXIT_TRANSIENT
 from trainer import resume
+from trainer.checkpoint_store import CheckpointStore
 
 log = logging.getLogger("trainer")
 
@@ -28,6 +42,13 @@ class StopRequested(Exception):
     """Raised inside the recipe once a resumable checkpoint is saved after SIGTERM."""
 
     exit_code = EXIT_TRANSIENT
+
+
+def batch_digest(batch: Any, hasher: "hashlib._Hash") -> None:
+    """Feed what a micro-batch trains on (its token ids) into ``hasher``."""
+    tokens = batch.get("tokens") if isinstance(batch, dict) else None
+    if tokens is not None:
+        hasher.update(tokens.detach().cpu().contiguous().numpy().tobytes())
 
 
 class Guard:
@@ -39,11 +60,14 @@ class Guard:
         self.save_every = int(settings.get("save_every_n_steps") or 0)
         self.fingerprint = str(settings.get("fingerprint") or "")
         self.resume_offset = int(settings.get("resume_steps_in_epoch") or 0)
+        resume_step = settings.get("resume_global_step")
+        self.resume_global_step = int(resume_step) if resume_step is not None else None
         self.signalled = False
         self.stop_pending = False
         self.steps_in_epoch = 0
         self.forced_reason: str | None = None
         self.rank = int(os.environ.get("RANK", "0"))
+        self.store = CheckpointStore(self.output_dir) if self.rank == 0 else None
 
     def install_signal_handler(self) -> None:
         def on_term(signum, frame) -> None:
@@ -54,17 +78,23 @@ class Guard:
     def stop_asked_here(self) -> bool:
         return self.signalled or bool(self.stop_file and os.path.exists(self.stop_file))
 
-    def agree(self, recipe: Any, stop: bool, tokens: int) -> tuple[bool, int]:
-        """All ranks learn whether any must stop, and the step's total token count."""
+    def agree(self, recipe: Any, stop: bool, tokens: int, digest: bytes
+              ) -> tuple[bool, int, str]:
+        """All ranks learn whether any must stop, the step's total token count, and one
+        digest of every rank's batches (in rank order)."""
         import torch
         import torch.distributed as dist
 
+        mine = int.from_bytes(digest[:7], "big")  # fits an int64 on every backend
         if not (dist.is_available() and dist.is_initialized()):
-            return stop, tokens
+            return stop, tokens, digest[:8].hex()
         device = getattr(recipe, "_device", torch.device("cpu"))
-        both = torch.tensor([1.0 if stop else 0.0, float(tokens)], device=device)
-        dist.all_reduce(both)
-        return bool(both[0].item() > 0), int(both[1].item())
+        local = torch.tensor([int(stop), tokens, mine], dtype=torch.int64, device=device)
+        gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, local)
+        rows = [g.tolist() for g in gathered]
+        combined = hashlib.blake2b(str([r[2] for r in rows]).encode(), digest_size=8)
+        return any(r[0] for r in rows), sum(r[1] for r in rows), combined.hexdigest()
 
     # -- saves ---------------------------------------------------------------------------
 
@@ -96,37 +126,55 @@ class Guard:
         finally:
             self.forced_reason = None
 
-    def after_save(self, recipe: Any | None, epochs_run: int, epoch: int,
-                   intermediate: bool) -> None:
-        """Called after every checkpoint save: record it if a restart can resume from it."""
-        if self.rank != 0 or not intermediate:
+    def before_save(self, checkpointer: Any) -> Path | None:
+        """Point torchtune's checkpointer at a fresh staging directory (rank 0, which
+        writes); returns the directory to restore afterwards."""
+        if self.store is None or checkpointer is None:
+            return None
+        original = checkpointer._output_dir
+        checkpointer._output_dir = self.store.begin()
+        return original
+
+    def after_save(self, recipe: Any | None, checkpointer: Any, original_dir: Path | None,
+                   epochs_run: int, epoch: int, intermediate: bool) -> None:
+        """Called after every checkpoint save: commit it; vouch for it if a restart can
+        resume from it."""
+        if original_dir is None:
             return
-        reason = self.forced_reason or "epoch"
+        checkpointer._output_dir = original_dir
+        # An epoch's own save is also the stop's checkpoint when the stop came in its last step.
+        reason = self.forced_reason or ("signal" if self.stop_pending else "epoch")
         steps = self.steps_in_epoch if self.forced_reason else 0
         adapter = recipe is not None and hasattr(recipe, "_lora_rank")
         global_step = getattr(recipe, "global_step", 0) if recipe is not None else 0
-        resume.write_record(self.output_dir, resume.ResumeRecord(
+        record = resume.ResumeRecord(
             fingerprint=self.fingerprint, epochs_run=epochs_run, steps_in_epoch=steps,
-            global_step=global_step, epoch_dir=f"epoch_{epoch}", adapter=adapter,
-            reason=reason))
-        log.info("resumable checkpoint: epoch_%d after %d epoch(s) + %d step(s) (%s)",
-                 epoch, epochs_run, steps, reason)
+            global_step=global_step, epoch_dir="", adapter=adapter, reason=reason)
+        self.store.commit(record, epoch, resumable=intermediate,
+                          publish_epoch=self.forced_reason is None)
+        if intermediate:
+            log.info("resumable checkpoint %s: %d epoch(s) + %d step(s), global step %d (%s)",
+                     record.checkpoint, epochs_run, steps, global_step, reason)
 
     # -- resume --------------------------------------------------------------------------
 
     def after_setup(self, recipe: Any) -> None:
-        """Wrap the loader; on a mid-epoch resume, move step count and LR schedule on."""
+        """Wrap the loader; on a resume, set the step count and LR schedule exactly."""
         recipe._dataloader = GuardedLoader(recipe._dataloader, recipe, self)
-        if self.resume_offset and recipe._resume_from_checkpoint:
-            recipe.global_step += self.resume_offset
-            scheduler = getattr(recipe, "_lr_scheduler", None)
-            for _ in range(self.resume_offset if scheduler is not None else 0):
-                scheduler.step()
-            if self.rank == 0:
-                log.info("resumed mid-epoch: epoch %d, step %d of it (global step %d)",
-                         recipe.epochs_run, self.resume_offset, recipe.global_step)
-        elif not recipe._resume_from_checkpoint:
+        if not recipe._resume_from_checkpoint or self.resume_global_step is None:
             self.resume_offset = 0
+            return
+        recipe.global_step = self.resume_global_step
+        scheduler = getattr(recipe, "_lr_scheduler", None)
+        if scheduler is not None:
+            with warnings.catch_warnings():
+                # "step() before optimizer.step()": moving the schedule, not training.
+                warnings.simplefilter("ignore", UserWarning)
+                for _ in range(recipe.global_step - scheduler.last_epoch):
+                    scheduler.step()
+        if self.rank == 0:
+            log.info("resumed: epoch %d, step %d of it (global step %d)",
+                     recipe.epochs_run, self.resume_offset, recipe.global_step)
 
 
 class GuardedLoader:
@@ -143,6 +191,17 @@ class GuardedLoader:
     def __len__(self) -> int:
         return len(self._loader)
 
+    def _skip_in_sampler(self, batches: int) -> bool:
+        """Have the sampler start ``batches`` batches into the epoch; False if it cannot."""
+        from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+        sampler = getattr(self._loader, "sampler", None)
+        batch_size = getattr(self._loader, "batch_size", None)
+        if not isinstance(sampler, StatefulDistributedSampler) or not batch_size:
+            return False
+        sampler.load_state_dict({"yielded": batches * batch_size})
+        return True
+
     def __iter__(self) -> Iterator:
         recipe, guard = self._recipe, self._guard
         if guard.stop_pending:
@@ -151,25 +210,36 @@ class GuardedLoader:
             raise StopRequested()
         accum = max(1, int(getattr(recipe, "_gradient_accumulation_steps", 1)))
         offset, guard.resume_offset = guard.resume_offset, 0
-        budget = None
+        steps_this_epoch = len(self._loader) // accum
+        batches_this_epoch = len(self._loader)
         if recipe.max_steps_per_epoch is not None:
-            budget = max(0, recipe.max_steps_per_epoch - offset) * accum
+            steps_this_epoch = min(steps_this_epoch, recipe.max_steps_per_epoch)
+            batches_this_epoch = min(batches_this_epoch, steps_this_epoch * accum)
+        budget = max(0, batches_this_epoch - offset * accum)
         guard.steps_in_epoch = offset
         logger = getattr(recipe, "_metric_logger", None)
         if hasattr(logger, "set_epoch"):
             logger.set_epoch(recipe.epochs_run)
-        ignore = getattr(getattr(recipe, "_loss_fn", None), "ignore_index", -100)
+        if budget == 0:
+            return  # (telling the sampler to skip would carry over into the next epoch)
+        skip = 0 if not offset or self._skip_in_sampler(offset * accum) else offset * accum
         batches = iter(self._loader)
-        seen, step_tokens = 0, 0
+        for _ in range(skip):
+            next(batches, None)
+        seen, step_tokens, hasher = 0, 0, hashlib.blake2b(digest_size=16)
         while True:
             if seen and seen % accum == 0:  # the recipe finished an optimizer step
                 guard.steps_in_epoch = offset + seen // accum
-                if guard.stop_pending:
+                # At the epoch's end the recipe's own save follows (and a pending stop
+                # raises at the next epoch's start): no save of ours there.
+                mid_epoch = guard.steps_in_epoch < steps_this_epoch
+                if guard.stop_pending and mid_epoch:
                     guard.save_now(recipe, "signal")
                     raise StopRequested()
-                if guard.save_every and recipe.global_step % guard.save_every == 0:
+                if (guard.save_every and recipe.global_step % guard.save_every == 0
+                        and mid_epoch):
                     guard.save_now(recipe, "step")
-            if budget is not None and seen >= budget:
+            if seen >= budget:
                 return
             try:
                 batch = next(batches)
@@ -178,11 +248,16 @@ class GuardedLoader:
             seen += 1
             labels = batch.get("labels") if isinstance(batch, dict) else None
             if labels is not None:
+                ignore = getattr(getattr(recipe, "_loss_fn", None), "ignore_index", -100)
                 step_tokens += int((labels != ignore).sum())
+            batch_digest(batch, hasher)
             if seen % accum == 0:
-                stop, tokens = guard.agree(recipe, guard.stop_asked_here(), step_tokens)
+                stop, tokens, digest = guard.agree(recipe, guard.stop_asked_here(),
+                                                   step_tokens, hasher.digest())
                 guard.stop_pending = guard.stop_pending or stop
-                step_tokens = 0
+                step_tokens, hasher = 0, hashlib.blake2b(digest_size=16)
                 if hasattr(logger, "note_step_tokens"):
                     logger.note_step_tokens(tokens)
+                if hasattr(logger, "note_step_digest"):
+                    logger.note_step_digest(digest)
             yield batch
