@@ -182,7 +182,7 @@ def bench_hf(models: dict[str, Path], work: Path) -> list[dict]:
             got = measure({
                 "snapshot_download": ([sys.executable, "-c", SNAPSHOT, f"bench/{case}",
                                        str(base_out)], env, base_out),
-                "kubetune": ([sys.executable, "-m", "entrypoints", "init-model"],
+                "kubetune": ([sys.executable, "-m", "kubetune.entrypoints", "init-model"],
                              {**env, "STORAGE_URI": f"hf://bench/{case}",
                               "OUTPUT_PATH": str(our_out)}, our_out),
             })
@@ -236,7 +236,7 @@ def _s3_case(label: str, case: str, model: Path, endpoint: str, work: Path,
     env = clean_env(ENDPOINT=endpoint, ACCESS_KEY_ID=S3RVER_KEY,
                     SECRET_ACCESS_KEY=S3RVER_KEY, REGION="us-east-1")
     base_out, our_out = work / f"s3-base-{case}", work / f"s3-ours-{case}"
-    runs = {"kubetune": ([sys.executable, "-m", "entrypoints", "init-model"],
+    runs = {"kubetune": ([sys.executable, "-m", "kubetune.entrypoints", "init-model"],
                          {**env, "STORAGE_URI": f"s3://bench/{case}",
                           "OUTPUT_PATH": str(our_out)}, our_out)}
     if baseline:

@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from kubetune.demo import TinyModelSpec, write_tiny_dataset, write_tiny_model  # noqa: E402
 from kubetune.demo.alpaca_like import write_alpaca_like  # noqa: E402
-from trainer.checkpoint_model import read_checkpoint_model  # noqa: E402
+from kubetune.trainer.checkpoint_model import read_checkpoint_model  # noqa: E402
 
 LLAMA_3_2_1B = TinyModelSpec(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                              num_attention_heads=32, num_key_value_heads=8,
@@ -172,7 +172,7 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
     plain_records = plain_metrics(plain_out / "logs")
 
     ours_out = workdir / "ours"
-    ours_cmd = [sys.executable, "-m", "entrypoints.tune", "run", *torchrun, recipe, "--config",
+    ours_cmd = [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *torchrun, recipe, "--config",
                 config, f"output_dir={ours_out}", *user_args]
     metrics = ours_out / "metrics.jsonl"
     ours = measured(ours_cmd, env, workdir / "ours.log",

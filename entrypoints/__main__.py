@@ -1,3 +1,3 @@
-from entrypoints.cli import main
+from kubetune.entrypoints.cli import main
 
 main()

@@ -16,12 +16,12 @@ from kubetune.termination import write_termination_log
 
 # name -> "module:attribute" of the click command
 COMMANDS = {
-    "init-dataset": "entrypoints.init_storage:init_dataset",
-    "init-model": "entrypoints.init_storage:init_model",
-    "train": "entrypoints.train:train",
-    "export": "entrypoints.export:export_command",
-    "local": "entrypoints.local:local",
-    "install-tune": "entrypoints.shims:install_tune_command",
+    "init-dataset": "kubetune.entrypoints.init_storage:init_dataset",
+    "init-model": "kubetune.entrypoints.init_storage:init_model",
+    "train": "kubetune.entrypoints.train:train",
+    "export": "kubetune.entrypoints.export:export_command",
+    "local": "kubetune.entrypoints.local:local",
+    "install-tune": "kubetune.entrypoints.shims:install_tune_command",
 }
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
-from entrypoints.step import step_command
-from exporter.export import ExportRequest, export
+from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
+from kubetune.entrypoints.step import step_command
+from kubetune.exporter.export import ExportRequest, export
 from kubetune import env
 from kubetune.workspace import workspace
 

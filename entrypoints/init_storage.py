@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from entrypoints.step import step_command
-from initializers.initialize import initialize
-from initializers.request import InitRequest, split_patterns
-from initializers.storage_uri import parse
+from kubetune.entrypoints.step import step_command
+from kubetune.initializers.initialize import initialize
+from kubetune.initializers.request import InitRequest, split_patterns
+from kubetune.initializers.storage_uri import parse
 from kubetune import env
 from kubetune.redact import register_secret
 from kubetune.workspace import workspace

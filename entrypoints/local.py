@@ -11,7 +11,7 @@ import click
 from kubetune import env
 from kubetune.local_run import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME
-from trainer.methods import METHODS, recipe_for
+from kubetune.trainer.methods import METHODS, recipe_for
 
 # Training arguments for the embedded tiny model: enough steps for the loss to fall
 # clearly, in seconds on two CPU cores.
@@ -43,20 +43,20 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
     pod_env = {env.WORKSPACE: str(pvc)}
     recipe, config, implied = recipe_for(method)
     tune_run = [
-        py, "-m", "entrypoints.tune", "run", recipe, "--config", config,
+        py, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config", config,
         f"output_dir={pvc / 'output'}",
         f"tokenizer.path={pvc / 'model' / 'original' / 'tokenizer.model'}",
         f"checkpointer.checkpoint_dir={pvc / 'model'}",
         *implied, *train_args,
     ]
     return [
-        [Step("dataset-initializer", [py, "-m", "entrypoints", "init-dataset"],
+        [Step("dataset-initializer", [py, "-m", "kubetune.entrypoints", "init-dataset"],
               {**pod_env, env.STORAGE_URI: dataset_uri}),
-         Step("model-initializer", [py, "-m", "entrypoints", "init-model"],
+         Step("model-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
               {**pod_env, env.STORAGE_URI: model_uri})],
         [Step("trainer", tune_run, {**pod_env, env.PET_NNODES: "1",
                                     env.PET_NPROC_PER_NODE: "1", env.PET_NODE_RANK: "0"})],
-        [Step("exporter", [py, "-m", "entrypoints", "export"],
+        [Step("exporter", [py, "-m", "kubetune.entrypoints", "export"],
               {**pod_env, env.EXPORT_URI: export_uri or str(pvc / "export")})],
     ]
 
@@ -174,7 +174,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
     given, they replace the tiny demo's defaults. With --runtime, the runtime and the
     TrainJob say everything instead (the other options and TRAIN_ARGS are refused).
     """
-    from entrypoints.step import run_step
+    from kubetune.entrypoints.step import run_step
     from kubetune.errors import BadInputError
 
     def body() -> int:

@@ -17,12 +17,14 @@ import click
 SCRIPT = """#!{python}
 # kubetune's `tune`: `tune run` goes through kubetune, other subcommands to torchtune.
 import sys
-from entrypoints.tune import main
+from kubetune.entrypoints.tune import main
 
 if __name__ == "__main__":
     sys.exit(main())
 """
-MARKER = "from entrypoints.tune import main"
+# Present in our shims written before and after the import root moved, so an old
+# one is replaced, not kept as torchtune's.
+MARKER = "# kubetune's `tune`:"
 
 
 def install_tune(bin_dir: Path, python: str = sys.executable) -> Path:

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import click
 
-from entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
-from entrypoints.step import step_command
+from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
+from kubetune.entrypoints.step import step_command
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace, workspace
-from trainer import launch, topology
-from trainer.methods import METHOD_NAMES, recipe_for
-from trainer.tune_command import TuneRunRequest, parse_tune_run
+from kubetune.trainer import launch, topology
+from kubetune.trainer.methods import METHOD_NAMES, recipe_for
+from kubetune.trainer.tune_command import TuneRunRequest, parse_tune_run
 
 
 def run_tune(argv: list[str], dry_run: bool = False) -> int:
@@ -32,7 +32,7 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam": "torch.optim.Adam", "sgd": "torch.optim.SGD"}
 COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
 SCHEDULERS = {"cosine": COSINE, "constant": COSINE,
-              "linear": "trainer.schedules.linear_schedule_with_warmup"}
+              "linear": "kubetune.trainer.schedules.linear_schedule_with_warmup"}
 DATASET_TYPES = {"instruct": "torchtune.datasets.instruct_dataset",
                  "chat": "torchtune.datasets.chat_dataset"}
 # PEFT / Hugging Face module names -> torchtune's.

@@ -19,8 +19,8 @@ def torchtune_cli(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"] and not ({"-h", "--help"} & set(argv[1:2])):
-        from entrypoints.step import run_step
-        from entrypoints.train import run_tune
+        from kubetune.entrypoints.step import run_step
+        from kubetune.entrypoints.train import run_tune
 
         dry_run = "--kubetune-dry-run" in argv
         argv = [a for a in argv if a != "--kubetune-dry-run"]

@@ -7,8 +7,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from exporter import base_model, dora
-from exporter.training_output import TrainingOutput
+from kubetune.exporter import base_model, dora
+from kubetune.exporter.training_output import TrainingOutput
 from kubetune.errors import BadInputError
 
 log = logging.getLogger("exporter")
@@ -63,7 +63,7 @@ def write_adapter(training: TrainingOutput, model_dir: Path, dest: Path) -> None
     config = adapter_config(training, model_dir)
     (dest / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     source = training.checkpoint_dir / ADAPTER_WEIGHTS
-    from trainer.checkpoint_model import architecture_of, read_config
+    from kubetune.trainer.checkpoint_model import architecture_of, read_config
 
     model_config = read_config(Path(model_dir))
     # Only families whose q/k rows torchtune permutes have magnitudes out of HF order.

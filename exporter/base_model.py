@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from initializers import manifest as init_manifest
+from kubetune.initializers import manifest as init_manifest
 from kubetune.workspace import REPO_ID_NAME
 
 
@@ -50,6 +50,6 @@ def dataset_source(dataset_dir: Path) -> dict:
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    from trainer.checkpoint_model import weight_files as names
+    from kubetune.trainer.checkpoint_model import weight_files as names
 
     return [Path(model_dir) / name for name in names(Path(model_dir))]

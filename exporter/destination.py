@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Protocol
 
-from initializers import staging
+from kubetune.initializers import staging
 from kubetune.errors import BadInputError
 
 
@@ -33,15 +33,15 @@ class Destination(Protocol):
 def open_destination(uri: str, revision: str | None, work_dir: Path) -> Destination:
     """The destination ``uri`` names; ``work_dir`` holds the build tree of remote ones."""
     if uri.startswith("s3://"):
-        from exporter.destination_s3 import S3Destination
+        from kubetune.exporter.destination_s3 import S3Destination
 
         return S3Destination(uri, work_dir)
     if uri.startswith("hf://"):
-        from exporter.destination_hf import HubDestination
+        from kubetune.exporter.destination_hf import HubDestination
 
         return HubDestination(uri, revision, work_dir)
     if uri.startswith("/") or uri.startswith("file://"):
-        from exporter.destination_local import LocalDestination
+        from kubetune.exporter.destination_local import LocalDestination
 
         return LocalDestination(uri)
     raise BadInputError(f"EXPORT_URI {uri!r} is not supported: use /abs/path, file:///abs/path, "

@@ -16,10 +16,10 @@ import os
 import shutil
 from pathlib import Path
 
-from exporter import manifest as export_manifest
-from exporter.destination import fresh_build_dir
-from initializers.sources.hf_errors import unknown_hub_host
-from initializers.uri_names import check_hub_repo_id
+from kubetune.exporter import manifest as export_manifest
+from kubetune.exporter.destination import fresh_build_dir
+from kubetune.initializers.sources.hf_errors import unknown_hub_host
+from kubetune.initializers.uri_names import check_hub_repo_id
 from kubetune import env, retry
 from kubetune.credentials import hf_token
 from kubetune.errors import BadInputError, TransientError

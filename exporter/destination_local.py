@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from exporter import manifest as export_manifest
-from initializers import staging
+from kubetune.exporter import manifest as export_manifest
+from kubetune.initializers import staging
 from kubetune.errors import BadInputError
 from kubetune.workspace import EXPORT_MANIFEST_NAME, STAGING_PREFIX
 

@@ -15,10 +15,10 @@ import logging
 import shutil
 from pathlib import Path
 
-from exporter import manifest as export_manifest
-from exporter.destination import fresh_build_dir
-from initializers.sources.s3_errors import retry_after, unknown_s3_host
-from initializers.uri_names import check_s3_bucket
+from kubetune.exporter import manifest as export_manifest
+from kubetune.exporter.destination import fresh_build_dir
+from kubetune.initializers.sources.s3_errors import retry_after, unknown_s3_host
+from kubetune.initializers.uri_names import check_s3_bucket
 from kubetune import env, retry
 from kubetune.credentials import s3_credentials
 from kubetune.errors import BadInputError, TransientError

@@ -8,9 +8,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter import artifact, base_model, manifest as export_manifest, model_card, verify
-from exporter.destination import open_destination
-from exporter.training_output import TrainingOutput, locate
+from kubetune.exporter import artifact, base_model, manifest as export_manifest, model_card, verify
+from kubetune.exporter.destination import open_destination
+from kubetune.exporter.training_output import TrainingOutput, locate
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.trainjob_status import StatusReporter, transfer_metrics
@@ -54,7 +54,7 @@ def _float32_bytes(shapes: dict[str, list[int]]) -> int:
 
 def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: str) -> dict:
     """Structure always; logits when asked and the model fits. Returns what was checked."""
-    from trainer.checkpoint_model import read_config
+    from kubetune.trainer.checkpoint_model import read_config
 
     read_config(request.model_dir)  # a missing or broken base model is a one-line error
     base_files = base_model.weight_files(request.model_dir)
@@ -92,7 +92,7 @@ def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: s
                                 f"over the {limit / 1e9:.1f} GB limit")
             log.warning("logits check %s (KUBETUNE_EXPORT_VERIFY_MAX_BYTES)", report["logits"])
         else:
-            from exporter import verify_logits
+            from kubetune.exporter import verify_logits
 
             config = artifact.adapter_config(training, request.model_dir)
             result = verify_logits.check(request.model_dir / "config.json", base_files,

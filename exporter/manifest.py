@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from initializers.manifest import sha256_of
+from kubetune.initializers.manifest import sha256_of
 from kubetune.errors import BadInputError
 from kubetune.workspace import EXPORT_MANIFEST_NAME
 

@@ -49,7 +49,7 @@ class TrainingOutput:
     def carry_report(self, tree: Path) -> dict[str, str]:
         """Copy the trainer's run report (markdown, curves) into the export tree; returns
         the names copied, by kind."""
-        from trainer.run_report import CURVES_NAME, REPORT_NAME
+        from kubetune.trainer.run_report import CURVES_NAME, REPORT_NAME
 
         carried = {}
         for kind, name in (("report", REPORT_NAME), ("curves", CURVES_NAME)):

@@ -81,14 +81,14 @@ def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
 def _model(config: dict):
     from torchtune.config._utils import _get_component_from_path
 
-    from trainer.checkpoint_model import architecture_of
+    from kubetune.trainer.checkpoint_model import architecture_of
 
     arch = architecture_of(config)
     return arch, _get_component_from_path(arch.component(lora=False))(**arch.dims)
 
 
 def _to_tune(arch, config: dict, state: dict) -> dict:
-    from trainer.models.convert import hf_to_tune
+    from kubetune.trainer.models.convert import hf_to_tune
 
     return hf_to_tune(arch, config, state)
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from initializers.sources.base import RemoteFile
+from kubetune.initializers.sources.base import RemoteFile
 
 CHUNK = 4 * 1024 * 1024
 # Below this a chunk is hashed inline: handing it to another thread costs more than it saves.

@@ -15,10 +15,10 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
-from initializers import checksums, staging
-from initializers.progress import Cancelled, Progress
-from initializers.safe_paths import safe_join
-from initializers.sources.base import RemoteFile
+from kubetune.initializers import checksums, staging
+from kubetune.initializers.progress import Cancelled, Progress
+from kubetune.initializers.safe_paths import safe_join
+from kubetune.initializers.sources.base import RemoteFile
 from kubetune import env, retry
 from kubetune.env_numbers import env_int
 from kubetune.errors import BadInputError, KubetuneError

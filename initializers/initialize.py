@@ -8,11 +8,11 @@ import logging
 import os
 from pathlib import Path
 
-from initializers import manifest, reuse, staging, verify_dataset, verify_model, weights
-from initializers.downloader import Downloader, check_space, disk_full
-from initializers.progress import Progress
-from initializers.request import InitRequest
-from initializers.storage_uri import source_class
+from kubetune.initializers import manifest, reuse, staging, verify_dataset, verify_model, weights
+from kubetune.initializers.downloader import Downloader, check_space, disk_full
+from kubetune.initializers.progress import Progress
+from kubetune.initializers.request import InitRequest
+from kubetune.initializers.storage_uri import source_class
 from kubetune.errors import BadInputError
 from kubetune.workspace import MANIFEST_NAME, REPO_ID_NAME
 

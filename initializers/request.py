@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from initializers.storage_uri import StorageUri
+from kubetune.initializers.storage_uri import StorageUri
 from kubetune.redact import strip_userinfo
 
 

@@ -13,9 +13,9 @@ import logging
 import os
 from pathlib import Path
 
-from initializers import manifest
-from initializers.safe_paths import safe_join
-from initializers.sources.base import RemoteFile
+from kubetune.initializers import manifest
+from kubetune.initializers.safe_paths import safe_join
+from kubetune.initializers.sources.base import RemoteFile
 from kubetune.errors import BadInputError
 
 log = logging.getLogger("initializer")

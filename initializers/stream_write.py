@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from initializers.checksums import Hasher, Verified, hash_into
-from initializers.sources.base import ProgressCallback, RemoteFile
+from kubetune.initializers.checksums import Hasher, Verified, hash_into
+from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
 from kubetune.retry import TransientFailure
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from initializers.sources.base import RemoteFile
+from kubetune.initializers.sources.base import RemoteFile
 
 SAFE_SUFFIXES = (".safetensors",)
 # Formats that need pickle (or another framework) to load. kubetune never loads them; the

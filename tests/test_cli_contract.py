@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 import pytest
 
-from entrypoints.cli import COMMANDS, main
-from entrypoints.shims import install_tune
+from kubetune.entrypoints.cli import COMMANDS, main
+from kubetune.entrypoints.shims import install_tune
 from tests.support.cli import clean_env, kubetune
 
 STEP_COMMANDS = ["init-dataset", "init-model", "train", "export", "local"]
@@ -76,7 +76,7 @@ def test_precedence_option_beats_env(tmp_path, tiny_dataset_dir):
 
 def test_initializer_commands_do_not_import_the_torch_stack():
     # The initializer image has no torch: its commands must not need it.
-    code = ("import sys, click; from entrypoints.cli import main; "
+    code = ("import sys, click; from kubetune.entrypoints.cli import main; "
             "[main.get_command(click.Context(main), n) for n in ('init-model', 'init-dataset')]; "
             "print(sorted(m for m in ('torch', 'torchtune', 'omegaconf', 'safetensors') "
             "if m in sys.modules))")

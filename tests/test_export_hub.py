@@ -113,7 +113,7 @@ def test_killed_mid_commit_leaves_the_repo_untouched_and_a_rerun_completes(train
     env = hub_env(trained_run, hub, tmp_path)
     hub.state.commit_received.clear()
     hub.state.hold_commits.set()
-    process = subprocess.Popen([sys.executable, "-m", "entrypoints", "export", "--export-uri",
+    process = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "export", "--export-uri",
                                 "hf://kubetune-test/killed"], cwd=REPO, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -146,7 +146,7 @@ def test_bad_input_is_one_actionable_line_and_exit_65(trained_run, tmp_path, cas
 def test_killed_export_leaves_nothing_visible_and_a_rerun_completes(trained_run, tmp_path):
     dest = tmp_path / "export"
     env = trained_run.env()
-    process = subprocess.Popen([sys.executable, "-m", "entrypoints", "export", "--export-uri",
+    process = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "export", "--export-uri",
                                 str(dest), "--export-format", "both"], cwd=REPO, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     staged = tmp_path / ".kubetune-staging-export"

@@ -60,7 +60,7 @@ def test_export_to_s3_is_whole_resumable_and_a_rerun_is_a_no_op(trained_run, s3,
     # Kill the exporter once its first data object is stored: uploads are slowed so the
     # kill lands before the manifest, which is written last.
     proxy.delays["PUT"] = 1.0
-    process = subprocess.Popen([sys.executable, "-m", "entrypoints", "export", "--export-uri",
+    process = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "export", "--export-uri",
                                 uri], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180

@@ -163,9 +163,10 @@ def test_exporter_and_trainer_images_install(tmp_path):
     env_dir = _venv(tmp_path / "venv")
     replay(df, REPO, root, env_dir)
     py = str(env_dir / "bin" / "python")
-    probe = subprocess.run([py, "-c", "import torch, torchtune, torchao, exporter.verify; "
+    probe = subprocess.run([py, "-c", "import torch, torchtune, torchao, kubetune.exporter.verify; "
                             "print(torch.__version__, torchtune.__version__, "
-                            "torchao.__version__)"], capture_output=True, text=True)
+                            "torchao.__version__)"], capture_output=True, text=True,
+                           cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     torch_v, torchtune_v, torchao_v = probe.stdout.split()
     assert torch_v.startswith("2.13.0") and torchtune_v.startswith("0.6.1") and torchao_v.startswith("0.15.0")

@@ -12,8 +12,8 @@ from tests.support.cli import REPO, clean_env, error_lines, kubetune
 
 
 def test_initializer_imports_pull_no_torch_stack():
-    code = ("import sys, entrypoints.init_storage, initializers.sources.hf, "
-            "initializers.sources.s3, initializers.sources.local\n"
+    code = ("import sys, kubetune.entrypoints.init_storage, kubetune.initializers.sources.hf, "
+            "kubetune.initializers.sources.s3, kubetune.initializers.sources.local\n"
             "print(sorted(m for m in ('torch', 'torchtune', 'omegaconf', 'safetensors', "
             "'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -62,7 +62,7 @@ def test_local_path_and_file_uri(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("name", ["../x", "a/../../x", "/etc/passwd", "a//b", "~/x", "a\\..\\x",
                                   "link/x"])
 def test_names_escaping_the_output_are_refused(tmp_path, name):
-    from initializers.safe_paths import safe_join
+    from kubetune.initializers.safe_paths import safe_join
     from kubetune.errors import BadInputError
 
     root = tmp_path / "out"

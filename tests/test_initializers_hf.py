@@ -354,7 +354,7 @@ def test_kill_9_mid_download_leaves_no_output_and_a_rerun_completes(hub, tmp_pat
     out = tmp_path / "model"
     env = clean_env(HF_ENDPOINT=hub.url, STORAGE_URI="hf://org/tiny", OUTPUT_PATH=str(out),
                     ACCESS_TOKEN=TOKEN)
-    process = subprocess.Popen([sys.executable, "-m", "entrypoints", "init-model"], env=env,
+    process = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "init-model"], env=env,
                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     part = tmp_path / ".kubetune-staging-model" / "model.safetensors.part"
     deadline = time.monotonic() + 60
@@ -379,7 +379,7 @@ def test_a_second_initializer_waits_for_the_first_and_downloads_nothing(hub, tmp
     out = tmp_path / "model"
     env = clean_env(HF_ENDPOINT=hub.url, STORAGE_URI="hf://org/tiny", OUTPUT_PATH=str(out),
                     ACCESS_TOKEN=TOKEN)
-    first = subprocess.Popen([sys.executable, "-m", "entrypoints", "init-model"], env=env,
+    first = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "init-model"], env=env,
                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True)
     part = tmp_path / ".kubetune-staging-model" / "model.safetensors.part"

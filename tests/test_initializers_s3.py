@@ -259,10 +259,10 @@ def test_objects_enough_to_fill_every_worker_come_as_whole_streams(s3, store, tm
 
 def test_only_the_large_objects_left_over_after_filling_the_workers_are_split(
         s3, tmp_path, monkeypatch):
-    from initializers.request import InitRequest
-    from initializers.sources.base import RemoteFile
-    from initializers.sources.s3 import S3Source
-    from initializers.storage_uri import parse
+    from kubetune.initializers.request import InitRequest
+    from kubetune.initializers.sources.base import RemoteFile
+    from kubetune.initializers.sources.s3 import S3Source
+    from kubetune.initializers.storage_uri import parse
 
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
@@ -351,7 +351,7 @@ def test_kill_9_mid_object_then_a_rerun_fetches_only_the_parts_missing(s3, store
     env = clean_env(**{**s3.env(), "ENDPOINT": store.url}, STORAGE_URI="s3://models/big",
                     OUTPUT_PATH=str(out), KUBETUNE_S3_PART_SIZE_MB="1",
                     KUBETUNE_S3_PART_WORKERS="1")
-    process = subprocess.Popen([sys.executable, "-m", "entrypoints", "init-model"], env=env,
+    process = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "init-model"], env=env,
                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = tmp_path / ".kubetune-staging-model" / "multi.safetensors.part-state"
     deadline = time.monotonic() + 60

@@ -47,7 +47,7 @@ def start_local(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     log = tmp_path / "local.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "entrypoints", "local", "--workdir", str(workdir),
+            [sys.executable, "-m", "kubetune.entrypoints", "local", "--workdir", str(workdir),
              *TRAIN_ARGS], env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)), cwd=REPO,
             stdout=out, stderr=subprocess.PIPE, text=True)
     return proc, workdir, term
@@ -100,7 +100,7 @@ def test_a_step_killed_by_sigkill_is_named_and_exits_128_plus_9(tmp_path):
     proc, workdir, term = start_local(tmp_path)
     wait_for_training(proc, workdir)
     launchers = [pid for pid, cmd in processes_mentioning(str(workdir))
-                 if "entrypoints.tune" in cmd]
+                 if "kubetune.entrypoints.tune" in cmd]
     assert len(launchers) == 1, processes_mentioning(str(workdir))
     os.kill(launchers[0], signal.SIGKILL)  # the OOM killer's way
     _, stderr = proc.communicate(timeout=240)

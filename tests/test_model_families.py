@@ -42,16 +42,16 @@ class Family:
 
 FAMILIES = {
     "qwen3": Family("qwen3", "bpe", tiny_tokenizers.QWEN3_SPECIAL,
-                    "trainer.models.qwen3.lora_qwen3",
-                    "trainer.models.qwen_weights.Qwen3HFCheckpointer", "all-linear"),
-    "gemma2": Family("gemma2", "spm", (), "trainer.models.gemma2.lora_gemma2",
-                     "trainer.models.gemma2.Gemma2HFCheckpointer", "all-linear",
+                    "kubetune.trainer.models.qwen3.lora_qwen3",
+                    "kubetune.trainer.models.qwen_weights.Qwen3HFCheckpointer", "all-linear"),
+    "gemma2": Family("gemma2", "spm", (), "kubetune.trainer.models.gemma2.lora_gemma2",
+                     "kubetune.trainer.models.gemma2.Gemma2HFCheckpointer", "all-linear",
                      token_ids=True),
     # Phi-4's tokenizer files; DoRA on a subset of each fused module's parts, so the
     # fused PEFT adapter has zero blocks and base-norm magnitudes where a part has none.
     "phi4": Family("phi3", "bpe", tiny_tokenizers.PHI4_SPECIAL,
                    "torchtune.models.phi3.lora_phi3",
-                   "trainer.models.phi3_weights.Phi3HFCheckpointer",
+                   "kubetune.trainer.models.phi3_weights.Phi3HFCheckpointer",
                    "q_proj,v_proj,gate_proj,down_proj", method="dora"),
 }
 TRAIN = ["--epochs", "1", "--batch-size", "8", "--learning-rate", "3e-3", "--dtype", "fp32",
@@ -125,7 +125,7 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
     ws = tmp_path / "run" / "workspace"
     assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
     merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
-    assert merged["model"]["_component_"] == "trainer.models.qwen3.lora_qwen3"
+    assert merged["model"]["_component_"] == "kubetune.trainer.models.qwen3.lora_qwen3"
     assert merged["checkpointer"]["_component_"] == FAMILIES["qwen3"].checkpointer
     assert (ws / "export" / "adapter_model.safetensors").is_file()  # the runtime's exporter
     return ws / "model", ws / "output"
@@ -199,9 +199,9 @@ def test_qwen2_adapter_is_saved_in_hf_rows(tmp_path):
     from torchtune.config._utils import _get_component_from_path
     from torchtune.modules.peft import get_adapter_state_dict, get_merged_lora_ckpt
 
-    from exporter import verify_logits
+    from kubetune.exporter import verify_logits
     from kubetune.demo import write_tiny_qwen2
-    from trainer.checkpoint_model import read_checkpoint_model
+    from kubetune.trainer.checkpoint_model import read_checkpoint_model
 
     model_dir = write_tiny_qwen2(tmp_path / "model")
     checkpoint = read_checkpoint_model(model_dir)

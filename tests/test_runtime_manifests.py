@@ -223,7 +223,7 @@ def test_print_jobset_shows_the_controller_merge(tmp_path):
     tmp = tmp_path / "trainjob.yaml"
     tmp.write_text(yaml.safe_dump(doc))
     result = subprocess.run(
-        [sys.executable, "-m", "entrypoints", "local", "--print-jobset", "--runtime",
+        [sys.executable, "-m", "kubetune.entrypoints", "local", "--print-jobset", "--runtime",
          str(REPO / "runtimes" / "base" / "torchtune-llama3.3-70b.yaml"), "--trainjob",
          str(tmp)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -255,7 +255,7 @@ def test_print_jobset_masks_credentials(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     result = subprocess.run(
-        [sys.executable, "-m", "entrypoints", "local", "--print-jobset", "--runtime",
+        [sys.executable, "-m", "kubetune.entrypoints", "local", "--print-jobset", "--runtime",
          str(REPO / "runtimes" / "base" / "kubetune-byo-model.yaml"), "--trainjob", str(path)],
         capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr

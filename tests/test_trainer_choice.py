@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from trainer import methods, topology
-from trainer.recipe_config import apply_overrides
-from trainer.tune_command import TuneRunRequest
+from kubetune.trainer import methods, topology
+from kubetune.trainer.recipe_config import apply_overrides
+from kubetune.trainer.tune_command import TuneRunRequest
 
 # (method, nnodes, nproc) -> (recipe, config suffix) as the controller composes them.
 CONTROLLER = {

@@ -18,7 +18,7 @@ def train(*args: str, **env_vars: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("KUBETUNE_", "PET_")) and k != "LORA_CONFIG"}
     env.update(env_vars)
-    return subprocess.run([sys.executable, "-m", "entrypoints", "train", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "kubetune.entrypoints", "train", *args], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -44,7 +44,7 @@ def test_dry_run_shows_recipe_config_and_command_from_env_and_options(
     assert cfg["epochs"] == 2 and cfg["batch_size"] == 3
     assert cfg["optimizer"]["lr"] == 0.002
     assert cfg["gradient_accumulation_steps"] == 2
-    assert cfg["lr_scheduler"] == {"_component_": "trainer.schedules.linear_schedule_with_warmup",
+    assert cfg["lr_scheduler"] == {"_component_": "kubetune.trainer.schedules.linear_schedule_with_warmup",
                                    "num_warmup_steps": 7}
     model = cfg["model"]
     assert model["use_dora"] is True and model["lora_rank"] == 4
@@ -54,7 +54,7 @@ def test_dry_run_shows_recipe_config_and_command_from_env_and_options(
     dataset = cfg["dataset"]
     assert dataset["new_system_prompt"] == "Add: a=b" and dataset["train_on_input"] is False
     assert dataset["column_map"] == {"input": "input", "output": "output"}
-    assert "-m trainer.bootstrap" in result.stdout.split("command: ", 1)[1]
+    assert "-m kubetune.trainer.bootstrap" in result.stdout.split("command: ", 1)[1]
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 

@@ -70,10 +70,10 @@ def _dry_run_trainer(runtime_file: str, spec: dict | None, model: Path, dataset:
     (workspace / "dataset").symlink_to(dataset)
     program, *args = step.command
     if program == "tune":
-        argv = [sys.executable, "-m", "entrypoints.tune", *args, "--kubetune-dry-run"]
+        argv = [sys.executable, "-m", "kubetune.entrypoints.tune", *args, "--kubetune-dry-run"]
     else:
         assert program == "kubetune" and args[0] == "train", step.command
-        argv = [sys.executable, "-m", "entrypoints", *args, "--dry-run"]
+        argv = [sys.executable, "-m", "kubetune.entrypoints", *args, "--dry-run"]
     env = clean_env(**{k: v for k, v in step.env.items() if k != "PATH"})
     return subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
 

@@ -149,7 +149,7 @@ def test_dora_without_a_dataset_path_uses_the_initializers_descriptor(
     (model_copy / "tokenizer.json").unlink()
     pvc = make_pvc(tmp_path / "pvc", model_copy, None)
     # As for an S3 dataset: the args name no path; the dataset initializer wrote one.
-    init = subprocess.run([sys.executable, "-m", "entrypoints", "init-dataset"],
+    init = subprocess.run([sys.executable, "-m", "kubetune.entrypoints", "init-dataset"],
                           env=pvc.env(STORAGE_URI=f"file://{tiny_dataset_dir}"), cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert init.returncode == 0, init.stderr
@@ -175,7 +175,7 @@ def test_kubetune_train_full_finetune_from_env(tmp_path, tiny_model_dir, tiny_da
                KUBETUNE_OUTPUT_DIR=str(output), KUBETUNE_METHOD="full", KUBETUNE_EPOCHS="1",
                KUBETUNE_MAX_STEPS="2", KUBETUNE_BATCH_SIZE="4",
                KUBETUNE_TERMINATION_LOG=str(tmp_path / "termination-log"))
-    result = subprocess.run([sys.executable, "-m", "entrypoints", "train",
+    result = subprocess.run([sys.executable, "-m", "kubetune.entrypoints", "train",
                              "--learning-rate", "1e-4"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

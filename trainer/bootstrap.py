@@ -1,4 +1,4 @@
-"""What the launcher runs instead of a recipe script: ``python -m trainer.bootstrap
+"""What the launcher runs instead of a recipe script: ``python -m kubetune.trainer.bootstrap
 <recipe.py> --config <merged.yaml>`` (directly, or as torchrun's worker).
 
 It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
@@ -19,8 +19,8 @@ from types import ModuleType
 
 from omegaconf import OmegaConf
 
-from trainer import cpu_adapt, recipe_noise, run_report, train_progress, truncation
-from trainer.step_guard import Guard, StopRequested
+from kubetune.trainer import cpu_adapt, recipe_noise, run_report, train_progress, truncation
+from kubetune.trainer.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
               "device: run with device=cpu or check the GPU driver", file=sys.stderr)
         return 65
     if os.environ.get("LOCAL_RANK") is not None:
-        from trainer.launch import die_with_parent
+        from kubetune.trainer.launch import die_with_parent
 
         die_with_parent()  # torchrun's workers go when torchrun goes
     recipe_noise.quiet()  # before torchtune and torchao are imported

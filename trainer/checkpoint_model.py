@@ -150,7 +150,7 @@ def architecture_of(cfg: dict) -> Architecture:
         dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
         dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
         return Architecture("qwen2", "qwen2", "QWEN2", dims,
-                            checkpointer="trainer.models.qwen_weights.Qwen2HFCheckpointer")
+                            checkpointer="kubetune.trainer.models.qwen_weights.Qwen2HFCheckpointer")
     if model_type == "mistral":
         dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
         return Architecture("mistral", "mistral", "MISTRAL", dims)
@@ -185,8 +185,8 @@ def _qwen3(cfg: dict, dims: dict) -> Architecture:
     dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
     dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
     dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-    return Architecture("qwen3", "qwen3", "QWEN3", dims, package="trainer.models.qwen3",
-                        checkpointer="trainer.models.qwen_weights.Qwen3HFCheckpointer")
+    return Architecture("qwen3", "qwen3", "QWEN3", dims, package="kubetune.trainer.models.qwen3",
+                        checkpointer="kubetune.trainer.models.qwen_weights.Qwen3HFCheckpointer")
 
 
 def _gemma2(cfg: dict, dims: dict) -> Architecture:
@@ -202,8 +202,8 @@ def _gemma2(cfg: dict, dims: dict) -> Architecture:
     dims["sliding_window_size"] = int(cfg.get("sliding_window") or dims["max_seq_len"])
     if cfg.get("query_pre_attn_scalar") is not None:
         dims["query_pre_attn_scalar"] = int(cfg["query_pre_attn_scalar"])
-    return Architecture("gemma2", "gemma2", "GEMMA2", dims, package="trainer.models.gemma2",
-                        checkpointer="trainer.models.gemma2.Gemma2HFCheckpointer")
+    return Architecture("gemma2", "gemma2", "GEMMA2", dims, package="kubetune.trainer.models.gemma2",
+                        checkpointer="kubetune.trainer.models.gemma2.Gemma2HFCheckpointer")
 
 
 def _phi3(cfg: dict, dims: dict) -> Architecture:
@@ -223,7 +223,7 @@ def _phi3(cfg: dict, dims: dict) -> Architecture:
         raise _refuse("phi3", "tied word embeddings", "use Phi-3 or Phi-4")
     dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
     return Architecture("phi3", "phi3", "PHI3_MINI", dims,
-                        checkpointer="trainer.models.phi3_weights.Phi3HFCheckpointer")
+                        checkpointer="kubetune.trainer.models.phi3_weights.Phi3HFCheckpointer")
 
 
 def weight_files(model_dir: Path) -> list[str]:

@@ -1,5 +1,5 @@
 """Run a planned training: write the merged config, run torchtune's recipe (through
-``trainer.bootstrap``) as a child, turn SIGTERM into a resumable stop, and record the
+``kubetune.trainer.bootstrap``) as a child, turn SIGTERM into a resumable stop, and record the
 outcome (``summary.json``, then the completion marker, last)."""
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from kubetune.errors import BadInputError, KilledError, KubetuneError, Transient
 from kubetune.redact import SECRET_VARIABLES, redact
 from kubetune.workspace import COMPLETION_MARKER_NAME, REPO_ID_NAME
 from kubetune.logs import wrap_foreign_line
-from trainer import resume, run_report, train_progress
-from trainer.checkpoint_model import SPECIAL_TOKENS_FILE
-from trainer.metric_logger import METRICS_NAME
-from trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
-from trainer.summary import summarize
-from trainer.validate import check_volume, check_writable
+from kubetune.trainer import resume, run_report, train_progress
+from kubetune.trainer.checkpoint_model import SPECIAL_TOKENS_FILE
+from kubetune.trainer.metric_logger import METRICS_NAME
+from kubetune.trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
+from kubetune.trainer.summary import summarize
+from kubetune.trainer.validate import check_volume, check_writable
 
 log = logging.getLogger("trainer")
 

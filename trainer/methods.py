@@ -9,7 +9,7 @@ config per variant serves every model size.
 from __future__ import annotations
 
 from kubetune.errors import BadInputError
-from trainer.topology import Topology
+from kubetune.trainer.topology import Topology
 
 METHOD_NAMES = ("lora", "qlora", "dora", "full")
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kubetune.png_plot import BLUE, ORANGE, Series, line_plots
-from trainer.metric_logger import read_metrics
+from kubetune.trainer.metric_logger import read_metrics
 
 log = logging.getLogger("trainer")
 
 REPORT_NAME = "kubetune-report.md"
 CURVES_NAME = "kubetune-curves.png"
-CONFIG_NAME = "kubetune-config.yaml"  # written by trainer.launch
+CONFIG_NAME = "kubetune-config.yaml"  # written by kubetune.trainer.launch
 
 
 def _replace(path: Path, data: bytes) -> None:

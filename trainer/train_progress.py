@@ -2,7 +2,7 @@
 step (step/total, %, ETA, loss, lr, tokens/s, a timestamp) and the TrainJob status.
 
 Total steps come from the recipe after its setup (epochs x optimizer steps per epoch,
-``max_steps_per_epoch`` included), handed over by ``trainer.bootstrap``.
+``max_steps_per_epoch`` included), handed over by ``kubetune.trainer.bootstrap``.
 """
 
 from __future__ import annotations

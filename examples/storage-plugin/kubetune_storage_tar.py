@@ -13,9 +13,9 @@ import tarfile
 import threading
 from pathlib import Path
 
-from initializers.filters import keep
-from initializers.request import InitRequest
-from initializers.sources.base import ProgressCallback, RemoteFile
+from kubetune.initializers.filters import keep
+from kubetune.initializers.request import InitRequest
+from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
 from kubetune.errors import BadInputError
 
 CHUNK = 1024 * 1024

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from initializers.request import InitRequest
+from kubetune.initializers.request import InitRequest
 
 # Called with the number of bytes just written; it raises to cancel a transfer early
 # (another file failed for good), so a source must let its exceptions propagate.
@@ -43,7 +43,7 @@ class Source(Protocol):
 
         Returns None (kubetune then reads the file back to check it against ``remote``),
         ``remote`` amended with what the transfer taught (a checksum that turned out not
-        to apply), or the `initializers.checksums.Verified` of a `Hasher` the source fed
+        to apply), or the `kubetune.initializers.checksums.Verified` of a `Hasher` the source fed
         the bytes as it wrote them (raising its ChecksumMismatch), which saves that read.
 
         ``destination`` may hold the start of the file from an interrupted attempt; a

@@ -24,13 +24,13 @@ from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.hf_api import RepoFile  # noqa: E402
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # noqa: E402
 
-from initializers.checksums import Hasher, Verified  # noqa: E402
-from initializers.filters import keep  # noqa: E402
-from initializers.request import InitRequest  # noqa: E402
-from initializers.sources.base import ProgressCallback, RemoteFile  # noqa: E402
-from initializers.sources.hf_errors import HubErrors  # noqa: E402
-from initializers.stream_write import write_stream  # noqa: E402
-from initializers.uri_names import check_hub_repo_id  # noqa: E402
+from kubetune.initializers.checksums import Hasher, Verified  # noqa: E402
+from kubetune.initializers.filters import keep  # noqa: E402
+from kubetune.initializers.request import InitRequest  # noqa: E402
+from kubetune.initializers.sources.base import ProgressCallback, RemoteFile  # noqa: E402
+from kubetune.initializers.sources.hf_errors import HubErrors  # noqa: E402
+from kubetune.initializers.stream_write import write_stream  # noqa: E402
+from kubetune.initializers.uri_names import check_hub_repo_id  # noqa: E402
 from kubetune import credentials, env, retry  # noqa: E402
 from kubetune.env_numbers import env_float  # noqa: E402
 from kubetune.errors import BadInputError  # noqa: E402

@@ -6,9 +6,9 @@ import os
 import shutil
 from pathlib import Path
 
-from initializers.filters import keep
-from initializers.request import InitRequest
-from initializers.sources.base import RemoteFile
+from kubetune.initializers.filters import keep
+from kubetune.initializers.request import InitRequest
+from kubetune.initializers.sources.base import RemoteFile
 from kubetune.errors import BadInputError
 
 

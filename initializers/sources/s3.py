@@ -35,15 +35,15 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from initializers.checksums import ChecksumMismatch, Hasher, Verified, verify
-from initializers.filters import keep
-from initializers.request import InitRequest
-from initializers.sources.base import ProgressCallback, RemoteFile
-from initializers.sources.s3_errors import S3Errors, role_classify
-from initializers.sources.s3_part_state import PartState
-from initializers.staging import part_state_path
-from initializers.stream_write import write_stream
-from initializers.uri_names import check_s3_bucket
+from kubetune.initializers.checksums import ChecksumMismatch, Hasher, Verified, verify
+from kubetune.initializers.filters import keep
+from kubetune.initializers.request import InitRequest
+from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
+from kubetune.initializers.sources.s3_errors import S3Errors, role_classify
+from kubetune.initializers.sources.s3_part_state import PartState
+from kubetune.initializers.staging import part_state_path
+from kubetune.initializers.stream_write import write_stream
+from kubetune.initializers.uri_names import check_s3_bucket
 from kubetune import credentials, env, retry
 from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import BadInputError

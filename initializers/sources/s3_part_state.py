@@ -13,7 +13,7 @@ import json
 import threading
 from pathlib import Path
 
-from initializers.sources.base import RemoteFile
+from kubetune.initializers.sources.base import RemoteFile
 
 
 class PartState:

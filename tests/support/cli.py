@@ -24,13 +24,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def kubetune(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
              timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "entrypoints", *args], env=env or clean_env(),
+    return subprocess.run([sys.executable, "-m", "kubetune.entrypoints", *args], env=env or clean_env(),
                           cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)
 
 
 def tune(*args: str, env: dict[str, str] | None = None, timeout: float = 600
          ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "entrypoints.tune", *args],
+    return subprocess.run([sys.executable, "-m", "kubetune.entrypoints.tune", *args],
                           env=env or clean_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 

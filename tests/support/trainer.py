@@ -67,7 +67,7 @@ def make_pvc(root: Path, model_dir: Path, dataset_dir: Path | None) -> Pvc:
 
 def tune_run(pvc: Pvc, *args: str, env: dict[str, str] | None = None, timeout: float = 600
              ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "entrypoints.tune", "run", *args],
+    return subprocess.run([sys.executable, "-m", "kubetune.entrypoints.tune", "run", *args],
                           env=env or pvc.env(), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -75,6 +75,6 @@ def tune_run(pvc: Pvc, *args: str, env: dict[str, str] | None = None, timeout: f
 def start_tune_run(pvc: Pvc, *args: str, env: dict[str, str] | None = None,
                    log: Path | None = None) -> subprocess.Popen:
     out = open(log or os.devnull, "w")
-    return subprocess.Popen([sys.executable, "-m", "entrypoints.tune", "run", *args],
+    return subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints.tune", "run", *args],
                             env=env or pvc.env(), cwd=REPO, stdout=out,
                             stderr=subprocess.STDOUT, text=True)

@@ -12,7 +12,7 @@ def hf_to_tune(arch, config: dict, state: dict) -> dict:
     args = dict(num_heads=heads, num_kv_heads=kv_heads, dim=dims["embed_dim"],
                 head_dim=head_dim)
     if arch.family == "qwen3":
-        from trainer.models.qwen_weights import qwen3_hf_to_tune
+        from kubetune.trainer.models.qwen_weights import qwen3_hf_to_tune
 
         return qwen3_hf_to_tune(state, tie_word_embeddings=dims["tie_word_embeddings"])
     if arch.family == "qwen2":
@@ -22,8 +22,8 @@ def hf_to_tune(arch, config: dict, state: dict) -> dict:
     if arch.family == "gemma2":
         from torchtune.models.gemma2 import _convert_weights as gemma2_convert
 
-        from trainer.models.gemma2 import FEED_FORWARD_NORMS
-        from trainer.models.scoped import patched
+        from kubetune.trainer.models.gemma2 import FEED_FORWARD_NORMS
+        from kubetune.trainer.models.scoped import patched
 
         with patched(gemma2_convert, "_GEMMA2_FROM_HF", updates=FEED_FORWARD_NORMS):
             return gemma2_convert.gemma2_hf_to_tune(state, **args)

@@ -21,7 +21,7 @@ from torchtune.models.gemma2 import _convert_weights as gemma2_convert
 from torchtune.modules import TransformerDecoder
 from torchtune.training.checkpointing._checkpointer import FullModelHFCheckpointer
 
-from trainer.models.scoped import patched
+from kubetune.trainer.models.scoped import patched
 
 FEED_FORWARD_NORMS = {
     "model.layers.{}.pre_feedforward_layernorm.weight": "layers.{}.mlp_norm.scale",

@@ -1,4 +1,4 @@
-"""Qwen checkpoints in the Hugging Face layout: Qwen3 weights to ``trainer.models.qwen3``
+"""Qwen checkpoints in the Hugging Face layout: Qwen3 weights to ``kubetune.trainer.models.qwen3``
 and back, and the checkpointers that read and write Qwen2 and Qwen3 in that layout.
 
 A Qwen3 state dict is a Qwen2 one without q/k/v biases plus one norm per q and k head.
@@ -27,7 +27,7 @@ from torchtune.models.convert_weights import get_mapped_key
 from torchtune.models.qwen2 import _convert_weights as qwen2_convert
 from torchtune.training.checkpointing._checkpointer import FullModelHFCheckpointer
 
-from trainer.models.scoped import patched
+from kubetune.trainer.models.scoped import patched
 
 QWEN3_KEYS = {
     "model.layers.{}.self_attn.q_norm.weight": "layers.{}.attn.q_proj.norm.scale",
