@@ -201,9 +201,9 @@ def _opt(flag: str, name: str, help_text: str, **kwargs):
                         help=f"{help_text} [env: {name}]", **kwargs)
 
 
-def _switch(flag: str, name: str, help_text: str):
+def _switch(flag: str, name: str, help_text: str, default_text: str = "the recipe's"):
     return click.option(f"--{flag}/--no-{flag}", envvar=name, default=None,
-                        help=f"{help_text} (default: the recipe's) [env: {name}]")
+                        help=f"{help_text} (default: {default_text}) [env: {name}]")
 
 
 class _TrainCommand(click.Command):
@@ -247,7 +247,8 @@ class _TrainCommand(click.Command):
          "Recompute activations in backward")
 @_switch("activation-offloading", env.ACTIVATION_OFFLOADING,
          "Offload activations to CPU (CUDA only)")
-@_switch("compile", env.COMPILE, "torch.compile the model and loss")
+@_switch("compile", env.COMPILE, "torch.compile the model and loss",
+         "on for CUDA, off on CPU")
 @_opt("--lora-rank", env.LORA_RANK, "LoRA rank", type=int)
 @_opt("--lora-alpha", env.LORA_ALPHA, "LoRA alpha", type=float)
 @_opt("--lora-dropout", env.LORA_DROPOUT, "LoRA dropout", type=float)

@@ -20,8 +20,6 @@ from tests.support import tiny_tokenizers
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
 
-
-
 HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
 VOCAB = 320  # the model's embedding rows; each tokenizer uses the first ones
 
@@ -53,6 +51,11 @@ FAMILIES = {
                    "torchtune.models.phi3.lora_phi3",
                    "kubetune.trainer.models.phi3_weights.Phi3HFCheckpointer",
                    "q_proj,v_proj,gate_proj,down_proj", method="dora"),
+    # Phi-3's own tokenizer files (sentencepiece), LoRA on every linear.
+    "phi3": Family("phi3", "spm", tiny_tokenizers.PHI3_SPECIAL,
+                   "torchtune.models.phi3.lora_phi3",
+                   "kubetune.trainer.models.phi3_weights.Phi3HFCheckpointer", "all-linear",
+                   token_ids=True),
 }
 TRAIN = ["--epochs", "1", "--batch-size", "8", "--learning-rate", "3e-3", "--dtype", "fp32",
          "--seed", "0"]
@@ -173,11 +176,12 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
 
 
 @pytest.mark.slow
-def test_qwen3_full_finetune_saves_what_transformers_loads(serving_python, tiny_dataset_dir,
-                                                          tmp_path):
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_full_finetune_saves_what_transformers_loads(name, serving_python, tiny_dataset_dir,
+                                                     tmp_path):
     from tests.support.torchtune_logits import logits
 
-    model_dir = write_checkpoint(serving_python, "qwen3", tmp_path / "model")
+    model_dir = write_checkpoint(serving_python, name, tmp_path / "model")
     output = tmp_path / "output"
     trained = train(model_dir, tiny_dataset_dir, output, "--method", "full", "--max-steps", "2")
     assert trained.returncode == 0, trained.stderr[-3000:]

@@ -74,3 +74,18 @@ def test_other_tune_subcommands_go_to_torchtune():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "lora_finetune_single_device" in result.stdout
     assert "llama3_2/1B_lora_single_device" in result.stdout
+
+
+def test_a_warmup_for_a_config_without_a_scheduler_gets_one(tmp_path, tiny_model_dir,
+                                                            tiny_dataset_dir):
+    # torchtune's full fine-tuning configs name no lr_scheduler: a bare warm-up length
+    # would reach the recipe as a section it cannot instantiate.
+    result = train("--dry-run", "--method", "full", "--warmup-steps", "2",
+                   KUBETUNE_MODEL_DIR=str(tiny_model_dir),
+                   KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),
+                   KUBETUNE_OUTPUT_DIR=str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    scheduler = merged_config(result.stdout)["lr_scheduler"]
+    assert scheduler == {"_component_": "torchtune.training.lr_schedulers."
+                                        "get_cosine_schedule_with_warmup",
+                         "num_warmup_steps": 2}

@@ -110,6 +110,9 @@ REFUSED = {
                          "phi3 checkpoint: rope type 'longrope'"),
     "qwen3 moe": ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' in config.json is "
                                                 "not supported"),
+    "gemma2 without soft-capping": ({"model_type": "gemma2", "attn_logit_softcapping": None,
+                                     "final_logit_softcapping": 30.0},
+                                    "gemma2 checkpoint: logit soft-capping is off"),
 }
 
 

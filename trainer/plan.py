@@ -179,6 +179,21 @@ def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: st
     return notes
 
 
+# What torchtune's LoRA configs schedule with. Its full fine-tuning configs name no scheduler,
+# so a warm-up length given there (`--warmup-steps`) would leave a section the recipe cannot
+# instantiate.
+WARMUP_SCHEDULER = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
+
+
+def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
+    section = cfg.get("lr_scheduler")
+    if not isinstance(section, DictConfig) or "_component_" in section:
+        return []
+    section._component_ = WARMUP_SCHEDULER
+    return [f"lr_scheduler: the config names none; using {WARMUP_SCHEDULER} for the settings "
+            f"given ({', '.join(k for k in section if k != '_component_')})"]
+
+
 def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
@@ -215,6 +230,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         topo = topology.Topology(1, 1, 0, None)
 
     notes += _model_section(cfg, checkpoint, method, request.config)
+    notes += _lr_scheduler_section(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
