@@ -57,8 +57,12 @@ def stop_after(tmp_path: Path, pvc: Pvc, args: list[str], env: dict, step: int,
     log = tmp_path / f"{attempt}.log"
     run = start_tune_run(pvc, *args, env=env, log=log)
     deadline = time.monotonic() + 300
-    while (not any(m["step"] >= step for m in trained_steps(pvc)) and run.poll() is None
-           and time.monotonic() < deadline):
+    # metrics.jsonl still holds the previous attempt's steps until this run's launcher has
+    # cut them back to its checkpoint, which it does before "launching:"; a SIGTERM before
+    # then would hit a launcher that has not installed its handler yet.
+    while (not (log.is_file() and "launching: " in log.read_text(errors="replace")
+                and any(m["step"] >= step for m in trained_steps(pvc)))
+           and run.poll() is None and time.monotonic() < deadline):
         time.sleep(0.05)
     run.terminate()  # SIGTERM, as the kubelet sends on eviction
     assert run.wait(timeout=120) == EXIT_TRANSIENT, log.read_text()[-3000:]
