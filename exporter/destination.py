@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Protocol
 
-from kubetune.initializers import staging
+from kubetune import staging
 from kubetune.errors import BadInputError
 
 

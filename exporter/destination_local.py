@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from kubetune.exporter import manifest as export_manifest
-from kubetune.initializers import staging
+from kubetune import staging
 from kubetune.errors import BadInputError
 from kubetune.workspace import EXPORT_MANIFEST_NAME, STAGING_PREFIX
 
