@@ -68,11 +68,12 @@ def status_of(exc: ClientError) -> int | None:
     return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
 
 
-def transient(exc: ClientError) -> TransientFailure | None:
-    """A retry for a throttled or failing store (its own pace, where it says one)."""
+def transient(exc: ClientError, said: str = "S3") -> TransientFailure | None:
+    """A retry for a throttled or failing store (its own pace, where it says one), logged
+    as ``<said> <code>``."""
     code, status = code_of(exc), status_of(exc)
     if code in TRANSIENT_CODES or (status is not None and status >= 500) or status == 429:
-        return TransientFailure(f"S3 {code or status}", retry_after(exc))
+        return TransientFailure(f"{said} {code or status}", retry_after(exc))
     return None
 
 
