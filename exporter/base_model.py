@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kubetune import storage_uri
 from kubetune.initializers import manifest as init_manifest
 from kubetune.workspace import REPO_ID_NAME
 
@@ -20,18 +21,18 @@ def reference(model_dir: Path) -> tuple[str, str | None]:
     found = init_manifest.read(model_dir) or {}
     uri = found.get("storage_uri") or ""
     revision = found.get("resolved_revision") or found.get("requested_revision")
-    if uri.startswith("hf://"):
-        return "/".join(uri[len("hf://"):].split("/")[:2]), revision
-    if uri.startswith("file://"):
-        return uri[len("file://"):], revision
-    if uri.startswith("/"):
-        return uri, revision
+    where = storage_uri.recorded(uri)
+    if isinstance(where, storage_uri.HubUri):
+        return where.repo_id, revision
+    if isinstance(where, storage_uri.FileUri):
+        return str(where.path), revision
     try:
         repo_id = json.loads((model_dir / REPO_ID_NAME).read_text()).get("repo_id")
     except (OSError, ValueError, AttributeError):
         repo_id = None
-    if repo_id and repo_id.startswith("file://"):
-        repo_id = repo_id[len("file://"):]
+    named = storage_uri.recorded(repo_id) if repo_id and "://" in repo_id else None
+    if isinstance(named, storage_uri.FileUri):
+        repo_id = str(named.path)
     # An s3:// source has no name a loader understands: the weights on the PVC do.
     return repo_id if repo_id and "://" not in repo_id else str(model_dir.resolve()), revision
 

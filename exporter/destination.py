@@ -8,12 +8,10 @@ write the export into), ``read_manifest`` (the export already there, if any) and
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Protocol
 
-from kubetune.initializers import staging
-from kubetune.errors import BadInputError
+from kubetune import storage_uri
 
 
 class Destination(Protocol):
@@ -32,29 +30,16 @@ class Destination(Protocol):
 
 def open_destination(uri: str, revision: str | None, work_dir: Path) -> Destination:
     """The destination ``uri`` names; ``work_dir`` holds the build tree of remote ones."""
-    if uri.startswith("s3://"):
+    where = storage_uri.export_destination(uri)
+    # Imported on use: an export to a PVC never loads boto3 or huggingface_hub.
+    if isinstance(where, storage_uri.S3Uri):
         from kubetune.exporter.destination_s3 import S3Destination
 
-        return S3Destination(uri, work_dir)
-    if uri.startswith("hf://"):
+        return S3Destination(where, work_dir)
+    if isinstance(where, storage_uri.HubUri):
         from kubetune.exporter.destination_hf import HubDestination
 
-        return HubDestination(uri, revision, work_dir)
-    if uri.startswith("/") or uri.startswith("file://"):
-        from kubetune.exporter.destination_local import LocalDestination
+        return HubDestination(where, revision, work_dir)
+    from kubetune.exporter.destination_local import LocalDestination
 
-        return LocalDestination(uri)
-    raise BadInputError(f"EXPORT_URI {uri!r} is not supported: use /abs/path, file:///abs/path, "
-                        "s3://bucket/prefix or hf://org/repo")
-
-
-def fresh_build_dir(work_dir: Path) -> Path:
-    """An empty local tree (beside the workspace, on its volume) for a remote export."""
-    tree = staging.staging_dir_for(work_dir / "export-upload")
-    try:
-        if tree.exists():
-            shutil.rmtree(tree)
-        tree.mkdir(parents=True)
-    except OSError as exc:
-        raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
-    return tree
+    return LocalDestination(where)

@@ -12,18 +12,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
-from kubetune.exporter import manifest as export_manifest
-from kubetune.exporter.destination import fresh_build_dir
-from kubetune.initializers.sources.hf_errors import unknown_hub_host
-from kubetune.initializers.uri_names import check_hub_repo_id
-from kubetune import env, retry
-from kubetune.credentials import hf_token
-from kubetune.errors import BadInputError, TransientError
-from kubetune.workspace import EXPORT_MANIFEST_NAME
+# First: it sets huggingface_hub's environment before huggingface_hub reads it.
+from kubetune.remote import hub  # isort: skip
+
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, hf_hub_url  # noqa: E402
+from huggingface_hub.errors import HfHubHTTPError  # noqa: E402
+from huggingface_hub.utils import build_hf_headers, get_session  # noqa: E402
+
+from kubetune import retry  # noqa: E402
+from kubetune.errors import BadInputError, TransientError  # noqa: E402
+from kubetune.exporter import manifest as export_manifest  # noqa: E402
+from kubetune.exporter.build_tree import fresh_build_dir  # noqa: E402
+from kubetune.remote import hub_errors  # noqa: E402
+from kubetune.storage_uri import HubUri  # noqa: E402
+from kubetune.workspace import EXPORT_MANIFEST_NAME  # noqa: E402
 
 log = logging.getLogger("exporter")
 
@@ -37,56 +42,31 @@ def git_blob_oid(path: Path) -> str:
 
 
 class HubDestination:
-    def __init__(self, uri: str, revision: str | None, work_dir: Path) -> None:
-        parts = [p for p in uri[len("hf://"):].split("/") if p]
-        if len(parts) != 2:
-            raise BadInputError(f"EXPORT_URI {uri!r} must be hf://<org or user>/<repo>")
-        self.repo_id = check_hub_repo_id("/".join(parts), uri, env.EXPORT_URI)
+    def __init__(self, where: HubUri, revision: str | None, work_dir: Path) -> None:
+        self.repo_id = where.repo_id
         self.revision = revision or "main"
         self.description = f"hf://{self.repo_id}@{self.revision}"
         self.work_dir = Path(work_dir)
-        self.token = hf_token()
+        self.token = hub.token()
         if not self.token:
             raise BadInputError(f"uploading to {self.description} needs a token with write "
                                 "access: set ACCESS_TOKEN or HF_TOKEN (or ACCESS_TOKEN_FILE)")
-        from huggingface_hub import HfApi
-
-        endpoint = os.environ.get(env.HF_ENDPOINT) or None
-        self.api = HfApi(endpoint=endpoint, token=self.token)
+        # No timeout on the shared client (as before): a commit of large files may take
+        # the hub longer than a download's request would be allowed.
+        self.api = hub.api(self.token, bounded=False)
         self.endpoint = self.api.endpoint
 
     # -- plumbing ----------------------------------------------------------------------
-    @staticmethod
-    def _status(exc: BaseException) -> int | None:
-        response = getattr(exc, "response", None)
-        return getattr(response, "status_code", None)
-
     def _classify(self, exc: BaseException) -> retry.TransientFailure | None:
-        from huggingface_hub.errors import HfHubHTTPError
-
-        status = self._status(exc)
-        if isinstance(exc, HfHubHTTPError) and status is not None:
-            if status == 429 or status >= 500:
-                after = exc.response.headers.get("Retry-After")
-                return retry.TransientFailure(f"the hub answered {status}",
-                                              float(after) if after and after.isdigit() else None)
-            return None
-        import httpx2
-
-        unknown = unknown_hub_host(exc, self.endpoint)
-        if unknown is not None:
-            raise unknown from None
-        if isinstance(exc, (OSError, httpx2.TransportError)):
-            return retry.TransientFailure(type(exc).__name__)
-        return None
+        if isinstance(exc, HfHubHTTPError) and hub_errors.status_of(exc) is not None:
+            return hub_errors.http_transient(exc)
+        return hub_errors.transport_failure(exc, self.endpoint)
 
     def _call(self, what: str, func):
-        from huggingface_hub.errors import HfHubHTTPError
-
         try:
             return retry.call(func, f"{what} {self.description}", classify=self._classify)
         except HfHubHTTPError as exc:
-            status = self._status(exc)
+            status = hub_errors.status_of(exc)
             if status == 401:
                 raise BadInputError(f"the hub rejected the token for {self.description} (401): "
                                     "set ACCESS_TOKEN / HF_TOKEN to a valid token") from None
@@ -108,9 +88,6 @@ class HubDestination:
         return fresh_build_dir(self.work_dir)
 
     def read_manifest(self) -> dict | None:
-        from huggingface_hub import hf_hub_url
-        from huggingface_hub.utils import build_hf_headers, get_session
-
         url = hf_hub_url(self.repo_id, EXPORT_MANIFEST_NAME, revision=self.revision,
                          endpoint=self.api.endpoint)
 
@@ -130,8 +107,6 @@ class HubDestination:
             return None
 
     def publish(self, tree: Path, manifest: dict, previous: dict | None) -> None:
-        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-
         export_manifest.write(tree, manifest)
         self._call("create", lambda: self.api.create_repo(self.repo_id, exist_ok=True))
         if self.revision != "main":

@@ -13,8 +13,9 @@ import shutil
 from pathlib import Path
 
 from kubetune.exporter import manifest as export_manifest
-from kubetune.initializers import staging
+from kubetune import staging
 from kubetune.errors import BadInputError
+from kubetune.storage_uri import FileUri
 from kubetune.workspace import EXPORT_MANIFEST_NAME, STAGING_PREFIX
 
 # A fresh volume's root holds lost+found; that is still an empty destination.
@@ -22,12 +23,8 @@ _VOLUME_ENTRIES = ("lost+found",)
 
 
 class LocalDestination:
-    def __init__(self, uri: str) -> None:
-        path = uri[len("file://"):] if uri.startswith("file://") else uri
-        if not path.startswith("/"):
-            raise BadInputError(f"export destination {uri!r} must be an absolute path or "
-                                "file:///abs/path")
-        self.path = Path(path)
+    def __init__(self, where: FileUri) -> None:
+        self.path = where.path
         self.description = str(self.path)
 
     def check(self) -> None:

@@ -15,51 +15,38 @@ import logging
 import shutil
 from pathlib import Path
 
-from kubetune.exporter import manifest as export_manifest
-from kubetune.exporter.destination import fresh_build_dir
-from kubetune.initializers.sources.s3_errors import retry_after, unknown_s3_host
-from kubetune.initializers.uri_names import check_s3_bucket
-from kubetune import env, retry
-from kubetune.credentials import s3_credentials
+from boto3.exceptions import S3UploadFailedError
+from botocore.exceptions import ClientError
+
+from kubetune import retry
 from kubetune.errors import BadInputError, TransientError
+from kubetune.exporter import manifest as export_manifest
+from kubetune.exporter.build_tree import fresh_build_dir
+from kubetune.remote import s3 as remote_s3
+from kubetune.remote import s3_errors
+from kubetune.storage_uri import S3Uri
 from kubetune.workspace import EXPORT_MANIFEST_NAME
 
 log = logging.getLogger("exporter")
 
-_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
-                    "SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling"}
-_DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                 "AllAccessDisabled", "InvalidToken", "ExpiredToken"}
 SHA_KEY = "sha256"
 
 
 class S3Destination:
-    def __init__(self, uri: str, work_dir: Path) -> None:
-        rest = uri[len("s3://"):]
-        self.bucket, _, prefix = rest.partition("/")
-        check_s3_bucket(self.bucket, uri, env.EXPORT_URI)
-        self.prefix = prefix.strip("/")
+    def __init__(self, where: S3Uri, work_dir: Path) -> None:
+        self.bucket = where.bucket
+        self.prefix = where.prefix.strip("/")
         self.description = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.work_dir = Path(work_dir)
-        self.credentials = s3_credentials()
         self._client = None
 
     # -- plumbing ----------------------------------------------------------------------
     @property
     def client(self):
         if self._client is None:
-            import boto3
-            from botocore.config import Config
-
-            c = self.credentials
-            self._client = boto3.client(
-                "s3", endpoint_url=c.endpoint_url, region_name=c.region,
-                aws_access_key_id=c.access_key_id, aws_secret_access_key=c.secret_access_key,
-                # kubetune.retry is the one retry loop: botocore makes single attempts
-                # ("max_attempts" counts retries after the first: 1 would double ours).
-                config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
-                              connect_timeout=10, read_timeout=120),
-            )
+            # ROLE_ARN is assumed here, under its own retry: `check` asks first, outside
+            # any other retry loop.
+            self._client = remote_s3.client("kubetune-exporter")
         return self._client
 
     def key(self, path: str) -> str:
@@ -67,45 +54,33 @@ class S3Destination:
 
     @staticmethod
     def _unwrap(exc: BaseException) -> BaseException:
-        from boto3.exceptions import S3UploadFailedError
-
         # upload_file wraps the ClientError that says what went wrong.
         if isinstance(exc, S3UploadFailedError):
             return exc.__cause__ or exc.__context__ or exc
         return exc
 
     def _classify(self, exc: BaseException) -> retry.TransientFailure | None:
-        from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
-
         exc = self._unwrap(exc)
-        unknown = unknown_s3_host(exc)
-        if unknown is not None:
-            raise unknown from None
-        if isinstance(exc, (ConnectionError, HTTPClientError)):
-            return retry.TransientFailure(f"{type(exc).__name__}")
         if isinstance(exc, ClientError):
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in _TRANSIENT_CODES:
-                return retry.TransientFailure(f"S3 answered {code}", retry_after(exc))
-        return None
+            return s3_errors.transient(exc, said="S3 answered")
+        return s3_errors.transport_failure(exc)
 
     def _call(self, what: str, func):
-        from botocore.exceptions import ClientError, NoCredentialsError
-
         try:
             return retry.call(func, f"{what} ({self.description})", classify=self._classify)
-        except NoCredentialsError:
-            raise BadInputError(f"no S3 credentials for {self.description}: set ACCESS_KEY_ID "
-                                "and SECRET_ACCESS_KEY (or their *_FILE variants)") from None
+        except s3_errors.NO_CREDENTIALS:
+            raise BadInputError(f"{s3_errors.NO_CREDENTIALS_MESSAGE} (for "
+                                f"{self.description})") from None
         except Exception as raised:
             exc = self._unwrap(raised)
             if not isinstance(exc, ClientError):
                 raise
-            code = str(exc.response.get("Error", {}).get("Code", ""))
+            code = s3_errors.code_of(exc)
             if code in ("404", "NoSuchBucket"):
                 raise BadInputError(f"bucket {self.bucket} does not exist: create it or fix "
                                     "EXPORT_URI") from None
-            if code in _DENIED_CODES:
+            if code in s3_errors.CREDENTIAL_CODES | s3_errors.DENIED_CODES \
+                    or s3_errors.status_of(exc) == 403:
                 raise BadInputError(f"the S3 credentials may not {what} {self.description} "
                                     f"({code}): grant s3:PutObject/GetObject/ListBucket/"
                                     "DeleteObject on it or fix ACCESS_KEY_ID / "
@@ -114,14 +89,13 @@ class S3Destination:
 
     # -- the four steps ----------------------------------------------------------------
     def check(self) -> None:
-        self._call("read", lambda: self.client.head_bucket(Bucket=self.bucket))
+        client = self.client
+        self._call("read", lambda: client.head_bucket(Bucket=self.bucket))
 
     def build_dir(self) -> Path:
         return fresh_build_dir(self.work_dir)
 
     def read_manifest(self) -> dict | None:
-        from botocore.exceptions import ClientError
-
         def get():
             try:
                 body = self.client.get_object(Bucket=self.bucket,
@@ -139,8 +113,6 @@ class S3Destination:
             return None
 
     def _uploaded_sha(self, path: str) -> str | None:
-        from botocore.exceptions import ClientError
-
         def head():
             try:
                 return self.client.head_object(Bucket=self.bucket, Key=self.key(path))

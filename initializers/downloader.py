@@ -15,7 +15,8 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
-from kubetune.initializers import checksums, staging
+from kubetune import staging
+from kubetune.initializers import checksums
 from kubetune.initializers.progress import Cancelled, Progress
 from kubetune.initializers.safe_paths import safe_join
 from kubetune.initializers.sources.base import RemoteFile

@@ -8,7 +8,8 @@ import logging
 import os
 from pathlib import Path
 
-from kubetune.initializers import manifest, reuse, staging, verify_dataset, verify_model, weights
+from kubetune import env, staging, storage_uri
+from kubetune.initializers import manifest, reuse, verify_dataset, verify_model, weights
 from kubetune.initializers.downloader import Downloader, check_space, disk_full
 from kubetune.initializers.progress import Progress
 from kubetune.initializers.request import InitRequest
@@ -20,10 +21,9 @@ log = logging.getLogger("initializer")
 
 
 def _repo_id(request: InitRequest) -> str:
-    uri = request.uri
-    if uri.scheme == "hf":
-        return "/".join(uri.location.split("/")[:2])
-    return uri.raw
+    if request.uri.scheme == "hf":
+        return storage_uri.hub(request.uri, env.STORAGE_URI).repo_id
+    return request.uri.raw
 
 
 def _check_output_writable(output: Path) -> None:

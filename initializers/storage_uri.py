@@ -1,25 +1,21 @@
-"""Parse a storage URI and find the source class that serves its scheme.
+"""Parse STORAGE_URI and find the source class that serves its scheme.
 
 Sources are found through the ``kubetune.storage`` entry-point group, so a package
-installed beside ours adds a scheme without forking (see README, "Extending").
+installed beside ours adds a scheme without forking (see README, "Extending"). The
+parsing itself is `kubetune.storage_uri`'s, shared with the exporter.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib.metadata import entry_points
-from urllib.parse import urlsplit
 
+from kubetune import env, storage_uri
 from kubetune.errors import BadInputError
+from kubetune.storage_uri import StorageUri
 
 ENTRY_POINT_GROUP = "kubetune.storage"
 
-
-@dataclass(frozen=True)
-class StorageUri:
-    raw: str
-    scheme: str  # "file" for local paths
-    location: str  # everything after "scheme://" (for file: an absolute path)
+__all__ = ["ENTRY_POINT_GROUP", "StorageUri", "parse", "source_class", "supported_schemes"]
 
 
 def supported_schemes() -> list[str]:
@@ -33,23 +29,8 @@ def _forms() -> str:
 
 
 def parse(uri: str) -> StorageUri:
-    uri = (uri or "").strip()
-    if not uri:
-        raise BadInputError(f"STORAGE_URI is empty; supported forms: {_forms()}")
-    if uri.startswith("/"):
-        return StorageUri(raw=uri, scheme="file", location=uri)
-    parts = urlsplit(uri)
-    if not parts.scheme or "://" not in uri:
-        raise BadInputError(f"storage URI {uri!r} is malformed; supported forms: {_forms()}")
-    scheme = parts.scheme.lower()
-    location = uri.split("://", 1)[1]
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise BadInputError(f"file URI {uri!r} must name an absolute path (file:///abs/path)")
-        location = parts.path
-    if not location.strip("/"):
-        raise BadInputError(f"storage URI {uri!r} names nothing after {scheme}://")
-    return StorageUri(raw=uri, scheme=scheme, location=location)
+    """Any scheme parses (a plugin's included); `source_class` says whether one serves it."""
+    return storage_uri.parse(uri, env.STORAGE_URI, _forms())
 
 
 def source_class(scheme: str):

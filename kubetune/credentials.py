@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.redact import register_secret
 
@@ -49,14 +50,14 @@ def secret(*names: str) -> str | None:
 
 def hf_token() -> str | None:
     """Kubeflow's ACCESS_TOKEN first, then Hugging Face's own HF_TOKEN."""
-    token = secret("ACCESS_TOKEN", "HF_TOKEN")
-    if token is None and os.environ.get("HF_TOKEN_PATH"):
-        path = os.environ["HF_TOKEN_PATH"]
+    token = secret(env.ACCESS_TOKEN, env.HF_TOKEN)
+    if token is None and os.environ.get(env.HF_TOKEN_PATH):
+        path = os.environ[env.HF_TOKEN_PATH]
         try:
             value = Path(path).read_text()
         except OSError:
             return None
-        token = _one_line(value, f"the file HF_TOKEN_PATH names ({path})")
+        token = _one_line(value, f"the file {env.HF_TOKEN_PATH} names ({path})")
     return token
 
 
@@ -72,9 +73,10 @@ class S3Credentials:
 def s3_credentials() -> S3Credentials:
     """Kubeflow's S3 variables; unset keys fall back to boto3's standard chain."""
     return S3Credentials(
-        endpoint_url=os.environ.get("ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL") or None,
-        region=os.environ.get("REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
-        access_key_id=secret("ACCESS_KEY_ID"),
-        secret_access_key=secret("SECRET_ACCESS_KEY"),
-        role_arn=os.environ.get("ROLE_ARN") or None,
+        endpoint_url=os.environ.get(env.S3_ENDPOINT) or os.environ.get(env.AWS_ENDPOINT_URL)
+        or None,
+        region=os.environ.get(env.S3_REGION) or os.environ.get(env.AWS_DEFAULT_REGION) or None,
+        access_key_id=secret(env.S3_ACCESS_KEY_ID),
+        secret_access_key=secret(env.S3_SECRET_ACCESS_KEY),
+        role_arn=os.environ.get(env.S3_ROLE_ARN) or None,
     )

@@ -112,3 +112,12 @@ LOG_FORMAT = "KUBETUNE_LOG_FORMAT"  # text (default) or json: one JSON object pe
 LOG_LEVEL = "KUBETUNE_LOG_LEVEL"  # info (default) or debug: torchtune's config dump, noise
 # Set by `kubetune local` for its steps: the run is not on Kubeflow Trainer.
 LOCAL_RUN = "KUBETUNE_LOCAL_RUN"
+
+# Remote stores: the names boto3 and huggingface_hub read themselves, honoured as
+# alternatives to Kubeflow's (ENDPOINT, REGION, ACCESS_TOKEN).
+AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
+HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the token (huggingface_hub's own name)
+# Set for huggingface_hub before it is imported (a pod's log is not a terminal).
+HF_HUB_DISABLE_PROGRESS_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
+HF_HUB_DISABLE_TELEMETRY = "HF_HUB_DISABLE_TELEMETRY"

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import http_proxy
-from tests.support.cli import REPO, error_lines, kubetune
+from tests.support.cli import REPO, clean_env, error_lines, kubetune
+from tests.support.fault_proxy import FaultProxy
 from tests.support.trained import TrainedRun
 
 pytestmark = pytest.mark.slow
@@ -24,6 +25,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def proxy(s3):
     server = http_proxy.start(s3.endpoint)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def faults(s3):
+    """A fault-injecting proxy in front of moto (S3 and STS), recording who signed what."""
+    server = FaultProxy(s3.endpoint)
     yield server
     server.stop()
 
@@ -189,3 +198,63 @@ def test_credentials_that_cannot_write_are_refused_and_nothing_is_visible(traine
                           aws_access_key_id=read_only_s3["ACCESS_KEY_ID"],
                           aws_secret_access_key=read_only_s3["SECRET_ACCESS_KEY"])
     assert client.list_objects_v2(Bucket="readonly").get("KeyCount", 0) == 0
+
+
+def fresh_bucket(s3, name: str) -> str:
+    bucket = f"{name}-{uuid.uuid4().hex[:8]}"
+    s3.client().create_bucket(Bucket=bucket)
+    return bucket
+
+
+@pytest.mark.parametrize("code", ["ThrottlingException", "RequestLimitExceeded"])
+def test_a_throttled_upload_is_retried_like_a_download(trained_run, s3, faults, tmp_path,
+                                                       code):
+    # Answered with 400 as AWS's JSON services answer them: the code alone says "slow down".
+    bucket = fresh_bucket(s3, "throttled")
+    faults.clear()
+    faults.fault("status", f"/{bucket}/run/*", times=1, method="PUT", status=400, code=code)
+    env = s3_env(trained_run, s3, faults, tmp_path)
+    result = kubetune("export", "--export-uri", f"s3://{bucket}/run", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"S3 answered {code}; retry 1/1" in result.stderr
+    puts = [r.path for r in faults.requests if r.method == "PUT"]
+    assert len(puts) == len(set(puts)) + 1  # the throttled object, sent again once
+    assert "run/manifest.json" in objects(s3, bucket)
+
+
+ROLE = "arn:aws:iam::123456789012:role/kubetune-exporter"
+
+
+def test_role_arn_is_assumed_and_its_credentials_sign_the_upload(trained_run, s3, faults,
+                                                                 tmp_path):
+    bucket = fresh_bucket(s3, "role")
+    faults.clear()
+    env = s3_env(trained_run, s3, faults, tmp_path, ROLE_ARN=ROLE,
+                 AWS_ENDPOINT_URL_STS=faults.url)
+    result = kubetune("export", "--export-uri", f"s3://{bucket}/run", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r.method for r in faults.requests if r.path == "/"] == ["POST"]  # AssumeRole
+    signers = {r.access_key_id for r in faults.requests if r.method == "PUT"}
+    assert len(signers) == 1 and None not in signers and s3.access_key_id not in signers
+    assert "run/manifest.json" in objects(s3, bucket)
+    assert_no_secret(s3, tmp_path, result)
+
+
+def test_a_refused_role_is_the_initializers_one_line(trained_run, s3, faults, tmp_path):
+    bucket = fresh_bucket(s3, "refused")
+    s3.client().put_object(Bucket=bucket, Key="model/config.json", Body=b"{}")
+    faults.clear()
+    faults.fault("status", "/", times=10, method="POST", status=403, code="AccessDenied")
+    sts = {"ROLE_ARN": ROLE, "AWS_ENDPOINT_URL_STS": faults.url}
+    export = kubetune("export", "--export-uri", f"s3://{bucket}/run",
+                      env=s3_env(trained_run, s3, faults, tmp_path, **sts))
+    init = kubetune("init-model", env=clean_env(
+        **{**s3.env(), "ENDPOINT": faults.url}, **sts, STORAGE_URI=f"s3://{bucket}/model",
+        OUTPUT_PATH=str(tmp_path / "model"),
+        KUBETUNE_TERMINATION_LOG=str(tmp_path / "init-termination-log")))
+    assert export.returncode == init.returncode == 65, export.stderr[-3000:] + init.stderr
+    [exported], [initialized] = error_lines(export), error_lines(init)
+    assert f"cannot assume ROLE_ARN {ROLE} (" in exported
+    assert exported.split(": ", 2)[2] == initialized.split(": ", 2)[2]
+    assert [r.method for r in faults.requests if r.path == "/"] == ["POST", "POST"]
+    assert not any(r.method == "PUT" for r in faults.requests)

@@ -9,8 +9,8 @@ import httpx2
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from kubetune.initializers.sources.hf_errors import HubErrors
-from kubetune.initializers.sources.s3_errors import S3Errors
+from kubetune.remote.hub_errors import HubErrors
+from kubetune.remote.s3_errors import S3Errors
 from kubetune.errors import BadInputError
 from kubetune.retry import TransientFailure
 from tests.support.cli import clean_env, error_lines, kubetune

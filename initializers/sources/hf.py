@@ -10,65 +10,36 @@ files) or git blob id (the rest).
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
 from urllib.parse import quote
 
-# No bars: a pod's log is not a terminal. Set before huggingface_hub reads its constants.
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# First: it sets huggingface_hub's environment before huggingface_hub reads it.
+from kubetune.remote import hub  # isort: skip
 
-import httpx2  # noqa: E402
-from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.hf_api import RepoFile  # noqa: E402
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # noqa: E402
 
-from kubetune.initializers.checksums import Hasher, Verified  # noqa: E402
-from kubetune.initializers.filters import keep  # noqa: E402
-from kubetune.initializers.request import InitRequest  # noqa: E402
-from kubetune.initializers.sources.base import ProgressCallback, RemoteFile  # noqa: E402
-from kubetune.initializers.sources.hf_errors import HubErrors  # noqa: E402
-from kubetune.initializers.stream_write import write_stream  # noqa: E402
-from kubetune.initializers.uri_names import check_hub_repo_id  # noqa: E402
-from kubetune import credentials, env, retry  # noqa: E402
-from kubetune.env_numbers import env_float  # noqa: E402
-from kubetune.errors import BadInputError  # noqa: E402
-from kubetune.retry import TransientFailure  # noqa: E402
-
-# One INFO line per request would bury the progress lines.
-for _noisy in ("httpx", "httpx2", "huggingface_hub"):
-    logging.getLogger(_noisy).setLevel(logging.WARNING)
-
-DEFAULT_ENDPOINT = "https://huggingface.co"
-
-
-def http_timeout() -> httpx2.Timeout:
-    seconds = env_float(env.HTTP_TIMEOUT_S, 60.0, minimum=1)
-    return httpx2.Timeout(seconds, connect=min(seconds, 30.0))
-
-
-def split_location(location: str) -> tuple[str, str]:
-    """``org/name/sub/path`` -> (``org/name``, ``sub/path``); a bare ``name`` is a legacy id."""
-    parts = [p for p in location.strip("/").split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts):
-        raise BadInputError(f"hf URI names no repo: expected hf://org/name[/sub/path], got "
-                            f"hf://{location}")
-    repo_id = parts[0] if len(parts) == 1 else f"{parts[0]}/{parts[1]}"
-    check_hub_repo_id(repo_id, f"hf://{location}", env.STORAGE_URI)
-    return repo_id, "/".join(parts[2:])
+from kubetune.initializers.checksums import Hasher, Verified
+from kubetune.initializers.filters import keep
+from kubetune.initializers.request import InitRequest
+from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
+from kubetune.initializers.stream_write import write_stream
+from kubetune import env, retry, storage_uri
+from kubetune.errors import BadInputError
+from kubetune.remote.hub import http_timeout
+from kubetune.remote.hub_errors import HubErrors
+from kubetune.retry import TransientFailure
 
 
 class HuggingFaceSource:
     def __init__(self, request: InitRequest) -> None:
         self.request = request
-        self.repo_id, self.sub_path = split_location(request.uri.location)
-        self.repo_type = "dataset" if request.kind == "dataset" else "model"
-        self.endpoint = (os.environ.get(env.HF_ENDPOINT) or DEFAULT_ENDPOINT).rstrip("/")
-        self.token = request.token or credentials.hf_token()
-        self.api = HfApi(endpoint=self.endpoint, token=self.token or False)
-        # huggingface_hub's shared client has no timeout: a stalled hub would hang the pod.
-        get_session().timeout = http_timeout()
+        repo = storage_uri.hub(request.uri, env.STORAGE_URI,
+                               repo_type="dataset" if request.kind == "dataset" else "model")
+        self.repo_id, self.sub_path, self.repo_type = repo.repo_id, repo.sub_path, repo.repo_type
+        self.endpoint = hub.endpoint()
+        self.token = hub.token(request.token)
+        self.api = hub.api(self.token)
         self.errors = HubErrors(self.repo_id, self.repo_type, self.endpoint, request.revision,
                                 bool(self.token))
         self.commit: str | None = None

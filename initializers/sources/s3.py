@@ -1,8 +1,7 @@
 """``s3://bucket/prefix``: every object under a prefix, or one object.
 
-Credentials: Kubeflow's ``ACCESS_KEY_ID`` / ``SECRET_ACCESS_KEY`` (inline or ``*_FILE``),
-``ROLE_ARN`` (assumed through STS), else boto3's standard chain (IRSA, instance profile,
-``AWS_*``). ``ENDPOINT`` points at MinIO, Ceph or any S3-compatible store.
+Credentials and endpoint: `kubetune.remote.s3` (``ACCESS_KEY_ID`` / ``SECRET_ACCESS_KEY``,
+``ROLE_ARN``, ``ENDPOINT``, else boto3's standard chain).
 
 An object is fetched as one stream, hashed as it arrives, unless splitting it adds
 parallelism: while at least as many large objects are left as there are download workers,
@@ -31,23 +30,20 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from kubetune.initializers.checksums import ChecksumMismatch, Hasher, Verified, verify
 from kubetune.initializers.filters import keep
 from kubetune.initializers.request import InitRequest
 from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
-from kubetune.initializers.sources.s3_errors import S3Errors, role_classify
 from kubetune.initializers.sources.s3_part_state import PartState
-from kubetune.initializers.staging import part_state_path
+from kubetune.staging import part_state_path
 from kubetune.initializers.stream_write import write_stream
-from kubetune.initializers.uri_names import check_s3_bucket
-from kubetune import credentials, env, retry
-from kubetune.env_numbers import env_float, env_int
+from kubetune import env, retry, storage_uri
+from kubetune.env_numbers import env_int
 from kubetune.errors import BadInputError
-from kubetune.redact import register_secret
+from kubetune.remote import s3 as remote_s3
+from kubetune.remote.s3_errors import S3Errors
 from kubetune.retry import TransientFailure
 
 CHUNK = 1024 * 1024
@@ -93,35 +89,11 @@ def _as_path(rel: str) -> str:
     return "/".join(part for part in rel.split("/") if part not in ("", "."))
 
 
-def split_location(location: str) -> tuple[str, str]:
-    bucket, _, prefix = location.partition("/")
-    return check_s3_bucket(bucket, f"s3://{location}", env.STORAGE_URI), prefix
-
-
-def _session(creds: credentials.S3Credentials) -> boto3.session.Session:
-    session = boto3.session.Session(aws_access_key_id=creds.access_key_id,
-                                    aws_secret_access_key=creds.secret_access_key,
-                                    region_name=creds.region)
-    if not creds.role_arn:
-        return session
-    # STS is reached through boto3's own endpoint resolution (AWS_ENDPOINT_URL_STS for a
-    # local STS); ENDPOINT names the object store only.
-    single = Config(retries={"total_max_attempts": 1, "mode": "standard"})  # ours retries
-    assumed = retry.call(lambda: session.client("sts", config=single).assume_role(
-        RoleArn=creds.role_arn, RoleSessionName="kubetune-initializer"),
-        f"assume role {creds.role_arn}", classify=role_classify(creds.role_arn))["Credentials"]
-    for value in (assumed["AccessKeyId"], assumed["SecretAccessKey"], assumed["SessionToken"]):
-        register_secret(value)
-    return boto3.session.Session(aws_access_key_id=assumed["AccessKeyId"],
-                                 aws_secret_access_key=assumed["SecretAccessKey"],
-                                 aws_session_token=assumed["SessionToken"],
-                                 region_name=creds.region)
-
-
 class S3Source:
     def __init__(self, request: InitRequest) -> None:
         self.request = request
-        self.bucket, self.prefix = split_location(request.uri.location)
+        where = storage_uri.s3(request.uri, env.STORAGE_URI)
+        self.bucket, self.prefix = where.bucket, where.prefix
         self.errors = S3Errors(self.bucket, self.prefix)
         self.part_size = max(1, env_int(env.S3_PART_SIZE_MB, DEFAULT_PART_MB)) * 1024 * 1024
         self.part_workers = max(1, env_int(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS))
@@ -137,18 +109,10 @@ class S3Source:
         # rather than guessed); no sizes when the store does not tell them.
         self._upload_parts: dict[tuple, tuple[tuple[int, ...], bool]] = {}
         self._lock = threading.Lock()
-        creds = credentials.s3_credentials()
-        timeout = env_float(env.HTTP_TIMEOUT_S, 60.0, minimum=1)
-        config = Config(
-            # kubetune.retry is the one retry loop: botocore's own would multiply it.
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=self.part_workers + 16,
-            connect_timeout=min(timeout, 30.0), read_timeout=timeout,
+        self.client = remote_s3.client(
+            "kubetune-initializer", max_pool_connections=self.part_workers + 16,
             # Checksum validation of ranged GETs is not possible; we check ETags ourselves.
-            response_checksum_validation="when_required",
-        )
-        self.client = _session(creds).client("s3", endpoint_url=creds.endpoint_url,
-                                             config=config)
+            response_checksum_validation="when_required")
 
     def classify(self, exc: BaseException) -> TransientFailure | None:
         return self.errors.classify(exc)

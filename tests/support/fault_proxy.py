@@ -8,6 +8,7 @@ body mid-object, flipped bytes. It also records every request (method, path, Ran
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import struct
 import threading
@@ -40,6 +41,7 @@ class ProxiedRequest:
     method: str
     path: str
     range: str | None
+    access_key_id: str | None = None  # whose credentials signed it (SigV4)
 
 
 class FaultProxy(FaultBook):
@@ -57,12 +59,17 @@ class FaultProxy(FaultBook):
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
+    endpoint = url  # as `http_proxy.RecordingProxy` names it: one env helper serves both
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 
-    def take(self, method: str, path: str, ranged: str | None) -> ProxyFault | None:
-        return self._take(method, path, ProxiedRequest(method, path, ranged),
+    def take(self, method: str, path: str, ranged: str | None,
+             authorization: str | None = None) -> ProxyFault | None:
+        signer = re.search(r"Credential=([^/,\s]+)/", authorization or "")
+        request = ProxiedRequest(method, path, ranged, signer.group(1) if signer else None)
+        return self._take(method, path, request,
                           applies=lambda fault: bool(ranged) or not fault.ranged_only)
 
 
@@ -75,7 +82,8 @@ def _handler(proxy: FaultProxy):
 
         def _forward(self) -> None:
             path = unquote(urlsplit(self.path).path)
-            fault = proxy.take(self.command, path, self.headers.get("Range"))
+            fault = proxy.take(self.command, path, self.headers.get("Range"),
+                               self.headers.get("Authorization"))
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             if fault is not None and fault.kind == "status":

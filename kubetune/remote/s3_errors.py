@@ -1,4 +1,6 @@
-"""Turn S3 failures into a retry or one actionable line."""
+"""Turn S3 failures into a retry or one actionable line: the codes and exceptions every
+step reads the same way (`transient`, `transport_failure`, the code tables), and the
+initializers' messages (`S3Errors`); the exporter words its own from the same tables."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
     ResponseStreamingError,
 )
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
+from botocore.exceptions import HTTPClientError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError as Urllib3ReadTimeout
 
 from kubetune import env
@@ -22,19 +26,25 @@ from kubetune.errors import BadInputError, TransientError
 from kubetune.retry import TransientFailure
 from kubetune.unknown_host import unknown_host_error
 
-# boto3's own name for the endpoint, which the credential chain also honours.
-AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
-
 TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                    "RequestLimitExceeded", "503", "500", "502", "504"}
 CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
                     "ExpiredToken", "TokenRefreshRequired", "InvalidClientTokenId"}
+DENIED_CODES = {"AccessDenied", "403", "AllAccessDisabled"}
+# What botocore and urllib3 raise when a connection fails or drops mid-body.
+TRANSPORT_ERRORS = (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError,
+                    ReadTimeoutError, IncompleteReadError, ResponseStreamingError,
+                    BotocoreConnectionError, HTTPClientError, ProtocolError, Urllib3ReadTimeout,
+                    ConnectionError, TimeoutError)
+NO_CREDENTIALS = (NoCredentialsError, PartialCredentialsError)
+NO_CREDENTIALS_MESSAGE = ("no S3 credentials: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or "
+                          "their *_FILE variants), ROLE_ARN, or the standard AWS chain")
 
 
 def unknown_s3_host(exc: BaseException) -> BadInputError | None:
     """One line for an S3 host name that does not exist, naming the variable it came from."""
-    for variable in (env.S3_ENDPOINT, AWS_ENDPOINT_URL):
+    for variable in (env.S3_ENDPOINT, env.AWS_ENDPOINT_URL):
         if os.environ.get(variable):
             return unknown_host_error(exc, os.environ[variable], variable, "")
     return unknown_host_error(exc, None, None, f"AWS's endpoint for the region: set "
@@ -50,6 +60,33 @@ def retry_after(exc: ClientError) -> float | None:
         return None
 
 
+def code_of(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def status_of(exc: ClientError) -> int | None:
+    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def transient(exc: ClientError, said: str = "S3") -> TransientFailure | None:
+    """A retry for a throttled or failing store (its own pace, where it says one), logged
+    as ``<said> <code>``."""
+    code, status = code_of(exc), status_of(exc)
+    if code in TRANSIENT_CODES or (status is not None and status >= 500) or status == 429:
+        return TransientFailure(f"{said} {code or status}", retry_after(exc))
+    return None
+
+
+def transport_failure(exc: BaseException) -> TransientFailure | None:
+    """A retry for a connection that failed or dropped; an unknown host raises one line."""
+    unknown = unknown_s3_host(exc)
+    if unknown is not None:
+        raise unknown from None
+    if isinstance(exc, TRANSPORT_ERRORS):
+        return TransientFailure(f"{type(exc).__name__}: {exc}")
+    return None
+
+
 class S3Errors:
     def __init__(self, bucket: str, prefix: str) -> None:
         self.bucket = bucket
@@ -57,12 +94,11 @@ class S3Errors:
 
     def client_error(self, exc: ClientError, key: str | None = None) -> Exception:
         """A BadInputError, a TransientError, or a TransientFailure (retry) for ``exc``."""
-        error = exc.response.get("Error", {})
-        code = str(error.get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code, status = code_of(exc), status_of(exc)
         where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket}"
-        if code in TRANSIENT_CODES or (status is not None and status >= 500) or status == 429:
-            return TransientFailure(f"S3 {code or status}", retry_after(exc))
+        retry = transient(exc)
+        if retry is not None:
+            return retry
         if code == "NoSuchBucket":
             return BadInputError(f"bucket {self.bucket} does not exist (check STORAGE_URI and "
                                  "ENDPOINT / REGION)")
@@ -71,7 +107,7 @@ class S3Errors:
         if code in CREDENTIAL_CODES:
             return BadInputError(f"{where}: the S3 credentials were rejected ({code}): check "
                                  "ACCESS_KEY_ID / SECRET_ACCESS_KEY or ROLE_ARN")
-        if code in ("AccessDenied", "403", "AllAccessDisabled") or status == 403:
+        if code in DENIED_CODES or status == 403:
             return BadInputError(f"{where}: access denied (the credentials lack s3:ListBucket / "
                                  "s3:GetObject on it)")
         if code in ("PreconditionFailed", "412"):
@@ -88,18 +124,9 @@ class S3Errors:
             if isinstance(mapped, TransientFailure):
                 return mapped
             raise mapped from None
-        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-            raise BadInputError("no S3 credentials: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or "
-                                "their *_FILE variants), ROLE_ARN, or the standard AWS chain"
-                                ) from None
-        unknown = unknown_s3_host(exc)
-        if unknown is not None:
-            raise unknown from None
-        if isinstance(exc, (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError,
-                            ReadTimeoutError, IncompleteReadError, ResponseStreamingError,
-                            ProtocolError, Urllib3ReadTimeout, ConnectionError, TimeoutError)):
-            return TransientFailure(f"{type(exc).__name__}: {exc}")
-        return None
+        if isinstance(exc, NO_CREDENTIALS):
+            raise BadInputError(NO_CREDENTIALS_MESSAGE) from None
+        return transport_failure(exc)
 
 
 def role_classify(role_arn: str):
@@ -111,7 +138,7 @@ def role_classify(role_arn: str):
             mapped = errors.client_error(exc)
             if isinstance(mapped, TransientFailure):
                 return mapped
-            code = exc.response.get("Error", {}).get("Code", "error")
+            code = code_of(exc) or "error"
             raise BadInputError(f"cannot assume ROLE_ARN {role_arn} ({code}): check the role's "
                                 "trust policy and the credentials the pod has") from None
         return errors.classify(exc)

@@ -1,4 +1,6 @@
-"""Turn Hugging Face Hub failures into a retry or one actionable line."""
+"""Turn Hugging Face Hub failures into a retry or one actionable line: what every step
+reads the same way (`unknown_hub_host`, `http_transient`, `transport_failure`), and the
+initializers' messages (`HubErrors`); the exporter words its own refusals."""
 
 from __future__ import annotations
 
@@ -35,6 +37,30 @@ def retry_after(response: httpx2.Response | None) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None  # an HTTP date: fall back to our own backoff
+
+
+def status_of(exc: BaseException) -> int | None:
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
+def http_transient(exc: HfHubHTTPError) -> TransientFailure | None:
+    """A retry for a throttled or failing hub (its own pace, where it says one)."""
+    status = status_of(exc)
+    if status is not None and (status == 429 or status >= 500):
+        return TransientFailure(f"HTTP {status} from the hub", retry_after(exc.response))
+    return None
+
+
+def transport_failure(exc: BaseException, endpoint: str) -> TransientFailure | None:
+    """A retry for a connection that failed or dropped; an unknown host raises one line."""
+    unknown = unknown_hub_host(exc, endpoint)
+    if unknown is not None:
+        raise unknown from None
+    if isinstance(exc, httpx2.TransportError):
+        return TransientFailure(f"{type(exc).__name__}: {str(exc) or 'connection failed'}")
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return TransientFailure(f"{type(exc).__name__}: {exc}")
+    return None
 
 
 class HubErrors:
@@ -96,13 +122,7 @@ class HubErrors:
             bad = self.bad_input(exc)
             if bad is not None:
                 raise bad from None
-            status = exc.response.status_code if exc.response is not None else "?"
-            return TransientFailure(f"HTTP {status} from the hub", retry_after(exc.response))
-        unknown = unknown_hub_host(exc, self.endpoint)
-        if unknown is not None:
-            raise unknown from None
-        if isinstance(exc, httpx2.TransportError):
-            return TransientFailure(f"{type(exc).__name__}: {str(exc) or 'connection failed'}")
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            return TransientFailure(f"{type(exc).__name__}: {exc}")
-        return None
+            # 408, 429, 5xx, or no response at all: the hub may answer next time.
+            return http_transient(exc) or TransientFailure(
+                f"HTTP {status_of(exc) or '?'} from the hub", retry_after(exc.response))
+        return transport_failure(exc, self.endpoint)

@@ -1,0 +1,3 @@
+"""Clients for the remote stores every step talks to (S3, the Hugging Face Hub): one
+setup (credentials, endpoint, single attempts under `kubetune.retry`) and one reading of
+their failures (retry, or one line naming what to fix)."""
