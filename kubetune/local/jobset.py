@@ -196,7 +196,8 @@ class LocalJobSet:
         if root is not None:
             env.setdefault(envnames.WORKSPACE, str(root))
         bin_dir = str(Path(sys.executable).parent)
-        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH") or os.environ.get("PATH", "")])
+        env[envnames.PATH] = os.pathsep.join([bin_dir, env.get(envnames.PATH)
+                                               or os.environ.get(envnames.PATH, "")])
         name = container["name"] if pod_count == 1 else f"{container['name']}-{index}"
         return Step(name, argv, env)
 
