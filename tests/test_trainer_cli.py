@@ -75,6 +75,20 @@ def test_lora_config_option_wins_over_its_env_var_which_wins_over_the_default(
     assert ranks[2] not in ((2, 4), (6, 12))  # the recipe's own
 
 
+def test_the_topology_that_picks_the_recipe_is_the_one_the_command_runs(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    result = train("--dry-run", "--method", "full", KUBETUNE_MODEL_DIR=str(tiny_model_dir),
+                   KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),
+                   KUBETUNE_OUTPUT_DIR=str(tmp_path / "out"), PET_NNODES="2",
+                   PET_NPROC_PER_NODE="1", PET_NODE_RANK="1", PET_MASTER_ADDR="job-node-0-0.job")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recipe: full_finetune_distributed" in result.stdout
+    command = result.stdout.split("command: ", 1)[1]
+    for arg in ("--nnodes=2", "--nproc_per_node=1", "--node_rank=1",
+                "--rdzv_endpoint=job-node-0-0.job:29500"):
+        assert arg in command
+
+
 def test_bad_lora_config_json_is_one_line(tmp_path, tiny_model_dir, tiny_dataset_dir):
     result = train("--dry-run", KUBETUNE_MODEL_DIR=str(tiny_model_dir),
                    KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),

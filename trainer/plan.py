@@ -225,7 +225,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     cfg.device, cfg.dtype = hw.device, hw.dtype
 
     distributed = request.recipe.endswith("_distributed") or "distributed" in recipe_path.stem
-    topo = resolved or topology.resolve(request, hw.device, environ)
+    topo = resolved if resolved is not None else topology.resolve(request, hw.device, environ)
     if distributed and not supports_distributed:
         raise BadInputError(f"recipe {request.recipe} cannot run distributed")
     notes += methods.check_recipe(request.recipe, method, topo)
