@@ -223,8 +223,9 @@ def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, outpu
     # `kubetune train` takes no torchrun options: the topology is the PET_* variables'.
     topo = topology.resolve(None, BASE_CONFIG_DEVICE, environ)
     recipe, config, implied = recipe_for(options.method, topo)
+    extra = split_overrides(overrides_text)
     args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
-            *train_overrides(options), *split_overrides(overrides_text), *overrides]
+            *train_overrides(options), *extra, *overrides]
     shared = workspace()
     steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
                       output_dir=Path(output_dir), export_dir=shared.export_dir)
