@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from kubetune import env
-from kubetune.local_run import Step, forwarding_signals, run_stages
+from kubetune.local.steps import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME
 from kubetune.trainer.methods import METHODS, recipe_for
 
@@ -99,8 +99,8 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
 
 def merged_jobset(runtime_path: Path, trainjob_path: Path | None) -> dict:
     """The JobSet the controller would create from the runtime and the TrainJob."""
-    from kubetune.runtime_merge import merge
-    from kubetune.runtime_spec import default_trainjob, load_runtime, load_trainjob
+    from kubetune.local.runtime_merge import merge
+    from kubetune.local.runtime_spec import default_trainjob, load_runtime, load_trainjob
 
     runtime = load_runtime(runtime_path)
     trainjob = load_trainjob(trainjob_path) if trainjob_path else default_trainjob(runtime)
@@ -127,7 +127,7 @@ def jobset_yaml(jobset: dict) -> str:
 def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
                 ) -> list[str]:
     """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
-    from kubetune.runtime_local import LocalJobSet
+    from kubetune.local.jobset import LocalJobSet
 
     workdir = Path(workdir)
     jobset = merged_jobset(runtime_path, trainjob_path)

@@ -1,27 +1,23 @@
 """`kubetune train` (direct use) and `run_tune` (the `tune run` Kubeflow Trainer sends).
 
-`kubetune train` turns its options into the same `key=value` overrides a TrainJob's args
-carry, picks the recipe for the method and the topology (``PET_*``) as the controller
-would, and runs it through the same launcher as `tune run`.
+Only the click surface: `kubetune.trainer.train_options` turns the options into the
+`tune run` request they stand for, and both run through the same launcher.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
-import shlex
-from pathlib import Path
 
 import click
 
 from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
 from kubetune.entrypoints.step import step_command
 from kubetune import env
-from kubetune.errors import BadInputError
-from kubetune.workspace import Workspace, workspace
-from kubetune.trainer import launch, topology
-from kubetune.trainer.methods import METHOD_NAMES, recipe_for
-from kubetune.trainer.tune_command import TuneRunRequest, parse_tune_run
+from kubetune.workspace import workspace
+from kubetune.trainer import launch
+from kubetune.trainer.methods import METHOD_NAMES
+from kubetune.trainer.train_options import DATASET_TYPES, TrainOptions, plan_training
+from kubetune.trainer.tune_command import parse_tune_run
 
 
 def run_tune(argv: list[str], dry_run: bool = False) -> int:
@@ -29,171 +25,16 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
     return launch.run(launch.plan(parse_tune_run(argv), workspace()), dry_run=dry_run)
 
 
-OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam": "torch.optim.Adam", "sgd": "torch.optim.SGD"}
-COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
-SCHEDULERS = {"cosine": COSINE, "constant": COSINE,
-              "linear": "kubetune.trainer.schedules.linear_schedule_with_warmup"}
-DATASET_TYPES = {"instruct": "torchtune.datasets.instruct_dataset",
-                 "chat": "torchtune.datasets.chat_dataset"}
-# PEFT / Hugging Face module names -> torchtune's.
-_ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj",
-                      "o_proj": "output_proj", "output_proj": "output_proj"}
-_MLP_MODULES = {"gate_proj", "up_proj", "down_proj", "mlp", "w1", "w2", "w3"}
-_OUTPUT_MODULES = {"lm_head", "output"}
-
-
-def lora_target_overrides(modules: list[str]) -> list[str]:
-    attention, mlp, output = [], False, False
-    for name in (m.strip() for m in modules if m.strip()):
-        if name in _ATTENTION_MODULES:
-            attention.append(_ATTENTION_MODULES[name])
-        elif name in _MLP_MODULES:
-            mlp = True
-        elif name in _OUTPUT_MODULES:
-            output = True
-        elif name == "all-linear":
-            attention += ["q_proj", "k_proj", "v_proj", "output_proj"]
-            mlp = output = True
-        else:
-            raise BadInputError(f"LoRA target module {name!r} is not one of q_proj, k_proj, "
-                                "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head, "
-                                "all-linear")
-    if not attention:
-        raise BadInputError("LoRA target modules must include an attention projection "
-                            "(q_proj, k_proj, v_proj or o_proj)")
-    unique = list(dict.fromkeys(attention))
-    return [f"model.lora_attn_modules=[{','.join(unique)}]",
-            f"model.apply_lora_to_mlp={mlp}", f"model.apply_lora_to_output={output}"]
-
-
-def lora_config_overrides(text: str) -> list[str]:
-    """The PEFT-style JSON form: LORA_CONFIG='{"r": 4, "lora_alpha": 16}'."""
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("not an object")
-    except ValueError as exc:
-        raise BadInputError(f"{env.LORA_CONFIG} is not a JSON object ({exc}): e.g. "
-                            '{"r": 8, "lora_alpha": 16}') from None
-    keys = {"r": "model.lora_rank", "lora_rank": "model.lora_rank",
-            "lora_alpha": "model.lora_alpha", "alpha": "model.lora_alpha",
-            "lora_dropout": "model.lora_dropout", "dropout": "model.lora_dropout",
-            "use_dora": "model.use_dora"}
-    # JSON types are exact: "8" is not a rank, and would reach the recipe as a string.
-    kinds = {"model.lora_rank": (int,), "model.lora_alpha": (int, float),
-             "model.lora_dropout": (int, float), "model.use_dora": (bool,)}
-    out = []
-    for key, value in data.items():
-        if key in ("target_modules", "lora_target_modules"):
-            modules = value if isinstance(value, list) else str(value).split(",")
-            out += lora_target_overrides([str(m) for m in modules])
-        elif key in keys:
-            kind = kinds[keys[key]]
-            if not isinstance(value, kind) or (bool not in kind and isinstance(value, bool)):
-                raise BadInputError(f"{env.LORA_CONFIG} {key}={json.dumps(value)}: must be "
-                                    f"{'true or false' if bool in kind else 'a number'}, "
-                                    'e.g. {"r": 8, "lora_alpha": 16}')
-            out.append(f"{keys[key]}={value}")
-        else:
-            raise BadInputError(f"{env.LORA_CONFIG} key {key!r} is not one of r, lora_alpha, "
-                                "lora_dropout, target_modules, use_dora")
-    return out
-
-
-def _column_map(text: str) -> str:
-    """JSON ({"input": "question"}) or input=question,output=answer -> a config value."""
-    text = text.strip()
-    try:
-        mapping = json.loads(text) if text.startswith("{") else dict(
-            pair.split("=", 1) for pair in text.split(",") if pair.strip())
-    except ValueError:
-        raise BadInputError(f"column map {text!r}: use input=question,output=answer or "
-                            'JSON {"input": "question"}') from None
-    return "{" + ", ".join(f"'{k.strip()}': '{str(v).strip()}'" for k, v in mapping.items()) + "}"
-
-
-def train_overrides(options: dict) -> list[str]:
-    """The `key=value` overrides that ``options`` (click's, or defaults) stand for."""
-    o = options
-    args: list[str] = []
-
-    def put(key: str, value) -> None:
-        if value is not None:
-            args.append(f"{key}={value}")
-
-    put("epochs", o.get("epochs"))
-    put("max_steps_per_epoch", o.get("max_steps"))
-    put("batch_size", o.get("batch_size"))
-    put("gradient_accumulation_steps", o.get("gradient_accumulation_steps"))
-    put("dtype", o.get("dtype"))
-    put("seed", o.get("seed"))
-    if o.get("optimizer"):
-        put("optimizer", OPTIMIZERS.get(o["optimizer"], o["optimizer"]))
-    put("optimizer.lr", o.get("learning_rate"))
-    if o.get("lr_scheduler"):
-        put("lr_scheduler._component_", SCHEDULERS.get(o["lr_scheduler"], o["lr_scheduler"]))
-        if o["lr_scheduler"] == "constant":
-            put("lr_scheduler.num_cycles", 0.0)
-    put("lr_scheduler.num_warmup_steps", o.get("warmup_steps"))
-    put("tokenizer.max_seq_len", o.get("max_seq_len"))
-    put("dataset.packed", o.get("packing"))
-    put("enable_activation_checkpointing", o.get("activation_checkpointing"))
-    put("enable_activation_offloading", o.get("activation_offloading"))
-    put("compile", o.get("compile"))
-    if o.get("method", "lora") != "full":
-        if o.get("lora_config"):
-            args += lora_config_overrides(o["lora_config"])
-        put("model.lora_rank", o.get("lora_rank"))
-        put("model.lora_alpha", o.get("lora_alpha"))
-        put("model.lora_dropout", o.get("lora_dropout"))
-        if o.get("lora_target_modules"):
-            args += lora_target_overrides(o["lora_target_modules"].split(","))
-    dataset_type = o.get("dataset_type") or "instruct"
-    if dataset_type not in DATASET_TYPES:
-        raise BadInputError(f"dataset type {dataset_type!r} is not one of instruct, chat")
-    put("dataset", DATASET_TYPES[dataset_type])
-    put("dataset.split", o.get("split"))
-    if o.get("column_map"):
-        put("dataset.column_map", _column_map(o["column_map"]))
-    if dataset_type == "chat":
-        put("dataset.conversation_column", o.get("conversation_column") or "messages")
-        put("dataset.conversation_style", o.get("conversation_style") or "openai")
-        put("dataset.new_system_prompt", o.get("system_prompt"))
-    else:
-        put("dataset.new_system_prompt", o.get("system_prompt"))
-    put("dataset.train_on_input", o.get("train_on_input"))
-    put("kubetune.save_every_n_steps", o.get("save_every_n_steps"))
-    put("kubetune.grace_period_s", o.get("grace_period"))
-    return args
-
-
-def split_overrides(text: str | None) -> list[str]:
-    """``KUBETUNE_TRAIN_OVERRIDES``: overrides as a shell would split them."""
-    try:
-        return shlex.split(text or "")
-    except ValueError as exc:
-        raise BadInputError(f"{env.TRAIN_OVERRIDES} cannot be split into key=value overrides "
-                            f"({exc}): quote each value whole, e.g. "
-                            "dataset.new_system_prompt='Answer briefly.'") from None
-
-
 def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "lora",
               overrides: tuple[str, ...] = (), dry_run: bool = False,
               train_overrides_text: str | None = None, **options) -> int:
     """Fine-tune the model in ``model_dir`` on ``dataset_dir``; checkpoints to ``output_dir``.
 
-    ``train_overrides_text``: space-separated overrides applied before ``overrides``
-    (``KUBETUNE_TRAIN_OVERRIDES``)."""
-    topo = topology.resolve(TuneRunRequest("", ""), "cuda")
-    recipe, config, implied = recipe_for(method, topo)
-    extra = split_overrides(train_overrides_text)
-    args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
-            *train_overrides({"method": method, **options}), *extra, *overrides]
-    ws = workspace()
-    ws = Workspace(ws.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
-                   output_dir=Path(output_dir), export_dir=ws.export_dir)
-    request = TuneRunRequest(recipe=recipe, config=config, overrides=args)
-    return launch.run(launch.plan(request, ws), dry_run=dry_run)
+    ``options``: `kubetune train`'s (``TrainOptions``' fields); ``train_overrides_text``:
+    space-separated overrides applied before ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``)."""
+    plan_ = plan_training(TrainOptions(method=method, **options), model_dir, dataset_dir,
+                          output_dir, train_overrides_text, overrides)
+    return launch.run(plan_, dry_run=dry_run)
 
 
 def _opt(flag: str, name: str, help_text: str, **kwargs):

@@ -6,13 +6,12 @@ import logging
 import threading
 import time
 
-from kubetune import logs
+from kubetune import env, logs
 from kubetune.env_numbers import env_float
 from kubetune.trainjob_status import StatusReporter, transfer_metrics
 
 log = logging.getLogger("progress")
 
-ENV_INTERVAL = "KUBETUNE_PROGRESS_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0
 
 
@@ -40,7 +39,7 @@ class Progress:
         self.files = files
         self.total_bytes = total_bytes
         self.interval_s = interval_s if interval_s is not None else env_float(
-            ENV_INTERVAL, DEFAULT_INTERVAL_S, minimum=0)
+            env.PROGRESS_INTERVAL_S, DEFAULT_INTERVAL_S, minimum=0)
         self._lock = threading.Lock()
         self._bytes: dict[str, int] = {}
         self._done = 0

@@ -117,7 +117,44 @@ LOCAL_RUN = "KUBETUNE_LOCAL_RUN"
 # alternatives to Kubeflow's (ENDPOINT, REGION, ACCESS_TOKEN).
 AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
 AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
-HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the token (huggingface_hub's own name)
 # Set for huggingface_hub before it is imported (a pod's log is not a terminal).
 HF_HUB_DISABLE_PROGRESS_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
+
+# Retry budget of every transfer (kubetune.retry); the user sets them in a pod spec.
+RETRY_MAX_ATTEMPTS = "KUBETUNE_RETRY_MAX_ATTEMPTS"
+RETRY_BASE_DELAY_S = "KUBETUNE_RETRY_BASE_DELAY_S"
+RETRY_MAX_DELAY_S = "KUBETUNE_RETRY_MAX_DELAY_S"
+RETRY_TOTAL_S = "KUBETUNE_RETRY_TOTAL_S"
+# Initializers' progress lines: seconds between two (kubetune.initializers.progress).
+PROGRESS_INTERVAL_S = "KUBETUNE_PROGRESS_INTERVAL_S"
+
+# Secrets' other spellings (boto3's and huggingface_hub's own), masked in everything we
+# print (kubetune.redact) and kept from the recipe processes (kubetune.trainer.launch).
+HUGGING_FACE_HUB_TOKEN = "HUGGING_FACE_HUB_TOKEN"
+AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
+HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub's own name)
+
+# torchrun sets these in each recipe process (kubetune.trainer.bootstrap, step_guard,
+# truncation, train_progress: only rank 0 reports).
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+# The launcher sets these for the recipe processes; the libraries inside read them.
+TQDM_DISABLE = "TQDM_DISABLE"  # progress comes from our metric logger instead
+OMP_NUM_THREADS = "OMP_NUM_THREADS"  # CPU threads per process (torch)
+HF_HUB_OFFLINE = "HF_HUB_OFFLINE"  # the recipe reads only what the initializers staged
+HF_DATASETS_OFFLINE = "HF_DATASETS_OFFLINE"
+TRANSFORMERS_OFFLINE = "TRANSFORMERS_OFFLINE"
 HF_HUB_DISABLE_TELEMETRY = "HF_HUB_DISABLE_TELEMETRY"
+DO_NOT_TRACK = "DO_NOT_TRACK"
+# Set for every child process we start (`kubetune local`'s steps, the recipe): its output
+# reaches our log prefixing and redaction line by line.
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+# The container runtime (NVIDIA's) or the user: which GPUs this process may use
+# (kubetune.trainer.hardware).
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# Kubernetes sets it in every pod: the exporter's model card says where it ran.
+KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
+# The shell's: `kubetune local` puts this Python's bin directory first for its steps.
+PATH = "PATH"

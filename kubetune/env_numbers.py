@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Mapping
+from typing import Callable, Mapping
 
 from kubetune.errors import BadInputError
 
@@ -18,34 +18,43 @@ def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
     return value.strip() if value is not None and value.strip() else None
 
 
-def env_int(name: str, default: int, minimum: int | None = None,
-            environ: Mapping[str, str] | None = None) -> int:
-    """``name`` as a whole number (``default`` when unset or empty); below ``minimum``: refused."""
+def _whole(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _finite(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _env_number(name: str, default, minimum, environ: Mapping[str, str] | None,
+                parse: Callable[[str], int | float | None], kind: str,
+                show: Callable[[int | float], str]):
     value = _raw(name, environ)
     if value is None:
         return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise BadInputError(f"{name}={value!r} is not a whole number (e.g. {name}={default})"
-                            ) from None
+    number = parse(value)
+    if number is None:
+        raise BadInputError(f"{name}={value!r} is not {kind} (e.g. {name}={show(default)})")
     if minimum is not None and number < minimum:
-        raise BadInputError(f"{name}={value!r} must be at least {minimum}")
+        raise BadInputError(f"{name}={value!r} must be at least {show(minimum)}")
     return number
+
+
+def env_int(name: str, default: int, minimum: int | None = None,
+            environ: Mapping[str, str] | None = None) -> int:
+    """``name`` as a whole number (``default`` when unset or empty); below ``minimum``: refused."""
+    return _env_number(name, default, minimum, environ, _whole, "a whole number", str)
 
 
 def env_float(name: str, default: float, minimum: float | None = None,
               environ: Mapping[str, str] | None = None) -> float:
     """``name`` as a finite number of (say) seconds; below ``minimum``: refused."""
-    value = _raw(name, environ)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number):
-        raise BadInputError(f"{name}={value!r} is not a number (e.g. {name}={default:g})")
-    if minimum is not None and number < minimum:
-        raise BadInputError(f"{name}={value!r} must be at least {minimum:g}")
-    return number
+    return _env_number(name, default, minimum, environ, _finite, "a number",
+                       lambda number: f"{number:g}")

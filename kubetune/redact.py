@@ -13,20 +13,22 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
+from kubetune import env
+
 # Variables whose values are secrets. *_FILE variants name a file holding the secret.
 SECRET_VARIABLES = (
-    "ACCESS_TOKEN",
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
-    "SECRET_ACCESS_KEY",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "ACCESS_KEY_ID",
-    "AWS_ACCESS_KEY_ID",
+    env.ACCESS_TOKEN,
+    env.HF_TOKEN,
+    env.HUGGING_FACE_HUB_TOKEN,
+    env.S3_SECRET_ACCESS_KEY,
+    env.AWS_SECRET_ACCESS_KEY,
+    env.AWS_SESSION_TOKEN,
+    env.S3_ACCESS_KEY_ID,
+    env.AWS_ACCESS_KEY_ID,
 )
 FILE_SUFFIX = "_FILE"
 # Variables naming a file that holds a secret, beyond the *_FILE variants above.
-SECRET_FILE_VARIABLES = ("HF_TOKEN_PATH",)
+SECRET_FILE_VARIABLES = (env.HF_TOKEN_PATH,)
 # A secret file is a token or a key: anything larger is not one (and is not read whole).
 _MAX_SECRET_FILE = 64 * 1024
 # Shorter fragments (a two-letter line of a token file) would mask ordinary words.

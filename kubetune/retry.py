@@ -23,18 +23,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from kubetune import env
 from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import TransientError
 
 T = TypeVar("T")
 log = logging.getLogger("retry")
-
-# Tunables, mostly for tests and slow links.
-ENV_MAX_ATTEMPTS = "KUBETUNE_RETRY_MAX_ATTEMPTS"
-ENV_BASE_DELAY = "KUBETUNE_RETRY_BASE_DELAY_S"
-ENV_MAX_DELAY = "KUBETUNE_RETRY_MAX_DELAY_S"
-ENV_TOTAL = "KUBETUNE_RETRY_TOTAL_S"
-
 
 class TransientFailure(Exception):
     """Raised inside a retried call: the failure is worth another attempt."""
@@ -79,10 +73,10 @@ class RetryPolicy:
     def from_env(cls) -> "RetryPolicy":
         d = cls()
         return cls(
-            max_attempts=env_int(ENV_MAX_ATTEMPTS, d.max_attempts, minimum=1),
-            base_delay_s=env_float(ENV_BASE_DELAY, d.base_delay_s, minimum=0),
-            max_delay_s=env_float(ENV_MAX_DELAY, d.max_delay_s, minimum=0),
-            total_s=env_float(ENV_TOTAL, d.total_s, minimum=0),
+            max_attempts=env_int(env.RETRY_MAX_ATTEMPTS, d.max_attempts, minimum=1),
+            base_delay_s=env_float(env.RETRY_BASE_DELAY_S, d.base_delay_s, minimum=0),
+            max_delay_s=env_float(env.RETRY_MAX_DELAY_S, d.max_delay_s, minimum=0),
+            total_s=env_float(env.RETRY_TOTAL_S, d.total_s, minimum=0),
         )
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
@@ -127,7 +121,7 @@ def call(func: Callable[[], T], what: str, policy: RetryPolicy | None = None,
                                  f"{elapsed:.0f}s: {failure}") from None
         if elapsed + wait > policy.total_s:
             asked = (f"; the server asked to wait {wait:.0f}s, past the "
-                     f"{policy.total_s:.0f}s budget ({ENV_TOTAL})"
+                     f"{policy.total_s:.0f}s budget ({env.RETRY_TOTAL_S})"
                      if failure.retry_after is not None else "")
             raise TransientError(f"{what}: still failing after {attempt} attempts over "
                                  f"{elapsed:.0f}s: {failure}{asked}") from None

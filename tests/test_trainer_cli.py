@@ -58,6 +58,37 @@ def test_dry_run_shows_recipe_config_and_command_from_env_and_options(
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
+def test_lora_config_option_wins_over_its_env_var_which_wins_over_the_default(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    dirs = dict(KUBETUNE_MODEL_DIR=str(tiny_model_dir),
+                KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),
+                KUBETUNE_OUTPUT_DIR=str(tmp_path / "out"))
+    both = train("--dry-run", "--lora-config", '{"r": 2, "lora_alpha": 4}',
+                 LORA_CONFIG='{"r": 6, "lora_alpha": 12}', **dirs)
+    env_only = train("--dry-run", LORA_CONFIG='{"r": 6, "lora_alpha": 12}', **dirs)
+    neither = train("--dry-run", **dirs)
+    for result in (both, env_only, neither):
+        assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [(merged_config(r.stdout)["model"]["lora_rank"],
+              merged_config(r.stdout)["model"]["lora_alpha"]) for r in (both, env_only, neither)]
+    assert ranks[0] == (2, 4) and ranks[1] == (6, 12)
+    assert ranks[2] not in ((2, 4), (6, 12))  # the recipe's own
+
+
+def test_the_topology_that_picks_the_recipe_is_the_one_the_command_runs(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    result = train("--dry-run", "--method", "full", KUBETUNE_MODEL_DIR=str(tiny_model_dir),
+                   KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),
+                   KUBETUNE_OUTPUT_DIR=str(tmp_path / "out"), PET_NNODES="2",
+                   PET_NPROC_PER_NODE="1", PET_NODE_RANK="1", PET_MASTER_ADDR="job-node-0-0.job")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recipe: full_finetune_distributed" in result.stdout
+    command = result.stdout.split("command: ", 1)[1]
+    for arg in ("--nnodes=2", "--nproc_per_node=1", "--node_rank=1",
+                "--rdzv_endpoint=job-node-0-0.job:29500"):
+        assert arg in command
+
+
 def test_bad_lora_config_json_is_one_line(tmp_path, tiny_model_dir, tiny_dataset_dir):
     result = train("--dry-run", KUBETUNE_MODEL_DIR=str(tiny_model_dir),
                    KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),

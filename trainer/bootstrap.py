@@ -19,6 +19,7 @@ from types import ModuleType
 
 from omegaconf import OmegaConf
 
+from kubetune import env
 from kubetune.trainer import cpu_adapt, recipe_noise, run_report, train_progress, truncation
 from kubetune.trainer.step_guard import Guard, StopRequested
 
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: trainer: the config asks for {cfg.device} but torch sees no CUDA "
               "device: run with device=cpu or check the GPU driver", file=sys.stderr)
         return 65
-    if os.environ.get("LOCAL_RANK") is not None:
+    if os.environ.get(env.LOCAL_RANK) is not None:
         from kubetune.trainer.launch import die_with_parent
 
         die_with_parent()  # torchrun's workers go when torchrun goes
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     _log_to_stderr()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()
-    if os.environ.get("TQDM_DISABLE") == "1":
+    if os.environ.get(env.TQDM_DISABLE) == "1":
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
     install(recipe_class(module), guard, bool(settings.get("count_cut_samples")))
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as stop:
         _exit_now(stop.exit_code)
     except SystemExit as done:  # torchtune's config.parse ends every recipe with sys.exit
-        if os.environ.get("LOCAL_RANK") is not None:
+        if os.environ.get(env.LOCAL_RANK) is not None:
             # A torchrun worker whose recipe finished (checkpoint saved, process group
             # destroyed): interpreter teardown can still abort in c10d/gloo's C++
             # destructors ("terminate called without an active exception"), which turns

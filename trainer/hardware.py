@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from kubetune import env
+
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +51,7 @@ class Gpu:
 @lru_cache(maxsize=1)
 def visible_gpus() -> tuple[Gpu, ...]:
     """Each GPU this process may use (empty without CUDA)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get(env.CUDA_VISIBLE_DEVICES)
     if visible is not None and visible.strip() in ("", "-1"):
         return ()
     if not _torch_build_has_cuda():

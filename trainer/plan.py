@@ -204,7 +204,10 @@ def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
 
 
 def plan(request: TuneRunRequest, workspace: Workspace,
-         environ: Mapping[str, str] | None = None) -> RunPlan:
+         environ: Mapping[str, str] | None = None,
+         resolved: topology.Topology | None = None) -> RunPlan:
+    """The run ``request`` asks for; ``resolved``: the topology its recipe was chosen for
+    (`kubetune train`), else the plan resolves it from the request and ``PET_*``."""
     environ = os.environ if environ is None else environ
     recipe_path, supports_distributed = resolve_recipe(request.recipe)
     base, notes = _config_for(request.config)
@@ -222,7 +225,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     cfg.device, cfg.dtype = hw.device, hw.dtype
 
     distributed = request.recipe.endswith("_distributed") or "distributed" in recipe_path.stem
-    topo = topology.resolve(request, hw.device, environ)
+    topo = resolved if resolved is not None else topology.resolve(request, hw.device, environ)
     if distributed and not supports_distributed:
         raise BadInputError(f"recipe {request.recipe} cannot run distributed")
     notes += methods.check_recipe(request.recipe, method, topo)

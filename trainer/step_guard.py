@@ -66,7 +66,7 @@ class Guard:
         self.stop_pending = False
         self.steps_in_epoch = 0
         self.forced_reason: str | None = None
-        self.rank = int(os.environ.get("RANK", "0"))
+        self.rank = int(os.environ.get(env.RANK, "0"))
         self.store = CheckpointStore(self.output_dir) if self.rank == 0 else None
 
     def install_signal_handler(self) -> None:

@@ -64,12 +64,17 @@ def devices_per_node(device: str) -> int:
     return 1
 
 
-def resolve(request: TuneRunRequest, device: str,
+def resolve(request: TuneRunRequest | None, device: str,
             environ: Mapping[str, str] | None = None) -> Topology:
+    """The topology of ``request``'s torchrun options, else ``PET_*`` (``request`` None:
+    a run given no torchrun options, as `kubetune train`)."""
     environ = os.environ if environ is None else environ
 
-    def pick(option: str, variable: str, default: str) -> str:
-        return request.torchrun_option(option) or environ.get(variable) or default
+    def option(name: str) -> str | None:
+        return request.torchrun_option(name) if request is not None else None
+
+    def pick(name: str, variable: str, default: str) -> str:
+        return option(name) or environ.get(variable) or default
 
     nnodes = _int(pick("--nnodes", env.PET_NNODES, "1"), "nnodes")
     nproc_raw = pick("--nproc_per_node", env.PET_NPROC_PER_NODE, "auto")
@@ -80,7 +85,7 @@ def resolve(request: TuneRunRequest, device: str,
         raise BadInputError(f"nnodes={nnodes} and nproc_per_node={nproc} must be at least 1")
     if node_rank >= nnodes:
         raise BadInputError(f"node_rank {node_rank} is not below nnodes {nnodes}")
-    endpoint = request.torchrun_option("--rdzv_endpoint")
+    endpoint = option("--rdzv_endpoint")
     if endpoint is None and environ.get(env.PET_MASTER_ADDR):
         endpoint = f"{environ[env.PET_MASTER_ADDR]}:{environ.get(env.PET_MASTER_PORT) or DEFAULT_PORT}"
     if nnodes > 1 and not endpoint:

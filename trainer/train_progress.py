@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Mapping
 
-from kubetune import logs
+from kubetune import env, logs
 from kubetune.trainjob_status import StatusReporter
 
 COMPONENT = "trainer"
@@ -45,7 +45,7 @@ class TrainProgress:
         self._origin: tuple[int, float] | None = None
         self.json = logs.json_mode(environ)
         self.reporter = StatusReporter.from_env(environ, source="trainer") \
-            if environ.get("RANK", "0") == "0" else None
+            if environ.get(env.RANK, "0") == "0" else None
 
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self.total_steps, self.total_epochs = total_steps, total_epochs

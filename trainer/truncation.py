@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from kubetune import env
+
 
 class CutCounter:
     """Wraps one tokenizer instance; ``cut`` / ``seen`` count the samples it tokenized."""
@@ -45,7 +47,7 @@ class CutCounter:
 
 
 def _is_primary() -> bool:
-    return os.environ.get("RANK", "0") == "0"
+    return os.environ.get(env.RANK, "0") == "0"
 
 
 def report(cut: int, seen: int, limit: int) -> str:

@@ -1,4 +1,4 @@
-"""Run a merged JobSet (see runtime_merge) on this machine, as JobSet and Job would.
+"""Run a merged JobSet (see `runtime_merge`) on this machine, as JobSet and Job would.
 
 - ReplicatedJobs run in `dependsOn` order; jobs whose dependencies are met run together,
   each pod as processes (init containers in turn, then the containers together).
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError, StepFailedError
-from kubetune.local_run import Step, StepResult, emit, run_process, stop_requested
-from kubetune.runtime_merge import COMPLETION_INDEX_PATH
+from kubetune.local.steps import Step, StepResult, emit, run_process, stop_requested
+from kubetune.local.runtime_merge import COMPLETION_INDEX_PATH
 from kubetune.workspace import DEFAULT_ROOT
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -196,7 +196,8 @@ class LocalJobSet:
         if root is not None:
             env.setdefault(envnames.WORKSPACE, str(root))
         bin_dir = str(Path(sys.executable).parent)
-        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH") or os.environ.get("PATH", "")])
+        env[envnames.PATH] = os.pathsep.join([bin_dir, env.get(envnames.PATH)
+                                               or os.environ.get(envnames.PATH, "")])
         name = container["name"] if pod_count == 1 else f"{container['name']}-{index}"
         return Step(name, argv, env)
 

@@ -16,6 +16,7 @@ import copy
 import re
 from typing import Any
 
+from kubetune import env as envnames
 from kubetune.errors import BadInputError
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
@@ -29,8 +30,8 @@ COMPLETION_INDEX_PATH = "metadata.annotations['batch.kubernetes.io/job-completio
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 TUNE_ENTRYPOINT = ["tune", "run"]
-PET_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
-           "PET_MASTER_PORT")
+PET_ENV = (envnames.PET_NNODES, envnames.PET_NPROC_PER_NODE, envnames.PET_NODE_RANK,
+           envnames.PET_MASTER_ADDR, envnames.PET_MASTER_PORT)
 # The only entries of the runtime's `tune run` command the controller carries over.
 TUNE_IMMUTABLE = ("output_dir", "tokenizer.path", "checkpointer.checkpoint_dir",
                   "tokenizer.merges_file")
@@ -322,14 +323,14 @@ def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict,
         return
     env = node.setdefault("env", [])
     upsert_env(env, *((trainer or {}).get("env") or []))
-    upsert_env(env, {"name": "PET_NNODES", "value": str(num_nodes)},
-               {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
-               {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+    upsert_env(env, {"name": envnames.PET_NNODES, "value": str(num_nodes)},
+               {"name": envnames.PET_NPROC_PER_NODE, "value": str(nproc)},
+               {"name": envnames.PET_NODE_RANK, "valueFrom": {"fieldRef": {
                    "fieldPath": COMPLETION_INDEX_PATH}}})
     master = f"{name}-{NODE}-0-0.{name}"
     if not is_tune:
-        upsert_env(env, {"name": "PET_MASTER_ADDR", "value": master},
-                   {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)})
+        upsert_env(env, {"name": envnames.PET_MASTER_ADDR, "value": master},
+                   {"name": envnames.PET_MASTER_PORT, "value": str(TRAINER_PORT)})
     else:
         command: list[str] = []
         if num_nodes > 1 or (isinstance(nproc, int) and nproc > 1) or \
@@ -359,7 +360,7 @@ def _apply_initializers(jobs: list[dict], initializer: dict) -> None:
                 continue
             env = container.setdefault("env", [])
             if override.get("storageUri"):
-                upsert_env(env, {"name": "STORAGE_URI", "value": override["storageUri"]})
+                upsert_env(env, {"name": envnames.STORAGE_URI, "value": override["storageUri"]})
             upsert_env(env, *(override.get("env") or []))
             if override.get("secretRef"):
                 container.setdefault("envFrom", []).append(

@@ -125,7 +125,7 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     termination = logs_dir / f"{step.name}.termination-log"
     termination.unlink(missing_ok=True)
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
-                 env.LOCAL_RUN: "1", "PYTHONUNBUFFERED": "1"}
+                 env.LOCAL_RUN: "1", env.PYTHONUNBUFFERED: "1"}
     start = time.monotonic()
     stopped = stop_requested()
     if stopped is not None:

@@ -1,0 +1,233 @@
+"""`kubetune train`'s options -> the `tune run` request they stand for: the `key=value`
+overrides a TrainJob's args would carry, and the recipe the method needs on the topology
+(``PET_*``), chosen as the controller would. The click surface is `entrypoints/train.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from kubetune import env
+from kubetune.errors import BadInputError
+from kubetune.workspace import Workspace, workspace
+from kubetune.trainer import topology
+from kubetune.trainer.methods import recipe_for
+from kubetune.trainer.plan import RunPlan, plan
+from kubetune.trainer.tune_command import TuneRunRequest
+
+OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam": "torch.optim.Adam", "sgd": "torch.optim.SGD"}
+COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
+SCHEDULERS = {"cosine": COSINE, "constant": COSINE,
+              "linear": "kubetune.trainer.schedules.linear_schedule_with_warmup"}
+DATASET_TYPES = {"instruct": "torchtune.datasets.instruct_dataset",
+                 "chat": "torchtune.datasets.chat_dataset"}
+# PEFT / Hugging Face module names -> torchtune's.
+_ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj",
+                      "o_proj": "output_proj", "output_proj": "output_proj"}
+_MLP_MODULES = {"gate_proj", "up_proj", "down_proj", "mlp", "w1", "w2", "w3"}
+_OUTPUT_MODULES = {"lm_head", "output"}
+# Every base config `methods.recipe_for` picks says `device: cuda`: the device the topology
+# counts processes for (``auto``: one per GPU, or one without GPUs).
+BASE_CONFIG_DEVICE = "cuda"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What `kubetune train` was asked for; None: the recipe's default."""
+    method: str = "lora"
+    epochs: int | None = None
+    max_steps: int | None = None
+    batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    dtype: str | None = None
+    learning_rate: float | None = None
+    optimizer: str | None = None
+    lr_scheduler: str | None = None
+    warmup_steps: int | None = None
+    max_seq_len: int | None = None
+    packing: bool | None = None
+    activation_checkpointing: bool | None = None
+    activation_offloading: bool | None = None
+    compile: bool | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_target_modules: str | None = None
+    lora_config: str | None = None
+    dataset_type: str | None = None
+    column_map: str | None = None
+    split: str | None = None
+    system_prompt: str | None = None
+    train_on_input: bool | None = None
+    conversation_column: str | None = None
+    conversation_style: str | None = None
+    seed: int | None = None
+    save_every_n_steps: int | None = None
+    grace_period: float | None = None
+
+
+# Options that become one override as they are: (config key, option).
+_PLAIN_OVERRIDES = (
+    ("epochs", "epochs"), ("max_steps_per_epoch", "max_steps"), ("batch_size", "batch_size"),
+    ("gradient_accumulation_steps", "gradient_accumulation_steps"), ("dtype", "dtype"),
+    ("seed", "seed"))
+_MEMORY_OVERRIDES = (
+    ("tokenizer.max_seq_len", "max_seq_len"), ("dataset.packed", "packing"),
+    ("enable_activation_checkpointing", "activation_checkpointing"),
+    ("enable_activation_offloading", "activation_offloading"), ("compile", "compile"))
+_LORA_OVERRIDES = (
+    ("model.lora_rank", "lora_rank"), ("model.lora_alpha", "lora_alpha"),
+    ("model.lora_dropout", "lora_dropout"))
+
+
+def lora_target_overrides(modules: list[str]) -> list[str]:
+    """PEFT target module names -> torchtune's LoRA model overrides."""
+    attention, mlp, output = [], False, False
+    for name in (m.strip() for m in modules if m.strip()):
+        if name in _ATTENTION_MODULES:
+            attention.append(_ATTENTION_MODULES[name])
+        elif name in _MLP_MODULES:
+            mlp = True
+        elif name in _OUTPUT_MODULES:
+            output = True
+        elif name == "all-linear":
+            attention += ["q_proj", "k_proj", "v_proj", "output_proj"]
+            mlp = output = True
+        else:
+            raise BadInputError(f"LoRA target module {name!r} is not one of q_proj, k_proj, "
+                                "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head, "
+                                "all-linear")
+    if not attention:
+        raise BadInputError("LoRA target modules must include an attention projection "
+                            "(q_proj, k_proj, v_proj or o_proj)")
+    unique = list(dict.fromkeys(attention))
+    return [f"model.lora_attn_modules=[{','.join(unique)}]",
+            f"model.apply_lora_to_mlp={mlp}", f"model.apply_lora_to_output={output}"]
+
+
+def lora_config_overrides(text: str) -> list[str]:
+    """The PEFT-style JSON form: LORA_CONFIG='{"r": 4, "lora_alpha": 16}'."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise BadInputError(f"{env.LORA_CONFIG} is not a JSON object ({exc}): e.g. "
+                            '{"r": 8, "lora_alpha": 16}') from None
+    keys = {"r": "model.lora_rank", "lora_rank": "model.lora_rank",
+            "lora_alpha": "model.lora_alpha", "alpha": "model.lora_alpha",
+            "lora_dropout": "model.lora_dropout", "dropout": "model.lora_dropout",
+            "use_dora": "model.use_dora"}
+    # JSON types are exact: "8" is not a rank, and would reach the recipe as a string.
+    kinds = {"model.lora_rank": (int,), "model.lora_alpha": (int, float),
+             "model.lora_dropout": (int, float), "model.use_dora": (bool,)}
+    out = []
+    for key, value in data.items():
+        if key in ("target_modules", "lora_target_modules"):
+            modules = value if isinstance(value, list) else str(value).split(",")
+            out += lora_target_overrides([str(m) for m in modules])
+        elif key in keys:
+            kind = kinds[keys[key]]
+            if not isinstance(value, kind) or (bool not in kind and isinstance(value, bool)):
+                raise BadInputError(f"{env.LORA_CONFIG} {key}={json.dumps(value)}: must be "
+                                    f"{'true or false' if bool in kind else 'a number'}, "
+                                    'e.g. {"r": 8, "lora_alpha": 16}')
+            out.append(f"{keys[key]}={value}")
+        else:
+            raise BadInputError(f"{env.LORA_CONFIG} key {key!r} is not one of r, lora_alpha, "
+                                "lora_dropout, target_modules, use_dora")
+    return out
+
+
+def _column_map(text: str) -> str:
+    """JSON ({"input": "question"}) or input=question,output=answer -> a config value."""
+    text = text.strip()
+    try:
+        mapping = json.loads(text) if text.startswith("{") else dict(
+            pair.split("=", 1) for pair in text.split(",") if pair.strip())
+    except ValueError:
+        raise BadInputError(f"column map {text!r}: use input=question,output=answer or "
+                            'JSON {"input": "question"}') from None
+    return "{" + ", ".join(f"'{k.strip()}': '{str(v).strip()}'" for k, v in mapping.items()) + "}"
+
+
+def train_overrides(options: TrainOptions) -> list[str]:
+    """The `key=value` overrides that ``options`` stand for."""
+    o = options
+    args: list[str] = []
+
+    def put(key: str, value) -> None:
+        if value is not None:
+            args.append(f"{key}={value}")
+
+    def put_all(table: tuple[tuple[str, str], ...]) -> None:
+        for key, option in table:
+            put(key, getattr(o, option))
+
+    put_all(_PLAIN_OVERRIDES)
+    if o.optimizer:
+        put("optimizer", OPTIMIZERS.get(o.optimizer, o.optimizer))
+    put("optimizer.lr", o.learning_rate)
+    if o.lr_scheduler:
+        put("lr_scheduler._component_", SCHEDULERS.get(o.lr_scheduler, o.lr_scheduler))
+        if o.lr_scheduler == "constant":
+            put("lr_scheduler.num_cycles", 0.0)
+    put("lr_scheduler.num_warmup_steps", o.warmup_steps)
+    put_all(_MEMORY_OVERRIDES)
+    if o.method != "full":
+        if o.lora_config:
+            args += lora_config_overrides(o.lora_config)
+        put_all(_LORA_OVERRIDES)
+        if o.lora_target_modules:
+            args += lora_target_overrides(o.lora_target_modules.split(","))
+    dataset_type = o.dataset_type or "instruct"
+    if dataset_type not in DATASET_TYPES:
+        raise BadInputError(f"dataset type {dataset_type!r} is not one of instruct, chat")
+    put("dataset", DATASET_TYPES[dataset_type])
+    put("dataset.split", o.split)
+    if o.column_map:
+        put("dataset.column_map", _column_map(o.column_map))
+    if dataset_type == "chat":
+        put("dataset.conversation_column", o.conversation_column or "messages")
+        put("dataset.conversation_style", o.conversation_style or "openai")
+    put("dataset.new_system_prompt", o.system_prompt)
+    put("dataset.train_on_input", o.train_on_input)
+    put("kubetune.save_every_n_steps", o.save_every_n_steps)
+    put("kubetune.grace_period_s", o.grace_period)
+    return args
+
+
+def split_overrides(text: str | None) -> list[str]:
+    """``KUBETUNE_TRAIN_OVERRIDES``: overrides as a shell would split them."""
+    try:
+        return shlex.split(text or "")
+    except ValueError as exc:
+        raise BadInputError(f"{env.TRAIN_OVERRIDES} cannot be split into key=value overrides "
+                            f"({exc}): quote each value whole, e.g. "
+                            "dataset.new_system_prompt='Answer briefly.'") from None
+
+
+def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, output_dir: str,
+                  overrides_text: str | None = None, overrides: tuple[str, ...] = (),
+                  environ: Mapping[str, str] | None = None) -> RunPlan:
+    """Plan fine-tuning the model in ``model_dir`` on ``dataset_dir`` into ``output_dir``:
+    ``overrides_text`` (space-separated) applies after the options, ``overrides`` last.
+
+    The topology is resolved here, once: it picks the recipe, and the plan runs on it."""
+    environ = os.environ if environ is None else environ
+    # `kubetune train` takes no torchrun options: the topology is the PET_* variables'.
+    topo = topology.resolve(None, BASE_CONFIG_DEVICE, environ)
+    recipe, config, implied = recipe_for(options.method, topo)
+    extra = split_overrides(overrides_text)
+    args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
+            *train_overrides(options), *extra, *overrides]
+    shared = workspace()
+    steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
+                      output_dir=Path(output_dir), export_dir=shared.export_dir)
+    request = TuneRunRequest(recipe=recipe, config=config, overrides=args)
+    return plan(request, steps, environ, topo)
