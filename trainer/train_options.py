@@ -212,6 +212,12 @@ def split_overrides(text: str | None) -> list[str]:
                             "dataset.new_system_prompt='Answer briefly.'") from None
 
 
+def _requested_device(args: list[str]) -> str:
+    """The device the last ``device=`` override names, else the base configs'."""
+    named = [arg.split("=", 1)[1].strip() for arg in args if arg.startswith("device=")]
+    return named[-1] if named and named[-1] else BASE_CONFIG_DEVICE
+
+
 def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, output_dir: str,
                   overrides_text: str | None = None, overrides: tuple[str, ...] = (),
                   environ: Mapping[str, str] | None = None) -> RunPlan:
@@ -220,12 +226,14 @@ def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, outpu
 
     The topology is resolved here, once: it picks the recipe, and the plan runs on it."""
     environ = os.environ if environ is None else environ
-    # `kubetune train` takes no torchrun options: the topology is the PET_* variables'.
-    topo = topology.resolve(None, BASE_CONFIG_DEVICE, environ)
-    recipe, config, implied = recipe_for(options.method, topo)
     extra = split_overrides(overrides_text)
+    user_args = [*train_overrides(options), *extra, *overrides]
+    # `kubetune train` takes no torchrun options: the topology is the PET_* variables', for
+    # the device the run asks for (a `device=cpu` override on a GPU host is one process).
+    topo = topology.resolve(None, _requested_device(user_args), environ)
+    recipe, config, implied = recipe_for(options.method, topo)
     args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
-            *train_overrides(options), *extra, *overrides]
+            *user_args]
     shared = workspace()
     steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
                       output_dir=Path(output_dir), export_dir=shared.export_dir)
