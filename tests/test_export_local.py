@@ -177,9 +177,12 @@ def test_a_full_fine_tune_exports_merged_by_default_and_refuses_an_adapter(train
                                                                           tmp_path):
     # A full fine-tune's checkpoint is the merged shards alone.
     output = Path(shutil.copytree(trained_run.output_dir, tmp_path / "output"))
-    checkpoint = output / json.loads((output / "kubetune-complete.json").read_text())["checkpoint"]
+    marker = json.loads((output / "kubetune-complete.json").read_text())
+    checkpoint = output / marker["checkpoint"]
     for name in ("adapter_model.safetensors", "adapter_config.json", "adapter_model.pt"):
         (checkpoint / name).unlink(missing_ok=True)
+    # ... and its completion marker says so.
+    (output / "kubetune-complete.json").write_text(json.dumps({**marker, "method": "full"}))
     refused = export(trained_run, tmp_path / "adapter", "--export-format", "adapter",
                      output_dir=output)
     assert refused.returncode == 65
