@@ -260,6 +260,15 @@ def test_exporter_imports_no_trainer_or_initializer_module():
     assert found == []
 
 
+def test_the_contract_and_model_families_sit_below_every_step():
+    graph = import_graph(at_import_time=False)
+    steps = tuple(f"{ROOT}.{old}" for old in OLD_ROOTS)
+    found = sorted(f"{name} -> {dep}" for name, deps in graph.items()
+                   if name.startswith(("kubetune.workspace", "kubetune.model_family"))
+                   for dep in deps if dep.startswith(steps))
+    assert found == []
+
+
 def contract_names() -> set[str]:
     """The file names of the workspace contract: the values of its *_NAME / *_PREFIX."""
     tree = ast.parse((REPO / ROOT / "workspace" / "__init__.py").read_text())
@@ -276,7 +285,8 @@ FOREIGN_NAMES = {"config.json", "model.safetensors.index.json", "adapter_model.s
 
 
 def contract_literals(source: str, names: set[str]) -> list[str]:
-    """String constants (docstrings and f-string text aside) that are a contract name."""
+    """String constants that are exactly a contract name (docstrings aside): a path built
+    from one, not a sentence that mentions it."""
     tree = ast.parse(source)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
