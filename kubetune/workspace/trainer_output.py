@@ -15,7 +15,8 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import (ADAPTER_WEIGHTS_NAME, COMPLETION_MARKER_NAME, SUMMARY_NAME,
                                 TRAINER_CONFIG_NAME)
 
-METHODS = ("full", "lora", "dora", "qlora")
+# The fine-tuning methods, as the trainer takes them (--method) and the marker records them.
+METHODS = ("lora", "qlora", "dora", "full")
 
 
 @dataclass(frozen=True)
