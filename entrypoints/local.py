@@ -10,7 +10,7 @@ import click
 
 from kubetune import env
 from kubetune.local.steps import Step, forwarding_signals, run_stages
-from kubetune.workspace import COMPLETION_MARKER_NAME
+from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.methods import METHODS, recipe_for
 
 # Training arguments for the embedded tiny model: enough steps for the loss to fall
@@ -63,9 +63,9 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
 
 def summary_lines(workdir: Path) -> list[str]:
     pvc = workdir / "workspace"
-    if not (pvc / "output" / "summary.json").is_file():
+    if not (pvc / "output" / SUMMARY_NAME).is_file():
         return [f"workspace: {pvc.resolve()}"]
-    summary = json.loads((pvc / "output" / "summary.json").read_text())
+    summary = json.loads((pvc / "output" / SUMMARY_NAME).read_text())
     export_manifest = json.loads((pvc / "export" / "manifest.json").read_text()) \
         if (pvc / "export" / "manifest.json").is_file() else {}
     adapter = next((f["path"] for f in export_manifest.get("files", [])

@@ -6,21 +6,22 @@ import json
 from pathlib import Path
 
 from kubetune import storage_uri
-from kubetune.initializers import manifest as init_manifest
 from kubetune.workspace import REPO_ID_NAME
+from kubetune.workspace.initializer_manifest import InitializerManifest
+from kubetune.workspace.model_files import weight_files as weight_names
 
 
-def reference(model_dir: Path) -> tuple[str, str | None]:
+def reference(model_dir: Path, found: InitializerManifest) -> tuple[str, str | None]:
     """(base_model_name_or_path, revision) as a serving stack should be told them.
 
     A hub source is named by its repo id (what ``from_pretrained`` resolves) at the
     revision the initializer resolved; a PVC or local source by its path, since a
-    ``file://`` URI is not something PEFT or transformers can load.
+    ``file://`` URI is not something PEFT or transformers can load. ``found`` is the
+    model initializer's manifest of ``model_dir``.
     """
     model_dir = Path(model_dir)
-    found = init_manifest.read(model_dir) or {}
-    uri = found.get("storage_uri") or ""
-    revision = found.get("resolved_revision") or found.get("requested_revision")
+    uri = found.storage_uri or ""
+    revision = found.revision
     where = storage_uri.recorded(uri)
     if isinstance(where, storage_uri.HubUri):
         return where.repo_id, revision
@@ -37,20 +38,16 @@ def reference(model_dir: Path) -> tuple[str, str | None]:
     return repo_id if repo_id and "://" not in repo_id else str(model_dir.resolve()), revision
 
 
-def source(model_dir: Path) -> dict:
-    """What the model initializer fetched, for the export manifest."""
-    found = init_manifest.read(Path(model_dir)) or {}
-    name, revision = reference(model_dir)
-    return {"name": name, "source": found.get("storage_uri"), "revision": revision}
+def source(model_dir: Path, found: InitializerManifest) -> dict:
+    """What the model initializer fetched, for the export manifest (``found``: its manifest)."""
+    name, revision = reference(model_dir, found)
+    return {"name": name, "source": found.storage_uri, "revision": revision}
 
 
-def dataset_source(dataset_dir: Path) -> dict:
-    found = init_manifest.read(Path(dataset_dir)) or {}
-    return {"source": found.get("storage_uri"),
-            "revision": found.get("resolved_revision") or found.get("requested_revision")}
+def dataset_source(found: InitializerManifest) -> dict:
+    """What the dataset initializer fetched (``found``: its manifest), for the export manifest."""
+    return {"source": found.storage_uri, "revision": found.revision}
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    from kubetune.trainer.checkpoint_model import weight_files as names
-
-    return [Path(model_dir) / name for name in names(Path(model_dir))]
+    return [Path(model_dir) / name for name in weight_names(Path(model_dir))]

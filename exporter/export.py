@@ -14,6 +14,9 @@ from kubetune.exporter.training_output import TrainingOutput, locate
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.trainjob_status import StatusReporter, transfer_metrics
+from kubetune.workspace import ADAPTER_WEIGHTS_NAME, MODEL_CONFIG_NAME
+from kubetune.workspace.initializer_manifest import InitializerManifest
+from kubetune.workspace.model_files import read_config
 
 log = logging.getLogger("exporter")
 
@@ -52,17 +55,17 @@ def _float32_bytes(shapes: dict[str, list[int]]) -> int:
     return total
 
 
-def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: str) -> dict:
-    """Structure always; logits when asked and the model fits. Returns what was checked."""
-    from kubetune.trainer.checkpoint_model import read_config
-
+def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: str,
+            base: dict) -> dict:
+    """Structure always; logits when asked and the model fits. Returns what was checked.
+    ``base``: the base model's name and revision (``base_model.source``)."""
     read_config(request.model_dir)  # a missing or broken base model is a one-line error
     base_files = base_model.weight_files(request.model_dir)
     base_shapes = verify.shapes_of(base_files)
     adapter_sub, merged_sub = artifact.subdirs(fmt)
     report: dict = {}
-    adapter_file = (tree / adapter_sub / artifact.ADAPTER_WEIGHTS if adapter_sub is not None
-                    else training.checkpoint_dir / artifact.ADAPTER_WEIGHTS)
+    adapter_file = (tree / adapter_sub / ADAPTER_WEIGHTS_NAME if adapter_sub is not None
+                    else training.checkpoint_dir / ADAPTER_WEIGHTS_NAME)
     if adapter_sub is not None:
         pairs = verify.check_adapter(adapter_file, base_shapes)
         report["adapter_pairs"] = pairs
@@ -94,8 +97,8 @@ def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: s
         else:
             from kubetune.exporter import verify_logits
 
-            config = artifact.adapter_config(training, request.model_dir)
-            result = verify_logits.check(request.model_dir / "config.json", base_files,
+            config = artifact.adapter_config(training, base)
+            result = verify_logits.check(request.model_dir / MODEL_CONFIG_NAME, base_files,
                                          adapter_file, config, merged_files)
             report["logits"] = result.as_dict()
     return report
@@ -113,31 +116,33 @@ def export(request: ExportRequest) -> dict:
     destination = open_destination(request.destination, request.revision,
                                    Path(request.output_dir).resolve().parent)
     destination.check()
+    # Each initializer's manifest, read once for the whole export.
+    base = base_model.source(request.model_dir, InitializerManifest.read(request.model_dir))
+    dataset = base_model.dataset_source(InitializerManifest.read(request.dataset_dir))
     tree = destination.build_dir()
     try:
         adapter_sub, merged_sub = artifact.subdirs(fmt)
         if adapter_sub is not None:
-            artifact.write_adapter(training, request.model_dir, tree / adapter_sub)
+            artifact.write_adapter(training, request.model_dir, base, tree / adapter_sub)
         if merged_sub is not None:
             artifact.write_merged(training, tree / merged_sub)
-        base = base_model.source(request.model_dir)
-        dataset = base_model.dataset_source(request.dataset_dir)
         metrics = training.summary()
         carried = training.carry_report(tree)
         (tree / "README.md").write_text(model_card.render(
-            fmt, base, dataset, metrics, adapter_sub, merged_sub, config=training.config(),
+            fmt, base, dataset, metrics, adapter_sub, merged_sub, training.method,
+            config=training.config(),
             model_dir=request.model_dir, curves=carried.get("curves"),
             report=carried.get("report")))
         result = export_manifest.build(
             tree, fmt=fmt, base_model=base, dataset=dataset,
             training_config=training.config_text(), metrics=metrics,
-            checkpoint=training.marker.get("checkpoint"), verification={})
+            checkpoint=training.marker.checkpoint, verification={})
         previous = destination.read_manifest()
         if export_manifest.same_export(previous, result):
             log.info("%s already holds this export (manifest matches): nothing to upload",
                      destination.description)
             return previous
-        result["verification"] = _verify(request, training, tree, fmt)
+        result["verification"] = _verify(request, training, tree, fmt, base)
         destination.publish(tree, result, previous)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):

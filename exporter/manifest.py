@@ -10,8 +10,8 @@ import json
 import time
 from pathlib import Path
 
-from kubetune.initializers.manifest import sha256_of
 from kubetune.errors import BadInputError
+from kubetune.file_hash import sha256_of
 from kubetune.workspace import EXPORT_MANIFEST_NAME
 
 VERSION = 1

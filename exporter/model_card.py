@@ -68,16 +68,14 @@ def _select(config: Mapping, dotted: str):
 
 def on_kubeflow(environ: Mapping[str, str]) -> bool:
     """In a pod of a cluster, and not a `kubetune local` run."""
-    return bool(environ.get("KUBERNETES_SERVICE_HOST")) and not environ.get(env.LOCAL_RUN)
+    return bool(environ.get(env.KUBERNETES_SERVICE_HOST)) and not environ.get(env.LOCAL_RUN)
 
 
-def card_data(fmt: str, base: dict, dataset: dict, adapter_dir: str | None,
-              config: Mapping, model_dir: Path | None) -> ModelCardData:
-    method = ("qlora" if _select(config, "model.quantize_base")
-              else "dora" if _select(config, "model.use_dora")
-              else "lora" if adapter_dir is not None or _select(config, "model.lora_rank")
-              else "full fine-tune")
-    tags = ["kubetune", "torchtune", method.replace(" ", "-")]
+def card_data(fmt: str, base: dict, dataset: dict, adapter_dir: str | None, method: str,
+              model_dir: Path | None) -> ModelCardData:
+    """``method``: the trainer's (full, lora, dora, qlora), from its completion marker."""
+    tag = "full-fine-tune" if method == "full" else method
+    tags = ["kubetune", "torchtune", tag]
     return ModelCardData(
         base_model=hub_id(base.get("name")),
         datasets=[d] if (d := dataset_hub_id(dataset.get("source"))) else None,
@@ -89,7 +87,7 @@ def card_data(fmt: str, base: dict, dataset: dict, adapter_dir: str | None,
 
 
 def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str | None,
-           merged_dir: str | None, config: Mapping | None = None,
+           merged_dir: str | None, method: str, config: Mapping | None = None,
            model_dir: Path | None = None, curves: str | None = None,
            report: str | None = None, environ: Mapping[str, str] | None = None) -> str:
     config = config or {}
@@ -135,5 +133,5 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
         lines += ["from transformers import AutoModelForCausalLM",
                   f'model = AutoModelForCausalLM.from_pretrained("<this export>"{sub})']
     lines += ["```", ""]
-    data = card_data(fmt, base, dataset, adapter_dir, config, model_dir)
+    data = card_data(fmt, base, dataset, adapter_dir, method, model_dir)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))

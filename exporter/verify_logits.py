@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune.errors import BadInputError
+from kubetune.model_family.architecture import architecture_of
+from kubetune.model_family.convert import hf_to_tune
 
 log = logging.getLogger("exporter")
 
@@ -81,22 +83,14 @@ def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
 def _model(config: dict):
     from torchtune.config._utils import _get_component_from_path
 
-    from kubetune.trainer.checkpoint_model import architecture_of
-
     arch = architecture_of(config)
     return arch, _get_component_from_path(arch.component(lora=False))(**arch.dims)
-
-
-def _to_tune(arch, config: dict, state: dict) -> dict:
-    from kubetune.trainer.models.convert import hf_to_tune
-
-    return hf_to_tune(arch, config, state)
 
 
 def _logits(model, arch, config: dict, state: dict, tokens):
     import torch
 
-    model.load_state_dict(_to_tune(arch, config, {k: v.float() for k, v in state.items()}),
+    model.load_state_dict(hf_to_tune(arch, config, {k: v.float() for k, v in state.items()}),
                           strict=True)
     with torch.no_grad():
         out = model(tokens)

@@ -15,6 +15,7 @@ from kubetune.initializers.progress import Progress
 from kubetune.initializers.request import InitRequest
 from kubetune.initializers.storage_uri import source_class
 from kubetune.errors import BadInputError
+from kubetune.file_hash import sha256_of
 from kubetune.workspace import MANIFEST_NAME, REPO_ID_NAME
 
 log = logging.getLogger("initializer")
@@ -111,7 +112,7 @@ def _describe_and_commit(request: InitRequest, staged: Path, output: Path, ident
             # base_model_name_or_path; upstream's initializer never writes it.
             repo_file.write_text(json.dumps({"repo_id": _repo_id(request)}))
             recorded.append((REPO_ID_NAME, repo_file.stat().st_size,
-                             manifest.sha256_of(repo_file)))
+                             sha256_of(repo_file)))
     else:
         descriptor = verify_dataset.describe(staged)
         verify_dataset.write_descriptor(staged, descriptor)

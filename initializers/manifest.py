@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
 
 from kubetune.workspace import MANIFEST_NAME
-
-HASH_CHUNK = 8 * 1024 * 1024
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(HASH_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+# The one reader of the manifest, shared with the steps that come after.
+from kubetune.workspace.initializer_manifest import read_manifest as read
 
 
 def build(identity: dict, resolved_revision: str | None, tree: Path,
@@ -35,13 +26,6 @@ def write(tree: Path, manifest: dict) -> None:
     tmp = tree / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2))
     tmp.replace(tree / MANIFEST_NAME)
-
-
-def read(tree: Path) -> dict | None:
-    try:
-        return json.loads((tree / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def satisfies(tree: Path, identity: dict) -> bool:

@@ -13,18 +13,6 @@ from tests.support.cli import REPO
 
 PRODUCT_FOLDERS = ("kubetune", "entrypoints", "trainer", "initializers", "exporter")
 ENV_MODULE = Path("kubetune/env.py")
-# Issue 16: other engineers are rewriting these files and move their names into env.py
-# themselves (trainer/launch.py and exporter/model_card.py: the constants they need,
-# env.TQDM_DISABLE, OMP_NUM_THREADS, PYTHONUNBUFFERED, HF_HUB_OFFLINE..., and
-# env.KUBERNETES_SERVICE_HOST, are there already). The lead empties this list at merge.
-NOT_YET_MOVED = frozenset({
-    "kubetune/credentials.py",
-    "kubetune/unknown_host.py",
-    "initializers/sources/*",
-    "exporter/destination*.py",
-    "exporter/model_card.py",
-    "trainer/launch.py",
-})
 
 # Names that hold a process environment (os.environ, or a dict built to become one).
 _ENVIRON_NAMES = {"environ", "env", "child_env", "child", "environment"}
@@ -99,23 +87,13 @@ def _product_files() -> list[Path]:
                   for p in (REPO / folder).rglob("*.py"))
 
 
-def _not_yet_moved(path: Path) -> bool:
-    return any(path.match(pattern) for pattern in NOT_YET_MOVED)
-
-
 def test_no_product_module_spells_an_env_var_name_outside_env_py():
-    files = [p for p in _product_files() if p != ENV_MODULE and not _not_yet_moved(p)]
+    files = [p for p in _product_files() if p != ENV_MODULE]
     assert len(files) > 50  # the walk found the product, not an empty folder
     offenders = [f"{path}:{line}: {name!r}" for path in files
                  for line, name in literal_env_names((REPO / path).read_text())]
     assert not offenders, ("spell these as kubetune.env constants (add the name to "
                            "kubetune/env.py):\n" + "\n".join(offenders))
-
-
-def test_the_not_yet_moved_list_names_files_that_exist():
-    # A stale entry would hide a new file of that name from the scan.
-    for pattern in NOT_YET_MOVED:
-        assert any(p.match(pattern) for p in _product_files()), pattern
 
 
 PLANTED = [

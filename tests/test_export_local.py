@@ -177,9 +177,12 @@ def test_a_full_fine_tune_exports_merged_by_default_and_refuses_an_adapter(train
                                                                           tmp_path):
     # A full fine-tune's checkpoint is the merged shards alone.
     output = Path(shutil.copytree(trained_run.output_dir, tmp_path / "output"))
-    checkpoint = output / json.loads((output / "kubetune-complete.json").read_text())["checkpoint"]
+    marker = json.loads((output / "kubetune-complete.json").read_text())
+    checkpoint = output / marker["checkpoint"]
     for name in ("adapter_model.safetensors", "adapter_config.json", "adapter_model.pt"):
         (checkpoint / name).unlink(missing_ok=True)
+    # ... and its completion marker says so.
+    (output / "kubetune-complete.json").write_text(json.dumps({**marker, "method": "full"}))
     refused = export(trained_run, tmp_path / "adapter", "--export-format", "adapter",
                      output_dir=output)
     assert refused.returncode == 65
@@ -190,6 +193,36 @@ def test_a_full_fine_tune_exports_merged_by_default_and_refuses_an_adapter(train
     assert manifest["format"] == "merged"
     assert (tmp_path / "export" / "config.json").is_file()
     assert not (tmp_path / "export" / "adapter_config.json").exists()
+
+
+def test_an_older_marker_without_the_method_exports_as_before(trained_run, tmp_path):
+    output = Path(shutil.copytree(trained_run.output_dir, tmp_path / "output"))
+    marker = json.loads((output / "kubetune-complete.json").read_text())
+    del marker["method"]  # written before the marker named the method
+    (output / "kubetune-complete.json").write_text(json.dumps(marker))
+    result = export(trained_run, tmp_path / "export", "--no-verify-logits", output_dir=output)
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+    assert manifest["format"] == "adapter"  # the checkpoint's adapter makes it a LoRA run
+    assert "- lora" in (tmp_path / "export" / "README.md").read_text()  # the card's tag
+
+
+@pytest.mark.parametrize("case", ["unknown method", "adapter missing"])
+def test_a_marker_the_checkpoint_contradicts_is_refused(trained_run, tmp_path, case):
+    output = Path(shutil.copytree(trained_run.output_dir, tmp_path / "output"))
+    marker = json.loads((output / "kubetune-complete.json").read_text())
+    if case == "unknown method":
+        marker["method"] = "sft"
+    else:
+        (output / marker["checkpoint"] / "adapter_model.safetensors").unlink()
+    (output / "kubetune-complete.json").write_text(json.dumps(marker))
+    result = export(trained_run, tmp_path / "export", output_dir=output)
+    assert result.returncode == 65, result.stderr[-2000:]
+    [line] = error_lines(result)
+    assert {"unknown method": "names method 'sft'",
+            "adapter missing": "lacks adapter_model.safetensors"}[case] in line
+    assert "re-run the trainer" in line
+    assert not (tmp_path / "export").exists()
 
 
 def test_a_volume_mounted_at_the_destination_is_exported_into(trained_run, tmp_path):

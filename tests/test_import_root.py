@@ -12,7 +12,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = "kubetune"
@@ -246,14 +245,68 @@ def test_old_names_are_found():
         f"-m {e}", f"from {t}.plan import", f"import {x}.verify", f"string {t}.schedules"]
 
 
-@pytest.mark.skip(reason="issue 16 wants the exporter to read the trainer's and the "
-                         "initializers' results only through a workspace-contract module; "
-                         "it still imports their internals (kubetune.trainer.checkpoint_model, "
-                         "kubetune.initializers.staging and more). Un-skip when "
-                         "that module exists.")
 def test_exporter_imports_no_trainer_or_initializer_module():
+    # The exporter reads what the trainer and the initializers leave through the workspace
+    # contract (kubetune.workspace) and shares model-family knowledge with the trainer
+    # through kubetune.model_family; any import of their modules, lazy ones included, fails.
     graph = import_graph(at_import_time=False)
     found = sorted(f"{name} -> {dep}" for name, deps in graph.items()
                    if name.startswith("kubetune.exporter") for dep in deps
                    if dep.startswith(("kubetune.trainer", "kubetune.initializers")))
     assert found == []
+
+
+def test_the_contract_and_model_families_sit_below_every_step():
+    graph = import_graph(at_import_time=False)
+    steps = tuple(f"{ROOT}.{old}" for old in OLD_ROOTS)
+    found = sorted(f"{name} -> {dep}" for name, deps in graph.items()
+                   if name.startswith(("kubetune.workspace", "kubetune.model_family"))
+                   for dep in deps if dep.startswith(steps))
+    assert found == []
+
+
+def contract_names() -> set[str]:
+    """The file names of the workspace contract: the values of its *_NAME / *_PREFIX."""
+    tree = ast.parse((REPO / ROOT / "workspace" / "__init__.py").read_text())
+    return {node.value.value for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            and any(isinstance(t, ast.Name) and t.id.endswith(("_NAME", "_PREFIX"))
+                    for t in node.targets)}
+
+
+# File names that are Hugging Face's or PEFT's before they are ours: a model directory's
+# own files, checked where models are made (demo) and verified (initializers) too.
+FOREIGN_NAMES = {"config.json", "model.safetensors.index.json", "adapter_model.safetensors",
+                 "adapter_config.json", "manifest.json"}
+
+
+def contract_literals(source: str, names: set[str]) -> list[str]:
+    """String constants that are exactly a contract name (docstrings aside): a path built
+    from one, not a sentence that mentions it."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return sorted(f"{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and node.value in names and id(node) not in docstrings)
+
+
+def test_workspace_file_names_are_written_only_in_the_contract():
+    names = contract_names() - FOREIGN_NAMES
+    assert {"summary.json", "kubetune-complete.json", ".kubetune-manifest.json"} <= names
+    contract = REPO / ROOT / "workspace" / "__init__.py"
+    found = [f"{path.relative_to(REPO)}:{hit}" for path in sorted(product_modules().values())
+             if path != contract for hit in contract_literals(path.read_text(), names)]
+    assert found == []
+
+
+def test_contract_literals_are_found():
+    sample = ('"""Writes summary.json."""\n'
+              'SUMMARY = "summary.json"\n'
+              'def f(d):\n    """summary.json"""\n    return d / "kubetune-complete.json"\n'
+              'NOTE = "see summary.json for the numbers"\n')
+    assert contract_literals(sample, contract_names()) == [
+        "2: 'summary.json'", "5: 'kubetune-complete.json'"]

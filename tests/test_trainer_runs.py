@@ -75,7 +75,7 @@ def test_sdk_lora_args_train_the_tiny_llama(tmp_path, tiny_model_dir, tiny_datas
     adapter = json.loads((pvc.output / "epoch_0" / "adapter_config.json").read_text())
     assert adapter["r"] == 8 and adapter["base_model_name_or_path"]
     marker = json.loads((pvc.output / "kubetune-complete.json").read_text())
-    assert marker["checkpoint"] == "epoch_0"
+    assert marker["checkpoint"] == "epoch_0" and marker["method"] == "lora"
 
     # The pod restarted after finishing (e.g. the JobSet restarted): nothing is redone.
     again = tune_run(pvc, *run_args, env=env)

@@ -1,51 +1,20 @@
 """Read what the checkpoint really is, so the checkpoint wins over a config's fixed size.
 
 A Hugging Face model directory says its architecture in ``config.json``. From it we pick
-torchtune's *component builder* (``llama3``, ``lora_qwen2`` ...) with those dimensions,
-the checkpointer's ``model_type``, the weight files, and the tokenizer files.
+torchtune's *component builder* (``llama3``, ``lora_qwen2`` ...) with those dimensions
+(``kubetune.model_family``), the checkpointer's ``model_type``, the weight files, and the
+tokenizer files.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune.errors import BadInputError
-
-LORA_KEYS = ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output", "lora_rank",
-             "lora_alpha", "lora_dropout", "use_dora", "quantize_base")
-
-
-HF_CHECKPOINTER = "torchtune.training.FullModelHFCheckpointer"
-
-
-@dataclass
-class Architecture:
-    family: str  # torchtune models subpackage, e.g. "llama3_2"
-    builder: str  # full-model builder name in that package
-    model_type: str  # FullModelHFCheckpointer model_type
-    dims: dict = field(default_factory=dict)
-    # Where the builders live: torchtune's package for the family, or ours
-    # (trainer/models) for a family torchtune 0.6.1 lacks.
-    package: str = ""
-    checkpointer: str = HF_CHECKPOINTER
-
-    @property
-    def lora_keys(self) -> tuple[str, ...]:
-        if self.family in ("gemma", "gemma2"):  # LoRA builders tie the output: no output LoRA
-            return tuple(k for k in LORA_KEYS if k != "apply_lora_to_output")
-        return LORA_KEYS
-
-    @property
-    def permutes_qk(self) -> bool:
-        """Whether torchtune holds q/k rows in the interleaved RoPE layout (converting
-        from HF permutes them); Qwen and Phi-3 keep HF's rotate-half rows as they are."""
-        return self.family not in ("qwen2", "qwen3", "phi3")
-
-    def component(self, lora: bool) -> str:
-        name = f"lora_{self.builder}" if lora else self.builder
-        return f"{self.package or 'torchtune.models.' + self.family}.{name}"
+from kubetune.model_family.architecture import Architecture, architecture_of
+from kubetune.workspace.model_files import read_config, weight_files
 
 
 @dataclass
@@ -81,167 +50,6 @@ class CheckpointModel:
     @property
     def max_seq_len(self) -> int:
         return int(self.architecture.dims.get("max_seq_len", 2048))
-
-
-def read_config(model_dir: Path) -> dict:
-    path = model_dir / "config.json"
-    if not model_dir.is_dir():
-        raise BadInputError(f"model directory {model_dir} does not exist: run the model "
-                            "initializer first or set --model-dir / KUBETUNE_MODEL_DIR")
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInputError(f"{path} is missing: {model_dir} is not a Hugging Face model "
-                            "directory") from None
-    except (OSError, ValueError) as exc:
-        raise BadInputError(f"{path} is unreadable: {exc}") from None
-
-
-def _common_dims(cfg: dict) -> dict:
-    try:
-        dims = {
-            "vocab_size": int(cfg["vocab_size"]),
-            "num_layers": int(cfg["num_hidden_layers"]),
-            "num_heads": int(cfg["num_attention_heads"]),
-            "num_kv_heads": int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
-            "embed_dim": int(cfg["hidden_size"]),
-            "intermediate_dim": int(cfg["intermediate_size"]),
-            "max_seq_len": int(cfg.get("max_position_embeddings", 2048)),
-            "norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
-        }
-    except KeyError as exc:
-        raise BadInputError(f"config.json lacks {exc.args[0]!r}, which every causal LM "
-                            "config has: is this a complete model directory?") from None
-    # transformers 5 writes rope_parameters.rope_theta; hub configs mostly rope_theta.
-    theta = cfg.get("rope_theta")
-    if theta is None:
-        theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
-    if theta is not None:
-        dims["rope_base"] = theta
-    return dims
-
-
-def _rope_type(cfg: dict) -> str:
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    return str(scaling.get("rope_type") or scaling.get("type") or "default")
-
-
-def _refuse(family: str, what: str, fix: str) -> BadInputError:
-    return BadInputError(f"{family} checkpoint: {what}, which torchtune's {family} builder "
-                         f"cannot run; {fix}")
-
-
-def architecture_of(cfg: dict) -> Architecture:
-    model_type = cfg.get("model_type")
-    dims = _common_dims(cfg)
-    if model_type == "llama":
-        dims["rope_base"] = int(dims.get("rope_base", 500_000))
-        scaling = cfg.get("rope_scaling") or {}
-        tied = bool(cfg.get("tie_word_embeddings", False))
-        if scaling.get("rope_type") == "llama3" or tied:
-            # Llama-3.1 / 3.2 use scaled RoPE; 3.2 also ties the output to the embeddings.
-            dims["scale_factor"] = int(scaling.get("factor", 32 if tied else 8))
-            if tied:
-                return Architecture("llama3_2", "llama3_2", "LLAMA3_2",
-                                    {**dims, "tie_word_embeddings": True})
-            return Architecture("llama3_1", "llama3_1", "LLAMA3", dims)
-        return Architecture("llama3", "llama3", "LLAMA3", dims)
-    if model_type == "qwen2":
-        dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
-        dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-        return Architecture("qwen2", "qwen2", "QWEN2", dims,
-                            checkpointer="kubetune.trainer.models.qwen_weights.Qwen2HFCheckpointer")
-    if model_type == "mistral":
-        dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
-        return Architecture("mistral", "mistral", "MISTRAL", dims)
-    if model_type == "gemma":
-        dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
-        dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
-        dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
-        return Architecture("gemma", "gemma", "GEMMA", dims)
-    if model_type == "qwen3":
-        return _qwen3(cfg, dims)
-    if model_type == "gemma2":
-        return _gemma2(cfg, dims)
-    if model_type == "phi3":
-        return _phi3(cfg, dims)
-    raise BadInputError(
-        f"model_type {model_type!r} in config.json is not supported; supported: {SUPPORTED}"
-    )
-
-
-SUPPORTED = "llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (Phi-3, Phi-3.5, Phi-4)"
-
-
-def _qwen3(cfg: dict, dims: dict) -> Architecture:
-    if cfg.get("attention_bias"):
-        raise _refuse("qwen3", "attention_bias is true", "Qwen3 checkpoints have none")
-    if cfg.get("use_sliding_window"):
-        raise _refuse("qwen3", "use_sliding_window is true", "set it false in config.json")
-    if _rope_type(cfg) != "default":
-        raise _refuse("qwen3", f"rope type {_rope_type(cfg)!r} (context extension)",
-                      "remove rope_scaling from config.json to train at the native length")
-    dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
-    dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
-    dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
-    dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-    return Architecture("qwen3", "qwen3", "QWEN3", dims, package="kubetune.trainer.models.qwen3",
-                        checkpointer="kubetune.trainer.models.qwen_weights.Qwen3HFCheckpointer")
-
-
-def _gemma2(cfg: dict, dims: dict) -> Architecture:
-    attn_cap, final_cap = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
-    if attn_cap is None or final_cap is None:
-        raise _refuse("gemma2", "logit soft-capping is off (null in config.json)",
-                      "use the checkpoint's original attn/final_logit_softcapping")
-    dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
-    dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
-    dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
-    dims["hidden_capping_value"] = float(attn_cap)
-    dims["final_capping_value"] = float(final_cap)
-    dims["sliding_window_size"] = int(cfg.get("sliding_window") or dims["max_seq_len"])
-    if cfg.get("query_pre_attn_scalar") is not None:
-        dims["query_pre_attn_scalar"] = int(cfg["query_pre_attn_scalar"])
-    return Architecture("gemma2", "gemma2", "GEMMA2", dims, package="kubetune.trainer.models.gemma2",
-                        checkpointer="kubetune.trainer.models.gemma2.Gemma2HFCheckpointer")
-
-
-def _phi3(cfg: dict, dims: dict) -> Architecture:
-    """Phi-3, Phi-3.5 and Phi-4 (all ``model_type: phi3``); the tokenizer tells them apart."""
-    rope_params = cfg.get("rope_parameters") or {}
-    partial = cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
-    if _rope_type(cfg) != "default":
-        raise _refuse("phi3", f"rope type {_rope_type(cfg)!r} (long-context RoPE, as in "
-                      "Phi-3-128k, Phi-3.5 and Phi-4-mini)", "use a 4k-context Phi-3 or Phi-4")
-    if float(partial or 1.0) != 1.0:
-        raise _refuse("phi3", f"partial_rotary_factor {partial}", "use Phi-3 or Phi-4")
-    head_dim = cfg.get("head_dim")
-    if head_dim and int(head_dim) != dims["embed_dim"] // dims["num_heads"]:
-        raise _refuse("phi3", f"head_dim {head_dim} is not hidden_size / num_attention_heads",
-                      "use Phi-3 or Phi-4")
-    if cfg.get("tie_word_embeddings"):
-        raise _refuse("phi3", "tied word embeddings", "use Phi-3 or Phi-4")
-    dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
-    return Architecture("phi3", "phi3", "PHI3_MINI", dims,
-                        checkpointer="kubetune.trainer.models.phi3_weights.Phi3HFCheckpointer")
-
-
-def weight_files(model_dir: Path) -> list[str]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError) as exc:
-            raise BadInputError(f"{index} is unreadable: {exc}") from None
-        missing = [n for n in names if not (model_dir / n).is_file()]
-        if missing:
-            raise BadInputError(f"{model_dir}: shards named in the index are missing: "
-                                f"{', '.join(missing[:3])}")
-        return names
-    single = sorted(p.name for p in model_dir.glob("*.safetensors"))
-    if not single:
-        raise BadInputError(f"{model_dir} has no *.safetensors weights")
-    return single
 
 
 def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Tokenizer:

@@ -22,23 +22,21 @@ from omegaconf import OmegaConf
 from kubetune import env
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact
-from kubetune.workspace import COMPLETION_MARKER_NAME, REPO_ID_NAME
+from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, REPO_ID_NAME, SUMMARY_NAME,
+                                TRAINER_CONFIG_NAME)
+from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
 from kubetune.logs import wrap_foreign_line
 from kubetune.trainer import resume, run_report, train_progress
 from kubetune.trainer.checkpoint_model import SPECIAL_TOKENS_FILE
-from kubetune.trainer.metric_logger import METRICS_NAME
 from kubetune.trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
 from kubetune.trainer.summary import summarize
 from kubetune.trainer.validate import check_volume, check_writable
 
 log = logging.getLogger("trainer")
 
-MERGED_CONFIG_NAME = "kubetune-config.yaml"
-SUMMARY_NAME = "summary.json"
-
 # Variables that keep every library in the recipe process off the network.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+OFFLINE_ENV = {env.HF_HUB_OFFLINE: "1", env.HF_DATASETS_OFFLINE: "1", env.TRANSFORMERS_OFFLINE: "1",
+               env.HF_HUB_DISABLE_TELEMETRY: "1", env.DO_NOT_TRACK: "1"}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -53,13 +51,13 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
              and not k.endswith(tuple(f"{s}_FILE" for s in SECRET_VARIABLES))}
     child.update(OFFLINE_ENV)
     child[env.STOP_FILE] = str(stop_file)
-    child["PYTHONUNBUFFERED"] = "1"
+    child[env.PYTHONUNBUFFERED] = "1"
     if not sys.stdout.isatty():
-        child["TQDM_DISABLE"] = "1"  # progress comes from our metric logger instead
+        child[env.TQDM_DISABLE] = "1"  # progress comes from our metric logger instead
     if plan_.cfg.device == "cpu" and plan_.topology.nproc_per_node > 1 \
-            and "OMP_NUM_THREADS" not in os.environ:
+            and env.OMP_NUM_THREADS not in os.environ:
         # Share the cores between the processes instead of oversubscribing them.
-        child["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1)
+        child[env.OMP_NUM_THREADS] = str(max(1, (os.cpu_count() or 1)
                                            // plan_.topology.nproc_per_node))
     return child
 
@@ -228,16 +226,12 @@ def _print_dry_run(plan_: RunPlan, command: list[str]) -> None:
 
 
 def _already_complete(plan_: RunPlan) -> bool:
-    marker = plan_.output_dir / COMPLETION_MARKER_NAME
-    try:
-        return json.loads(marker.read_text()).get("fingerprint") == plan_.fingerprint
-    except (OSError, ValueError, AttributeError):
-        return False
+    return completed_fingerprint(plan_.output_dir) == plan_.fingerprint
 
 
 def run(plan_: RunPlan, dry_run: bool = False) -> int:
     output_dir = plan_.output_dir
-    config_path = output_dir / MERGED_CONFIG_NAME
+    config_path = output_dir / TRAINER_CONFIG_NAME
     command = plan_.command(config_path)
     if dry_run:
         _print_dry_run(plan_, command)
@@ -332,11 +326,12 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         return 0
     _fix_adapter_configs(output_dir, plan_.checkpoint.model_dir)
     resume.clear(output_dir)
-    marker = {"checkpoint": summary["checkpoint"], "config": MERGED_CONFIG_NAME,
-              "steps": summary["steps"], "fingerprint": plan_.fingerprint,
-              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    marker = CompletionMarker(checkpoint=summary["checkpoint"], method=plan_.method,
+                              config=TRAINER_CONFIG_NAME, steps=summary["steps"],
+                              fingerprint=plan_.fingerprint,
+                              finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     # Written last: the exporter trusts only an output_dir that has this marker.
-    _write_atomic(output_dir / COMPLETION_MARKER_NAME, json.dumps(marker, indent=2))
+    _write_atomic(output_dir / COMPLETION_MARKER_NAME, marker.encode())
     train_progress.report_finished(summary)
     log.info("done: %s steps, loss %s -> %s, %s tokens/s, checkpoint %s", summary["steps"],
              summary["first_loss"], summary["last_loss"],

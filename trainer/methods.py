@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from kubetune.errors import BadInputError
 from kubetune.trainer.topology import Topology
-
-METHOD_NAMES = ("lora", "qlora", "dora", "full")
+from kubetune.workspace.trainer_output import METHODS as METHOD_NAMES
 
 # (method, distributed) -> (recipe, base config, implied overrides)
 _CHOICES = {

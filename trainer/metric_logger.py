@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kubetune.trainer.train_progress import TrainProgress
-
-METRICS_NAME = "metrics.jsonl"
+from kubetune.workspace import METRICS_NAME
 
 
 def _scalar(value: Any) -> Any:

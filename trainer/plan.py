@@ -19,8 +19,9 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
 from kubetune.trainer import (config_keys, dataset_check, dataset_location, hardware, methods, resume,
                      speed, topology)
-from kubetune.trainer.checkpoint_model import (HF_CHECKPOINTER, SPECIAL_TOKENS_FILE, CheckpointModel,
-                                      read_checkpoint_model)
+from kubetune.model_family.architecture import HF_CHECKPOINTER
+from kubetune.trainer.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
+                                               read_checkpoint_model)
 from kubetune.trainer.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
                                    resolve_recipe)
 from kubetune.trainer.tune_command import TuneRunRequest

@@ -16,13 +16,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kubetune.png_plot import BLUE, ORANGE, Series, line_plots
+# The workspace's names: the exporter carries the report and curves into the export.
+from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logger import read_metrics
 
 log = logging.getLogger("trainer")
-
-REPORT_NAME = "kubetune-report.md"
-CURVES_NAME = "kubetune-curves.png"
-CONFIG_NAME = "kubetune-config.yaml"  # written by kubetune.trainer.launch
 
 
 def _replace(path: Path, data: bytes) -> None:
@@ -55,7 +53,7 @@ def write_curves(output_dir: Path, steps: list[dict]) -> Path:
 
 def _config_facts(output_dir: Path) -> list[str]:
     try:
-        cfg = OmegaConf.load(Path(output_dir) / CONFIG_NAME)
+        cfg = OmegaConf.load(Path(output_dir) / TRAINER_CONFIG_NAME)
     except Exception:
         return []
     facts = []
@@ -99,7 +97,8 @@ def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str
         lines.append(f"- loss: {steps[0]['loss']:.4f} (step {steps[0]['step']}) -> "
                      f"{steps[-1]['loss']:.4f} (step {steps[-1]['step']})")
         lines += ["", f"![loss and learning rate by step]({CURVES_NAME})"]
-    lines += ["", f"The full config: `{CONFIG_NAME}`; every logged step: `metrics.jsonl`.", ""]
+    lines += ["", f"The full config: `{TRAINER_CONFIG_NAME}`; every logged step: "
+              f"`{METRICS_NAME}`.", ""]
     return "\n".join(lines)
 
 
@@ -108,7 +107,7 @@ def write(output_dir: Path, summary: dict | None = None, state: str = "in progre
     steps = loss_steps(output_dir)
     if steps:
         write_curves(output_dir, steps)
-    path = output_dir / REPORT_NAME
+    path = output_dir / RUN_REPORT_NAME
     _replace(path, render(output_dir, steps, summary, state).encode())
     return path
 

@@ -21,12 +21,8 @@ from torchtune.models.gemma2 import _convert_weights as gemma2_convert
 from torchtune.modules import TransformerDecoder
 from torchtune.training.checkpointing._checkpointer import FullModelHFCheckpointer
 
-from kubetune.trainer.models.scoped import patched
-
-FEED_FORWARD_NORMS = {
-    "model.layers.{}.pre_feedforward_layernorm.weight": "layers.{}.mlp_norm.scale",
-    "model.layers.{}.post_feedforward_layernorm.weight": "layers.{}.mlp_scale.scale",
-}
+from kubetune.model_family.convert import GEMMA2_FEED_FORWARD_NORMS as FEED_FORWARD_NORMS
+from kubetune.model_family.scoped import patched
 
 
 class SoftCappedOutput:

@@ -4,7 +4,8 @@ and back, and the checkpointers that read and write Qwen2 and Qwen3 in that layo
 A Qwen3 state dict is a Qwen2 one without q/k/v biases plus one norm per q and k head.
 torchtune keeps Qwen's RoPE in HF's rotate-half layout (``Qwen2RotaryPositionalEmbeddings``),
 so no weight is permuted, and its QWEN2 conversion (tied output, sharding, index) is right
-for Qwen3 once it knows the two norm keys. ``Qwen3HFCheckpointer`` is torchtune's
+for Qwen3 once it knows the two norm keys (``kubetune.model_family.convert.QWEN3_KEYS``,
+shared with the exporter's conversion). ``Qwen3HFCheckpointer`` is torchtune's
 ``FullModelHFCheckpointer`` run as QWEN2 with those keys added for the call, so loading,
 shard layout, index and copied files stay torchtune's.
 
@@ -23,25 +24,11 @@ from typing import Iterator
 
 import torch
 from torchtune.models import convert_weights
-from torchtune.models.convert_weights import get_mapped_key
 from torchtune.models.qwen2 import _convert_weights as qwen2_convert
 from torchtune.training.checkpointing._checkpointer import FullModelHFCheckpointer
 
-from kubetune.trainer.models.scoped import patched
-
-QWEN3_KEYS = {
-    "model.layers.{}.self_attn.q_norm.weight": "layers.{}.attn.q_proj.norm.scale",
-    "model.layers.{}.self_attn.k_norm.weight": "layers.{}.attn.k_proj.norm.scale",
-}
-_FROM_HF = {**qwen2_convert._FROM_HF, **QWEN3_KEYS}
-TIED_KEY = "lm_head.weight"
-
-
-def qwen3_hf_to_tune(state: dict[str, torch.Tensor], tie_word_embeddings: bool = False
-                     ) -> dict[str, torch.Tensor]:
-    return {get_mapped_key(key, _FROM_HF): value for key, value in state.items()
-            if "rotary_emb.inv_freq" not in key
-            and not (tie_word_embeddings and key == TIED_KEY)}
+from kubetune.model_family.convert import QWEN3_KEYS
+from kubetune.model_family.scoped import patched
 
 
 def unpermute_lora_b(adapter: dict[str, torch.Tensor], num_heads: int, num_kv_heads: int,

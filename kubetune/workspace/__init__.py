@@ -4,6 +4,11 @@ In a cluster the controller mounts the job's PVC at ``/workspace``; the initiali
 ``dataset/`` and ``model/``, the trainer writes ``output/``, the exporter reads all three.
 Locally the same code runs against any directory: set ``KUBETUNE_WORKSPACE`` to move the
 root, or one of the per-directory variables to move a single step's directory.
+
+This package is the one place the steps agree on what they leave for each other: the
+names below, the trainer's completion marker (``marker``), the initializers' manifest
+(``initializer_manifest``) and the model directory's config and weights (``model_files``).
+A step reads another step's results through these modules, never through its internals.
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ DATASET_DESCRIPTOR_NAME = ".kubetune-dataset.json"  # what the dataset initializ
 REPO_ID_NAME = "original_repo_id.json"  # read by torchtune's HF checkpointer for adapter_config.json
 COMPLETION_MARKER_NAME = "kubetune-complete.json"  # written last by the trainer
 EXPORT_MANIFEST_NAME = "manifest.json"  # written last by the exporter
+SUMMARY_NAME = "summary.json"  # the trainer's numbers: steps, loss, speed, the checkpoint
+TRAINER_CONFIG_NAME = "kubetune-config.yaml"  # the merged config the recipe ran with
+METRICS_NAME = "metrics.jsonl"  # one line per logged step
+RUN_REPORT_NAME = "kubetune-report.md"  # the run report page; the exporter carries it
+CURVES_NAME = "kubetune-curves.png"  # loss and learning rate by step; carried likewise
+MODEL_CONFIG_NAME = "config.json"  # a Hugging Face model directory's architecture
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"  # tensor -> shard of a sharded model
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # a PEFT adapter (LoRA, DoRA, QLoRA)
+ADAPTER_CONFIG_NAME = "adapter_config.json"
 STAGING_PREFIX = ".kubetune-staging-"  # sibling directories that are never read by a next step
 
 
