@@ -68,9 +68,14 @@ class TrainingOutput:
     def config_text(self) -> str | None:
         return self._config_text
 
-    def config(self) -> dict:
-        """The resolved training config (the trainer's kubetune-config.yaml)."""
+    @cached_property
+    def _config(self) -> dict:
         return parse_config(self._config_text)
+
+    def config(self) -> dict:
+        """The resolved training config (the trainer's kubetune-config.yaml), parsed once
+        per export: the adapter config, the logits check and the model card all read it."""
+        return self._config
 
 
 def locate(output_dir: Path) -> TrainingOutput:

@@ -26,7 +26,6 @@ from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
 from kubetune.initializers.stream_write import write_stream
 from kubetune import env, retry, storage_uri
 from kubetune.errors import BadInputError
-from kubetune.remote.hub import http_timeout
 from kubetune.remote.hub_errors import HubErrors
 from kubetune.retry import TransientFailure
 
@@ -88,7 +87,7 @@ class HuggingFaceSource:
         files: list[RepoFile] = []
         while url:
             response = get_session().get(url, params=params, headers=headers,
-                                         timeout=http_timeout())
+                                         timeout=hub.http_timeout())
             hf_raise_for_status(response)
             files += [RepoFile(**e) for e in response.json() if e.get("type") == "file"]
             url, params = response.links.get("next", {}).get("url"), None
@@ -124,7 +123,7 @@ class HuggingFaceSource:
             headers["Range"] = f"bytes={have}-"
         # httpx2 drops Authorization when a redirect leaves the hub's host (the CDN).
         with get_session().stream("GET", self._url(remote.path), headers=headers,
-                                  follow_redirects=True, timeout=http_timeout()) as response:
+                                  follow_redirects=True, timeout=hub.http_timeout()) as response:
             if response.status_code == 416:
                 destination.unlink(missing_ok=True)
                 raise TransientFailure(f"{remote.path}: the hub refused to resume; starting over")
