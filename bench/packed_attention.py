@@ -7,7 +7,7 @@ second (batch x sequence length: no counting convention), for three packings of 
 shape:
 
   short      documents of ~10 tokens (the fast case measured);
-  realistic  documents with Alpaca's lengths (``kubetune.demo.alpaca_like``);
+  realistic  documents with Alpaca's lengths (``kubetune.tools.demo.alpaca_like``);
   single     one document per pack, through the packed path (a causal BlockMask);
   unpacked   the same positions with no mask: SDPA's causal kernel, what an unpacked run
              of full-length rows gets (the ceiling for attention).
@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from kubetune.demo.alpaca_like import alpaca_like_rows  # noqa: E402
+from kubetune.tools.demo.alpaca_like import alpaca_like_rows  # noqa: E402
 
 # Llama-3 spends about 4 characters a token on English, and its chat template about 20
 # tokens of headers a row.

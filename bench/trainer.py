@@ -16,7 +16,7 @@ sends them, and adds its own choices (defaults, checks, metrics, stop/resume gua
 
 Data (``--data``):
   tiny       the two-digit addition set, one parquet file (the default);
-  realistic  alpaca-like rows (~287 tokens; ``kubetune.demo.alpaca_like``) in
+  realistic  alpaca-like rows (~287 tokens; ``kubetune.tools.demo.alpaca_like``) in
              ``--shards`` parquet files, the user's arguments being the Kubeflow SDK's
              LoRA arguments: ours applies its defaults (packing across shards, compile and
              a memory plan on CUDA); plain stays unpacked, as upstream does.
@@ -50,9 +50,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kubetune.demo import TinyModelSpec, write_tiny_dataset, write_tiny_model  # noqa: E402
-from kubetune.demo.alpaca_like import write_alpaca_like  # noqa: E402
-from kubetune.trainer.checkpoint_model import read_checkpoint_model  # noqa: E402
+from kubetune.tools.demo import TinyModelSpec, write_tiny_dataset, write_tiny_model  # noqa: E402
+from kubetune.tools.demo.alpaca_like import write_alpaca_like  # noqa: E402
+from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model  # noqa: E402
 
 LLAMA_3_2_1B = TinyModelSpec(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                              num_attention_heads=32, num_key_value_heads=8,

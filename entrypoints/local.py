@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from kubetune import env
-from kubetune.local.steps import Step, forwarding_signals, run_stages
+from kubetune.tools.local.steps import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
-from kubetune.trainer.methods import METHODS, recipe_for
+from kubetune.trainer.request.methods import METHODS, recipe_for
 
 # Training arguments for the embedded tiny model: enough steps for the loss to fall
 # clearly, in seconds on two CPU cores.
@@ -25,7 +25,7 @@ DEMO_TRAIN_ARGS = [
 
 def demo_sources(sources_dir: Path) -> tuple[str, str]:
     """Generate (once) the embedded tiny model and dataset; return their URIs."""
-    from kubetune.demo import write_tiny_dataset, write_tiny_model
+    from kubetune.tools.demo import write_tiny_dataset, write_tiny_model
 
     model_dir, dataset_dir = sources_dir / "tiny-llama3", sources_dir / "tiny-addition"
     if not (model_dir / "model.safetensors").is_file():
@@ -99,8 +99,8 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
 
 def merged_jobset(runtime_path: Path, trainjob_path: Path | None) -> dict:
     """The JobSet the controller would create from the runtime and the TrainJob."""
-    from kubetune.local.runtime_merge import merge
-    from kubetune.local.runtime_spec import default_trainjob, load_runtime, load_trainjob
+    from kubetune.tools.local.runtime_merge import merge
+    from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime, load_trainjob
 
     runtime = load_runtime(runtime_path)
     trainjob = load_trainjob(trainjob_path) if trainjob_path else default_trainjob(runtime)
@@ -127,7 +127,7 @@ def jobset_yaml(jobset: dict) -> str:
 def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
                 ) -> list[str]:
     """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
-    from kubetune.local.jobset import LocalJobSet
+    from kubetune.tools.local.jobset import LocalJobSet
 
     workdir = Path(workdir)
     jobset = merged_jobset(runtime_path, trainjob_path)

@@ -1,6 +1,6 @@
 """`kubetune train` (direct use) and `run_tune` (the `tune run` Kubeflow Trainer sends).
 
-Only the click surface: `kubetune.trainer.train_options` turns the options into the
+Only the click surface: `kubetune.trainer.request.train_options` turns the options into the
 `tune run` request they stand for, and both run through the same launcher.
 """
 
@@ -15,14 +15,15 @@ from kubetune.entrypoints.step import step_command
 from kubetune import env
 from kubetune.workspace import workspace
 from kubetune.trainer import launch
-from kubetune.trainer.methods import METHOD_NAMES
-from kubetune.trainer.train_options import DATASET_TYPES, TrainOptions, plan_training
-from kubetune.trainer.tune_command import parse_tune_run
+from kubetune.trainer.request.methods import METHOD_NAMES
+from kubetune.trainer.config.plan import plan
+from kubetune.trainer.request.train_options import DATASET_TYPES, TrainOptions, plan_training
+from kubetune.trainer.request.tune_command import parse_tune_run
 
 
 def run_tune(argv: list[str], dry_run: bool = False) -> int:
     """Run ``tune run <argv...>`` as Kubeflow Trainer composes it."""
-    return launch.run(launch.plan(parse_tune_run(argv), workspace()), dry_run=dry_run)
+    return launch.run(plan(parse_tune_run(argv), workspace()), dry_run=dry_run)
 
 
 def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "lora",

@@ -13,7 +13,7 @@ from kubetune.exporter.destination import open_destination
 from kubetune.exporter.training_output import TrainingOutput, locate
 from kubetune import env
 from kubetune.errors import BadInputError
-from kubetune.trainjob_status import StatusReporter, transfer_metrics
+from kubetune.remote.trainjob_status import StatusReporter, transfer_metrics
 from kubetune.workspace import ADAPTER_WEIGHTS_NAME, MODEL_CONFIG_NAME
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.model_files import read_config

@@ -8,7 +8,7 @@ import time
 
 from kubetune import env, logs
 from kubetune.env_numbers import env_float
-from kubetune.trainjob_status import StatusReporter, transfer_metrics
+from kubetune.remote.trainjob_status import StatusReporter, transfer_metrics
 
 log = logging.getLogger("progress")
 

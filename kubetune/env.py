@@ -136,7 +136,7 @@ AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub's own name)
 
-# torchrun sets these in each recipe process (kubetune.trainer.bootstrap, step_guard,
+# torchrun sets these in each recipe process (kubetune.trainer.recipe_process.bootstrap, step_guard,
 # truncation, train_progress: only rank 0 reports).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
@@ -152,7 +152,7 @@ DO_NOT_TRACK = "DO_NOT_TRACK"
 # reaches our log prefixing and redaction line by line.
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 # The container runtime (NVIDIA's) or the user: which GPUs this process may use
-# (kubetune.trainer.hardware).
+# (kubetune.trainer.performance.hardware).
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Kubernetes sets it in every pod: the exporter's model card says where it ran.
 KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"

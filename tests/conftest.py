@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetune.demo import write_tiny_dataset, write_tiny_model
+from kubetune.tools.demo import write_tiny_dataset, write_tiny_model
 from tests.support import s3_server
 from tests.support.trained import trained_run  # noqa: F401 (a session fixture)
 

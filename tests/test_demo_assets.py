@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from kubetune.demo import write_tiny_dataset, write_tiny_model
+from kubetune.tools.demo import write_tiny_dataset, write_tiny_model
 
 
 def _digest(path):

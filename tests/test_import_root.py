@@ -189,7 +189,7 @@ def test_product_modules_resolve_under_the_root():
     assert {n: p.relative_to(REPO).as_posix() for n, p in package_dirs().items()} == \
         {ROOT: ROOT, **{f"{ROOT}.{old}": old for old in OLD_ROOTS}}
     for name in ("kubetune.entrypoints.cli", "kubetune.initializers.storage_uri",
-                 "kubetune.trainer.plan", "kubetune.exporter.export"):
+                 "kubetune.trainer.config.plan", "kubetune.exporter.export"):
         assert name in modules, name
 
 
@@ -310,3 +310,26 @@ def test_contract_literals_are_found():
               'NOTE = "see summary.json for the numbers"\n')
     assert contract_literals(sample, contract_names()) == [
         "2: 'summary.json'", "5: 'kubetune-complete.json'"]
+
+
+def test_the_core_and_the_steps_import_nothing_from_tools():
+    # kubetune/ is the core every step shares; what runs outside a pod (the emulator, the
+    # demo) sits in kubetune.tools. A step or core module importing it would put the
+    # emulator in every image; only the CLI (entrypoints) may reach it.
+    graph = import_graph(at_import_time=False)
+    found = sorted(f"{name} -> {dep}" for name, deps in graph.items()
+                   if not name.startswith(("kubetune.tools", "kubetune.entrypoints"))
+                   for dep in deps if dep.startswith("kubetune.tools"))
+    assert found == []
+
+
+def test_the_trainer_is_grouped_in_rooms():
+    # Issue 24: the trainer's modules sit in sub-packages by concern; only the flow
+    # (launch) and the stable `_component_` paths (schedules, models/) stay at its top.
+    top = sorted(p.stem for p in (REPO / "trainer").glob("*.py") if p.stem != "__init__")
+    assert top == ["launch", "schedules"]
+    for room in (p for p in (REPO / "trainer").iterdir() if p.is_dir() and p.name != "__pycache__"):
+        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
+        missing = [p.stem for p in room.glob("*.py")
+                   if p.stem != "__init__" and p.stem not in doc]
+        assert missing == [], f"{room.name}/__init__.py's map does not name {missing}"

@@ -204,8 +204,8 @@ def test_qwen2_adapter_is_saved_in_hf_rows(tmp_path):
     from torchtune.modules.peft import get_adapter_state_dict, get_merged_lora_ckpt
 
     from kubetune.exporter import verify_logits
-    from kubetune.demo import write_tiny_qwen2
-    from kubetune.trainer.checkpoint_model import read_checkpoint_model
+    from kubetune.tools.demo import write_tiny_qwen2
+    from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model
 
     model_dir = write_tiny_qwen2(tmp_path / "model")
     checkpoint = read_checkpoint_model(model_dir)

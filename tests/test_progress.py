@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 
-from kubetune.trainjob_status import MAX_METRICS, StatusReporter
+from kubetune.remote.trainjob_status import MAX_METRICS, StatusReporter
 from tests.support import status_server
 from tests.support.trainer import SHORT, make_pvc, tune_run
 
@@ -241,7 +241,7 @@ def test_json_log_mode_for_an_initializer(tmp_path, tiny_dataset_dir):
 def test_png_plot_draws_a_rising_curve_up_the_panel(tmp_path):
     from PIL import Image
 
-    from kubetune.png_plot import BLUE, Series, line_plots
+    from kubetune.trainer.metric_logging.png_plot import BLUE, Series, line_plots
 
     path = tmp_path / "plot.png"
     line_plots(path, [Series("loss", list(range(10)), [float(i) for i in range(10)], BLUE)])

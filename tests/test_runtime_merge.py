@@ -1,5 +1,5 @@
 """The controller's merge of a TrainJob into a runtime, rule by rule
-(kubetune.local.runtime_merge)."""
+(kubetune.tools.local.runtime_merge)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kubetune.errors import BadInputError
-from kubetune.local.runtime_merge import merge, tune_recipe_and_config
+from kubetune.tools.local.runtime_merge import merge, tune_recipe_and_config
 
 BASE = Path(__file__).resolve().parents[1] / "runtimes" / "base"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetune.demo import write_tiny_alpaca_dataset, write_tiny_dataset
+from kubetune.tools.demo import write_tiny_alpaca_dataset, write_tiny_dataset
 from tests.support.cli import clean_env, kubetune
 from tests.support.sdk_trainjob import sdk_trainjob_spec, use_local_sources
 

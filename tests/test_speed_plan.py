@@ -13,12 +13,13 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from kubetune.demo import TinyModelSpec, write_tiny_model
-from kubetune.demo.alpaca_like import alpaca_like_rows, write_alpaca_like
+from kubetune.tools.demo import TinyModelSpec, write_tiny_model
+from kubetune.tools.demo.alpaca_like import alpaca_like_rows, write_alpaca_like
 from tests.support.trainer import make_pvc, tune_run
 from tests.test_trainer_runs import SDK_LORA_ARGS, on_pvc
-from kubetune.trainer import dataset_check, memory_plan, model_shape, speed
-from kubetune.trainer.summary import summarize, warmup_count
+from kubetune.trainer.data import dataset_check
+from kubetune.trainer.performance import memory_plan, model_shape, speed
+from kubetune.trainer.metric_logging.summary import summarize, warmup_count
 
 LLAMA_3_2_1B = {"embed_dim": 2048, "num_layers": 16, "vocab_size": 128256, "num_heads": 32,
                 "num_kv_heads": 8, "intermediate_dim": 8192, "tie_word_embeddings": True}
@@ -312,7 +313,7 @@ def test_warmup_steps_are_the_slow_leading_ones():
 def test_summary_reports_steady_speed_apart_from_compile(tmp_path, long_context_model):
     """metrics.jsonl as a compiled run writes it: a 30 s first step (compilation), then
     2048 tokens per 0.1 s."""
-    from kubetune.trainer.checkpoint_model import read_checkpoint_model
+    from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model
 
     lines = []
     for step in range(1, 11):
@@ -360,6 +361,6 @@ def test_a_cpu_lora_run_reports_its_adapter_flops(tmp_path, tiny_model_dir, tiny
 
 
 def read_dims(model_dir) -> dict:
-    from kubetune.trainer.checkpoint_model import read_checkpoint_model
+    from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model
 
     return read_checkpoint_model(model_dir).architecture.dims

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from kubetune.trainer import methods, topology
-from kubetune.trainer.recipe_config import apply_overrides
-from kubetune.trainer.tune_command import TuneRunRequest
+from kubetune.trainer.request import methods, topology
+from kubetune.trainer.config.recipe_config import apply_overrides
+from kubetune.trainer.request.tune_command import TuneRunRequest
 
 # (method, nnodes, nproc) -> (recipe, config suffix) as the controller composes them.
 CONTROLLER = {

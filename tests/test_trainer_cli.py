@@ -54,7 +54,7 @@ def test_dry_run_shows_recipe_config_and_command_from_env_and_options(
     dataset = cfg["dataset"]
     assert dataset["new_system_prompt"] == "Add: a=b" and dataset["train_on_input"] is False
     assert dataset["column_map"] == {"input": "input", "output": "output"}
-    assert "-m kubetune.trainer.bootstrap" in result.stdout.split("command: ", 1)[1]
+    assert "-m kubetune.trainer.recipe_process.bootstrap" in result.stdout.split("command: ", 1)[1]
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 

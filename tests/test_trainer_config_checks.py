@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from kubetune.demo import (TinyQwen2Spec, write_tiny_alpaca_dataset, write_tiny_dataset,
+from kubetune.tools.demo import (TinyQwen2Spec, write_tiny_alpaca_dataset, write_tiny_dataset,
                            write_tiny_qwen2)
-from kubetune.demo.tiny_dataset import tiny_rows
-from kubetune.local.jobset import LocalJobSet
-from kubetune.local.runtime_merge import merge
-from kubetune.local.runtime_spec import default_trainjob, load_runtime
+from kubetune.tools.demo.tiny_dataset import tiny_rows
+from kubetune.tools.local.jobset import LocalJobSet
+from kubetune.tools.local.runtime_merge import merge
+from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime
 from tests.support.cli import REPO, clean_env
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 from tests.support.trainer import SHORT, make_pvc, tune_run

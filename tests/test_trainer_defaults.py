@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from kubetune.trainer import speed
-from kubetune.trainer.summary import parameter_count
+from kubetune.trainer.performance import speed
+from kubetune.trainer.metric_logging.summary import parameter_count
 
 
 def base_cfg():

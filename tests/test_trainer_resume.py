@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kubetune.demo import write_tiny_dataset
+from kubetune.tools.demo import write_tiny_dataset
 from kubetune.errors import EXIT_KILLED, EXIT_TRANSIENT
 from tests.support.trainer import Pvc, make_pvc, start_tune_run, tune_run
 

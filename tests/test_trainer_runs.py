@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kubetune.demo import TinyModelSpec, write_tiny_model, write_tiny_qwen2
+from kubetune.tools.demo import TinyModelSpec, write_tiny_model, write_tiny_qwen2
 from tests.support.cli import REPO, error_lines
 from tests.support.trainer import SHORT, make_pvc, tune_run
 
@@ -87,7 +87,7 @@ def _renamed_columns_dataset(path, rows=64):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kubetune.demo.tiny_dataset import tiny_rows
+    from kubetune.tools.demo.tiny_dataset import tiny_rows
 
     records = tiny_rows(rows)
     path.mkdir(parents=True)

@@ -1,10 +1,15 @@
 """The trainer step: turn a `tune run` request (from Kubeflow Trainer, or from
 `kubetune train`) into one fully merged torchtune config and run torchtune's recipe on it.
 
-In the launcher process: ``tune_command`` (parse) -> ``plan`` (``recipe_config`` base
-config + overrides, corrected by ``checkpoint_model`` / ``hardware`` / ``topology`` /
-``methods`` / ``dataset_location`` / ``dataset_check`` / ``validate`` / ``speed`` /
-``resume``) -> ``launch`` (run, SIGTERM, ``summary``, completion marker).
-In the recipe process(es): ``bootstrap`` (``cpu_adapt``, ``step_guard``) around
-torchtune's own recipe file, logging through ``metric_logger``.
+The rooms, in the order a run goes through them:
+
+- ``request/``: what was asked (the `tune run` command, topology, recipe for the method);
+- ``config/``: torchtune's config + overrides, checked, merged by ``config.plan`` with
+  what ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
+- ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the
+  summary and the completion marker;
+- ``recipe_process/``: inside the recipe process, around torchtune's own recipe file
+  (``checkpointing.checkpoint_store`` saves, ``metric_logging`` reports);
+- ``models/`` and ``schedules``: components torchtune's config instantiates by
+  ``_component_`` path (stable names: saved configs refer to them).
 """

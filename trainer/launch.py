@@ -1,5 +1,5 @@
 """Run a planned training: write the merged config, run torchtune's recipe (through
-``kubetune.trainer.bootstrap``) as a child, turn SIGTERM into a resumable stop, and record the
+``kubetune.trainer.recipe_process.bootstrap``) as a child, turn SIGTERM into a resumable stop, and record the
 outcome (``summary.json``, then the completion marker, last)."""
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, REPO_ID_NA
                                 TRAINER_CONFIG_NAME)
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
 from kubetune.logs import wrap_foreign_line
-from kubetune.trainer import resume, run_report, train_progress
-from kubetune.trainer.checkpoint_model import SPECIAL_TOKENS_FILE
-from kubetune.trainer.plan import RunPlan, plan  # noqa: F401  (plan is part of this module's API)
-from kubetune.trainer.summary import summarize
-from kubetune.trainer.validate import check_volume, check_writable
+from kubetune.trainer.checkpointing import resume
+from kubetune.trainer.metric_logging import run_report, train_progress
+from kubetune.trainer.checkpointing.checkpoint_model import SPECIAL_TOKENS_FILE
+from kubetune.trainer.config.plan import RunPlan
+from kubetune.trainer.metric_logging.summary import summarize
+from kubetune.trainer.config.validate import check_volume, check_writable
 
 log = logging.getLogger("trainer")
 

@@ -1,3 +1,4 @@
-"""Clients for the remote stores every step talks to (S3, the Hugging Face Hub): one
-setup (credentials, endpoint, single attempts under `kubetune.retry`) and one reading of
-their failures (retry, or one line naming what to fix)."""
+"""Clients for the remote services every step talks to (S3, the Hugging Face Hub, the
+TrainJob status API of Kubeflow Trainer): one setup (credentials, endpoint, single attempts
+under `kubetune.retry`) and one reading of their failures (retry, or one line naming what
+to fix)."""

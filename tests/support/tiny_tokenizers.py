@@ -8,8 +8,8 @@ import io
 import json
 from pathlib import Path
 
-from kubetune.demo.tiny_qwen2 import write_bpe_tokenizer
-from kubetune.demo.tiny_tokenizer import NUM_BYTES, added_tokens
+from kubetune.tools.demo.tiny_qwen2 import write_bpe_tokenizer
+from kubetune.tools.demo.tiny_tokenizer import NUM_BYTES, added_tokens
 
 # The special tokens torchtune's tokenizers look up, at small ids after the 256 bytes.
 QWEN3_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",

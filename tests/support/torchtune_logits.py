@@ -11,7 +11,7 @@ def logits(model_dir: Path, tokens: list[list[int]]):
     import torch
     from torchtune.config._utils import _get_component_from_path
 
-    from kubetune.trainer.checkpoint_model import read_checkpoint_model
+    from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model
 
     checkpoint = read_checkpoint_model(Path(model_dir))
     arch = checkpoint.architecture

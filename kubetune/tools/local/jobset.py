@@ -26,8 +26,8 @@ from pathlib import Path
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError, StepFailedError
-from kubetune.local.steps import Step, StepResult, emit, run_process, stop_requested
-from kubetune.local.runtime_merge import COMPLETION_INDEX_PATH
+from kubetune.tools.local.steps import Step, StepResult, emit, run_process, stop_requested
+from kubetune.tools.local.runtime_merge import COMPLETION_INDEX_PATH
 from kubetune.workspace import DEFAULT_ROOT
 
 DEFAULT_BACKOFF_LIMIT = 6

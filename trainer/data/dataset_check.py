@@ -3,7 +3,7 @@ builder and column map, and how long are the samples and how many rows are there
 the packing default)?
 
 Reads only schemas, row counts from metadata or a streamed newline count, and a few
-hundred rows spread over up to ``_SAMPLED_FILES`` shards (``kubetune.trainer.dataset_rows``),
+hundred rows spread over up to ``_SAMPLED_FILES`` shards (``kubetune.trainer.data.dataset_rows``),
 never the whole set.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.dataset_rows import FORMAT_OF_SUFFIX, look
+from kubetune.trainer.data.dataset_rows import FORMAT_OF_SUFFIX, look
 
 _SUFFIXES = FORMAT_OF_SUFFIX
 _SAMPLE_ROWS = 512

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig
 
 from kubetune.errors import BadInputError
 from kubetune.workspace import DATASET_DESCRIPTOR_NAME
-from kubetune.trainer.component_params import component_params
+from kubetune.trainer.config.component_params import component_params
 
 # Hugging Face `datasets` builder for each file format the dataset initializer records.
 BUILDER_FOR_FORMAT = {"parquet": "parquet", "json": "json", "jsonl": "json", "csv": "csv",

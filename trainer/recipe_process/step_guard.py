@@ -32,8 +32,8 @@ from typing import Any, Iterator
 
 from kubetune import env
 from kubetune.errors import EXIT_TRANSIENT
-from kubetune.trainer import resume
-from kubetune.trainer.checkpoint_store import CheckpointStore
+from kubetune.trainer.checkpointing import resume
+from kubetune.trainer.checkpointing.checkpoint_store import CheckpointStore
 
 log = logging.getLogger("trainer")
 

@@ -17,15 +17,18 @@ from kubetune import env
 from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
-from kubetune.trainer import (config_keys, dataset_check, dataset_location, hardware, methods, resume,
-                     speed, topology)
+from kubetune.trainer.config import config_keys
+from kubetune.trainer.data import dataset_check, dataset_location
+from kubetune.trainer.performance import hardware, speed
+from kubetune.trainer.request import methods, topology
+from kubetune.trainer.checkpointing import resume
 from kubetune.model_family.architecture import HF_CHECKPOINTER
-from kubetune.trainer.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
+from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
                                                read_checkpoint_model)
-from kubetune.trainer.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
+from kubetune.trainer.config.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
                                    resolve_recipe)
-from kubetune.trainer.tune_command import TuneRunRequest
-from kubetune.trainer.validate import check_choices, check_nf4, check_tokenizer, check_values
+from kubetune.trainer.request.tune_command import TuneRunRequest
+from kubetune.trainer.config.validate import check_choices, check_nf4, check_tokenizer, check_values
 
 log = logging.getLogger("trainer")
 
@@ -59,7 +62,7 @@ class RunPlan:
         return self.topology.node_rank == 0 or not self.distributed
 
     def command(self, config_path: Path) -> list[str]:
-        bootstrap = ["-m", "kubetune.trainer.bootstrap", str(self.recipe_path), "--config",
+        bootstrap = ["-m", "kubetune.trainer.recipe_process.bootstrap", str(self.recipe_path), "--config",
                      str(config_path)]
         if self.distributed:
             return [sys.executable, "-m", "torch.distributed.run",
@@ -151,7 +154,7 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
     check_tokenizer(cfg.tokenizer, {f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"})
 
 
-OUR_METRIC_LOGGER = "kubetune.trainer.metric_logger.JsonLinesMetricLogger"
+OUR_METRIC_LOGGER = "kubetune.trainer.metric_logging.metric_logger.JsonLinesMetricLogger"
 
 
 def _user_config_file(name: str) -> bool:

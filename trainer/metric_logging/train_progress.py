@@ -2,7 +2,7 @@
 step (step/total, %, ETA, loss, lr, tokens/s, a timestamp) and the TrainJob status.
 
 Total steps come from the recipe after its setup (epochs x optimizer steps per epoch,
-``max_steps_per_epoch`` included), handed over by ``kubetune.trainer.bootstrap``.
+``max_steps_per_epoch`` included), handed over by ``kubetune.trainer.recipe_process.bootstrap``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from typing import Any, Mapping
 
 from kubetune import env, logs
-from kubetune.trainjob_status import StatusReporter
+from kubetune.remote.trainjob_status import StatusReporter
 
 COMPONENT = "trainer"
 

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune.demo import tiny_tokenizer
-from kubetune.demo.decoder_weights import random_decoder
+from kubetune.tools.demo import tiny_tokenizer
+from kubetune.tools.demo.decoder_weights import random_decoder
 
 
 @dataclass(frozen=True)

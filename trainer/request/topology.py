@@ -16,8 +16,8 @@ from typing import Mapping
 
 from kubetune import env
 from kubetune.errors import BadInputError
-from kubetune.trainer import hardware
-from kubetune.trainer.tune_command import TuneRunRequest
+from kubetune.trainer.performance import hardware
+from kubetune.trainer.request.tune_command import TuneRunRequest
 
 DEFAULT_PORT = 29500
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from kubetune.png_plot import BLUE, ORANGE, Series, line_plots
+from kubetune.trainer.metric_logging.png_plot import BLUE, ORANGE, Series, line_plots
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
-from kubetune.trainer.metric_logger import read_metrics
+from kubetune.trainer.metric_logging.metric_logger import read_metrics
 
 log = logging.getLogger("trainer")
 

@@ -1,11 +1,11 @@
 """Choose device and dtype for the machine the trainer actually runs on, and say how
-much memory its GPUs have (for ``kubetune.trainer.memory_plan``).
+much memory its GPUs have (for ``kubetune.trainer.performance.memory_plan``).
 
 Probed without importing torch: the launcher's start-up is added to every run, and
 importing torch costs seconds that the recipe process pays again anyway. The probe reads
 the torch build (``torch/version.py``), the NVIDIA driver's device list (compute
 capability and memory per GPU) and the CPU flags; the recipe process re-checks with torch
-(``kubetune.trainer.bootstrap``).
+(``kubetune.trainer.recipe_process.bootstrap``).
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ each one is a note (logged, and shown by ``--kubetune-dry-run``) naming its off 
 - packing: short samples waste most of each padded batch; packing them into
   ``max_seq_len`` sequences trains the same tokens in fewer steps. Only when the data is
   large enough to fill many packs (on a tiny set packing would leave a handful of steps);
-  the row count covers every shard (``kubetune.trainer.dataset_check``).
+  the row count covers every shard (``kubetune.trainer.data.dataset_check``).
 - chunked cross-entropy: never materializes the full fp32 logits (vocab x sequence).
 - fused AdamW on CUDA (one kernel per step, not one per tensor); not on CPU.
 - torch.compile (model and loss) on CUDA; off on CPU, where inductor's compile time
   dwarfs a short run. summary.json reports the compile/warm-up time apart.
 - on CUDA, the micro-batch and activation checkpointing that fit the GPU
-  (``kubetune.trainer.memory_plan``), keeping the effective batch through gradient accumulation.
+  (``kubetune.trainer.performance.memory_plan``), keeping the effective batch through gradient accumulation.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import importlib.util
 
 from omegaconf import DictConfig, OmegaConf
 
-from kubetune.trainer import memory_plan
-from kubetune.trainer.model_shape import adapter_count
+from kubetune.trainer.performance import memory_plan
+from kubetune.trainer.performance.model_shape import adapter_count
 
 CHUNKED_CE = "torchtune.modules.loss.CEWithChunkedOutputLoss"
 _PLAIN_CE = ("torch.nn.CrossEntropyLoss", "torch.nn.modules.loss.CrossEntropyLoss")
@@ -104,7 +104,7 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
 
 def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,
                 method: str, dims: dict, gpu_memory_bytes: int) -> list[str]:
-    """Micro-batch and activation checkpointing for this GPU (``kubetune.trainer.memory_plan``)."""
+    """Micro-batch and activation checkpointing for this GPU (``kubetune.trainer.performance.memory_plan``)."""
     sizes_set = {"batch_size", "gradient_accumulation_steps"} <= user_keys
     checkpointing_set = _user_set(user_keys, "enable_activation_checkpointing")
     if sizes_set and checkpointing_set:

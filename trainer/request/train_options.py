@@ -15,10 +15,10 @@ from typing import Mapping
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace, workspace
-from kubetune.trainer import topology
-from kubetune.trainer.methods import recipe_for
-from kubetune.trainer.plan import RunPlan, plan
-from kubetune.trainer.tune_command import TuneRunRequest
+from kubetune.trainer.request import topology
+from kubetune.trainer.request.methods import recipe_for
+from kubetune.trainer.config.plan import RunPlan, plan
+from kubetune.trainer.request.tune_command import TuneRunRequest
 
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam": "torch.optim.Adam", "sgd": "torch.optim.SGD"}
 COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"

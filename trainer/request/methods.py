@@ -9,7 +9,7 @@ config per variant serves every model size.
 from __future__ import annotations
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.topology import Topology
+from kubetune.trainer.request.topology import Topology
 from kubetune.workspace.trainer_output import METHODS as METHOD_NAMES
 
 # (method, distributed) -> (recipe, base config, implied overrides)

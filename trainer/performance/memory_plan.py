@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubetune.trainer.model_shape import linear_shapes, parameter_count, quantizable_count
+from kubetune.trainer.performance.model_shape import linear_shapes, parameter_count, quantizable_count
 
 HEADROOM = 0.75
 MIN_TOKENS_PER_MICRO_BATCH = 4096

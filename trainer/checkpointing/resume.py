@@ -2,7 +2,7 @@
 
 torchtune saves the weights (``epoch_N/``) and the recipe state (``recipe_state/``:
 optimizer, epoch, seed) but nothing that says *which run* they belong to or whether they
-were written whole. ``kubetune.trainer.checkpoint_store`` stages each resumable save and renames it
+were written whole. ``kubetune.trainer.checkpointing.checkpoint_store`` stages each resumable save and renames it
 into ``checkpoints/<name>/``; then, last, ``kubetune-resume.json`` is written beside them:
 the fingerprint of the merged config, the training position (epochs, steps into the
 unfinished epoch, global step) and every file of the checkpoint with its size. A restart
@@ -136,7 +136,7 @@ def apply(cfg: DictConfig, output_dir: Path) -> ResumeRecord | None:
     cfg.resume_from_checkpoint = True
     # torchtune reads everything it resumes from relative to its checkpointer's output_dir
     # (and, for a full fine-tune, looks there for the newest epoch_N/): the checkpoint's
-    # own directory. Saves never go there: each is staged (kubetune.trainer.checkpoint_store).
+    # own directory. Saves never go there: each is staged (kubetune.trainer.checkpointing.checkpoint_store).
     cfg.checkpointer.output_dir = str(Path(output_dir) / record.checkpoint)
     if record.adapter:
         cfg.checkpointer.adapter_checkpoint = str(inside / ADAPTER_FILE)

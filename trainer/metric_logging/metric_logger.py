@@ -1,5 +1,5 @@
 """A torchtune metric logger (chosen by config) that writes JSON lines a program reads
-and, through ``kubetune.trainer.train_progress``, prints one progress line per logged step
+and, through ``kubetune.trainer.metric_logging.train_progress``, prints one progress line per logged step
 (``kubectl logs``, no carriage-return bars) and reports the TrainJob status.
 
 Each line: step, epoch, loss, lr, tokens (this step, all ranks), tokens_per_second (as
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from kubetune.trainer.train_progress import TrainProgress
+from kubetune.trainer.metric_logging.train_progress import TrainProgress
 from kubetune.workspace import METRICS_NAME
 
 
@@ -56,14 +56,14 @@ class JsonLinesMetricLogger:
         self._step_tokens: int | None = None
         self._step_digest: str | None = None
 
-    # Called by kubetune.trainer.step_guard, which sees the batches the recipe trains on.
+    # Called by kubetune.trainer.recipe_process.step_guard, which sees the batches the recipe trains on.
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
 
     def note_step_tokens(self, tokens: int) -> None:
         self._step_tokens = int(tokens)
 
-    # Called by kubetune.trainer.bootstrap once the recipe knows its epochs and steps per epoch.
+    # Called by kubetune.trainer.recipe_process.bootstrap once the recipe knows its epochs and steps per epoch.
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self._progress.set_plan(total_steps, total_epochs)
 

@@ -8,7 +8,7 @@ time, a recompile), which are reported apart as ``warmup_steps`` / ``warmup_s``.
 step's time is its tokens over the recipe's per-device tokens/s.
 
 MFU (model FLOPs utilization) = steady tokens/s x FLOPs per token / (devices x peak dense
-bf16 FLOP/s), with the FLOPs per token of the method (``kubetune.trainer.model_shape``: 6N for
+bf16 FLOP/s), with the FLOPs per token of the method (``kubetune.trainer.performance.model_shape``: 6N for
 full fine-tuning, 4N + 6N_adapter for LoRA/QLoRA/DoRA, plus attention), stated in
 ``mfu_convention``.
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from kubetune.trainer import model_shape
-from kubetune.trainer.metric_logger import read_metrics
-from kubetune.trainer.model_shape import parameter_count  # noqa: F401 (part of this module's API)
+from kubetune.trainer.performance import model_shape
+from kubetune.trainer.metric_logging.metric_logger import read_metrics
+from kubetune.trainer.performance.model_shape import parameter_count  # noqa: F401 (part of this module's API)
 
 # Dense bf16 peak FLOP/s by device name fragment (vendor datasheets, without sparsity).
 PEAK_BF16_FLOPS = {

@@ -13,7 +13,7 @@ redirected, unchanged otherwise:
    resumable save is renamed to ``checkpoints/<name>/``; an epoch's save is also
    published as ``output_dir/epoch_N/`` (hard links of the same files, swapped in by
    rename), where users and the exporter look. Then, last, ``kubetune-resume.json``
-   (``kubetune.trainer.resume``) is replaced atomically to name the new checkpoint and its files;
+   (``kubetune.trainer.checkpointing.resume``) is replaced atomically to name the new checkpoint and its files;
    only then are older checkpoints deleted.
 
 So at every instant the record names a checkpoint that was fsynced whole before the record
@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from kubetune import env
-from kubetune.trainer import resume
+from kubetune.trainer.checkpointing import resume
 
 STAGING_NAME = ".kubetune-checkpoint-staging"
 _OLD_SUFFIX = ".kubetune-old"

@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.component_params import component_params
+from kubetune.trainer.config.component_params import component_params
 
 # Top-level keys the launcher itself reads or writes, whatever the recipe.
 LAUNCHER_KEYS = {"kubetune", "output_dir", "device", "dtype", "metric_logger",

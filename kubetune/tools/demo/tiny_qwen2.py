@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune.demo.decoder_weights import random_decoder
-from kubetune.demo.tiny_tokenizer import (NUM_BYTES, _byte_to_unicode, added_tokens,
+from kubetune.tools.demo.decoder_weights import random_decoder
+from kubetune.tools.demo.tiny_tokenizer import (NUM_BYTES, _byte_to_unicode, added_tokens,
                                            added_tokens_decoder)
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -1,4 +1,4 @@
-"""What the launcher runs instead of a recipe script: ``python -m kubetune.trainer.bootstrap
+"""What the launcher runs instead of a recipe script: ``python -m kubetune.trainer.recipe_process.bootstrap
 <recipe.py> --config <merged.yaml>`` (directly, or as torchrun's worker).
 
 It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
@@ -20,8 +20,10 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import env
-from kubetune.trainer import cpu_adapt, recipe_noise, run_report, train_progress, truncation
-from kubetune.trainer.step_guard import Guard, StopRequested
+from kubetune.trainer.recipe_process import cpu_adapt, recipe_noise
+from kubetune.trainer.metric_logging import run_report, train_progress
+from kubetune.trainer.data import truncation
+from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
 

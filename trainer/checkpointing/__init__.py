@@ -1,0 +1,4 @@
+"""Checkpoints in and out: what the initializer's checkpoint really is (``checkpoint_model``:
+architecture, weights, tokenizer), torchtune's saves made atomic and vouched for
+(``checkpoint_store``, inside the recipe process), and the record that says which run a
+checkpoint belongs to and how to resume from it (``resume``)."""

@@ -1,0 +1,4 @@
+"""Fast by default: the device and dtype of this machine (``hardware``), sizes and FLOPs of
+the model by method (``model_shape``), the micro-batch and activation checkpointing that fit
+a GPU (``memory_plan``), and the speed defaults applied where the user said nothing
+(``speed``: packing, compile, the memory plan)."""

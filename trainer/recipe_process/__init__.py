@@ -1,0 +1,4 @@
+"""What runs inside the recipe process(es) around torchtune's unmodified recipe:
+``bootstrap`` (what the launcher starts instead of the recipe script), ``cpu_adapt`` (gloo
+and no CUDA calls on CPU), ``step_guard`` (stop on SIGTERM with a resumable save, exact
+resume) and ``recipe_noise`` (torchtune's dumps kept at debug)."""
