@@ -105,3 +105,27 @@ def test_out_of_memory_even_at_one_sample_is_one_error_line(tmp_path, tiny_model
     assert "tokenizer.max_seq_len" in errors[0]
     assert pvc.termination_log.read_text().strip() == errors[0].removeprefix("error: ")
     assert not pvc.complete()
+
+
+def test_distributed_run_probes_compile_at_setup_and_continues_eager(tmp_path, tiny_model_dir,
+                                                                     tiny_dataset_dir):
+    """Two processes cannot retry a failed step in place (one rank would be left inside a
+    collective): every rank probes the backend at setup, all agree, all run eager."""
+    from tests.test_trainer_distributed import free_port
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    env = pvc.env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0",
+                  TORCH_COMPILE_BACKEND=FAILING, KUBETUNE_TEST_FAILING_COMPILE_BACKEND=FAILING)
+    result = tune_run(pvc, f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                      "lora_finetune_distributed", "--config", "llama3_2/1B_lora",
+                      *pvc.runtime_args(), "model.lora_attn_modules=[q_proj,v_proj]",
+                      "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
+                      f"dataset.data_dir={pvc.dataset / 'data'}", "epochs=1",
+                      "max_steps_per_epoch=3", "batch_size=4", "gradient_accumulation_steps=1",
+                      "compile=True", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if COMPILE_LINE in line]
+    assert len(lines) == 1, lines  # rank 0 says it for all
+    assert f"compile failed (RuntimeError: backend {FAILING} fails on purpose" in lines[0]
+    summary = pvc.summary()
+    assert summary["world_size"] == 2 and summary["steps"] == 3 and pvc.complete()
