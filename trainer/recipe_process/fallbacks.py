@@ -180,7 +180,7 @@ def _before_retry(recipe: Any, guard: Guard, state: Fallbacks, exc: Exception) -
     import torch
 
     oom = isinstance(exc, torch.OutOfMemoryError)
-    if not oom and not state.compile_on:
+    if not oom and not (state.compile_on and raised_under_compile(exc)):
         raise exc
     loader = recipe._dataloader
     inner = getattr(loader, "_loader", None)  # the step guard's proxy holds the real one
@@ -225,6 +225,27 @@ def _before_retry(recipe: Any, guard: Guard, state: Fallbacks, exc: Exception) -
         torch.cuda.empty_cache()
     # The retried epoch starts where this one did (0, or where a resume started it).
     guard.resume_offset = guard.steps_in_epoch
+
+
+# Where torch.compile's machinery runs: an error raised with none of these on its stack
+# (a dataset's, a collate's) is not compile's, and eager would fail the same way.
+_COMPILE_PACKAGES = tuple(f"{os.sep}torch{os.sep}{name}{os.sep}"
+                          for name in ("_dynamo", "_inductor", "_functorch"))
+
+
+def raised_under_compile(exc: BaseException) -> bool:
+    """Whether torch.compile's code was on the stack (or is the cause): an eager retry may
+    help. A model error dynamo traced qualifies too; the eager retry then raises it plainly."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            if any(p in tb.tb_frame.f_code.co_filename for p in _COMPILE_PACKAGES):
+                return True
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _no_retry_reason(recipe: Any) -> str | None:
