@@ -100,6 +100,11 @@ GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline
 SAVE_EVERY_N_STEPS = "KUBETUNE_SAVE_EVERY_N_STEPS"  # step-level resumable saves (0: per epoch)
 STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the next step
 TEST_KILL_AT = "KUBETUNE_TEST_KILL_AT"  # tests only: SIGKILL at the N-th checkpoint write
+# Tests only (kubetune.trainer.recipe_process.fallbacks; inert unless set): register a dynamo
+# backend of this name that raises, and make a forward above this micro-batch raise
+# torch.OutOfMemoryError, so a CPU test drives the compile and out-of-memory fallbacks.
+TEST_FAILING_COMPILE_BACKEND = "KUBETUNE_TEST_FAILING_COMPILE_BACKEND"
+TEST_OOM_ABOVE_BATCH = "KUBETUNE_TEST_OOM_ABOVE_BATCH"
 
 # TrainJob status (Kubeflow Trainer 2.2+, feature gate TrainJobStatus): the controller
 # injects these into trainer containers; spelled as the kubeflow SDK reads them.
@@ -148,6 +153,9 @@ HF_DATASETS_OFFLINE = "HF_DATASETS_OFFLINE"
 TRANSFORMERS_OFFLINE = "TRANSFORMERS_OFFLINE"
 HF_HUB_DISABLE_TELEMETRY = "HF_HUB_DISABLE_TELEMETRY"
 DO_NOT_TRACK = "DO_NOT_TRACK"
+# torchtune's compile helpers read it (default inductor); the fallbacks' compile probe
+# uses the same backend (kubetune.trainer.recipe_process.fallbacks).
+TORCH_COMPILE_BACKEND = "TORCH_COMPILE_BACKEND"
 # Set for every child process we start (`kubetune local`'s steps, the recipe): its output
 # reaches our log prefixing and redaction line by line.
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"

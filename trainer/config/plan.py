@@ -258,6 +258,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         if found is not None:
             dataset_check.check_columns(cfg.dataset, found)
     max_seq_len = int(cfg.tokenizer.get("max_seq_len") or min(checkpoint.max_seq_len, 2048))
+    compile_before = bool(cfg.get("compile"))
     notes += speed.apply(
         cfg, user_keys, hw.device, topo.world_size,
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
@@ -273,6 +274,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     notes += _metric_logger_section(cfg, user_keys, request.config)
     _kubetune_section(cfg, environ)
     cfg.kubetune.count_cut_samples = not limit_chosen
+    # Compile switched on by our speed default, not asked for: its fallback's line says so.
+    cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     check_values(cfg)
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg)

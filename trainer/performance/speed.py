@@ -11,6 +11,10 @@ each one is a note (logged, and shown by ``--kubetune-dry-run``) naming its off 
   dwarfs a short run. summary.json reports the compile/warm-up time apart.
 - on CUDA, the micro-batch and activation checkpointing that fit the GPU
   (``kubetune.trainer.performance.memory_plan``), keeping the effective batch through gradient accumulation.
+
+Neither compile nor the memory plan's micro-batch can fail a run: inside the recipe
+process ``kubetune.trainer.recipe_process.fallbacks`` falls back to eager, or splits a
+micro-batch that runs out of memory at the first step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
 """What runs inside the recipe process(es) around torchtune's unmodified recipe:
 ``bootstrap`` (what the launcher starts instead of the recipe script), ``cpu_adapt`` (gloo
 and no CUDA calls on CPU), ``step_guard`` (stop on SIGTERM with a resumable save, exact
-resume) and ``recipe_noise`` (torchtune's dumps kept at debug)."""
+resume), ``fallbacks`` (torch.compile that fails -> eager; out of memory at the first step ->
+a smaller micro-batch, same effective batch) and ``recipe_noise`` (torchtune's dumps kept
+at debug)."""

@@ -2,7 +2,8 @@
 <recipe.py> --config <merged.yaml>`` (directly, or as torchrun's worker).
 
 It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
-CPU; step-level stop/save/resume via ``step_guard``) and then calls the recipe's own
+CPU; step-level stop/save/resume via ``step_guard``; compile and out-of-memory fallbacks
+via ``fallbacks``) and then calls the recipe's own
 ``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
 """
 
@@ -20,7 +21,7 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import env
-from kubetune.trainer.recipe_process import cpu_adapt, recipe_noise
+from kubetune.trainer.recipe_process import cpu_adapt, fallbacks, recipe_noise
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.data import truncation
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
@@ -150,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(env.TQDM_DISABLE) == "1":
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
-    install(recipe_class(module), guard, bool(settings.get("count_cut_samples")))
+    cls = recipe_class(module)
+    install(cls, guard, bool(settings.get("count_cut_samples")))
+    fallbacks.install(cls, guard, compile_on=bool(cfg.get("compile")),
+                      compile_ours=bool(settings.get("compile_default")))
 
     # The recipe's `recipe_main` is wrapped by torchtune's config.parse, which reads argv.
     sys.argv = [str(recipe_path), *recipe_args]

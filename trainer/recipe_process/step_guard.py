@@ -211,10 +211,12 @@ class GuardedLoader:
         accum = max(1, int(getattr(recipe, "_gradient_accumulation_steps", 1)))
         offset, guard.resume_offset = guard.resume_offset, 0
         steps_this_epoch = len(self._loader) // accum
-        batches_this_epoch = len(self._loader)
         if recipe.max_steps_per_epoch is not None:
             steps_this_epoch = min(steps_this_epoch, recipe.max_steps_per_epoch)
-            batches_this_epoch = min(batches_this_epoch, steps_this_epoch * accum)
+        # Whole steps only: a trailing micro-batch short of a step would train with no
+        # optimizer step and leave its gradients to the next epoch's first step (the
+        # out-of-memory fallback's smaller micro-batch can leave one where there was none).
+        batches_this_epoch = steps_this_epoch * accum
         budget = max(0, batches_this_epoch - offset * accum)
         guard.steps_in_epoch = offset
         logger = getattr(recipe, "_metric_logger", None)
