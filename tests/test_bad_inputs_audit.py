@@ -21,8 +21,10 @@ from typing import Callable
 import pytest
 
 from tests.support.cli import clean_env, error_lines, kubetune
-from tests.test_bad_inputs_steps import (BAD_INPUT, S3_KEYS, Ctx, Row, _index, _safetensors,
-                                         _write, export_env, model_env, uri_env)
+from tests.test_bad_inputs_steps import (S3_KEYS, Ctx, Row, _index, _safetensors, export_env,
+                                         model_env, uri_env)
+from tests.test_bad_inputs_trainer import Row as TrainerRow
+from tests.test_bad_inputs_trainer import _check, _run
 
 TRANSIENT = 75
 ROLE = "arn:aws:iam::123456789012:role/kubetune-reader"
@@ -238,5 +240,55 @@ def test_a_mistake_is_one_line_naming_its_culprit(row: Row, request, tmp_path, m
     assert left == [], left
 
 
+# The trainer's config: components, splits, column maps, list values, override keys.
+TRAINER_ROWS = [
+    TrainerRow("optimizer class misspelled", ["optimizer._component_=torch.optim.AdamWW"],
+               "torch.optim defines no AdamWW (did you mean torch.optim.AdamW?)"),
+    TrainerRow("optimizer names its module", ["optimizer._component_=torch.optim.adamw"],
+               "is a module, not a class or function (did you mean torch.optim.AdamW?)"),
+    TrainerRow("dataset builder misspelled",
+               ["dataset._component_=torchtune.datasets.instruct_datset"],
+               "did you mean torchtune.datasets.instruct_dataset?"),
+    TrainerRow("component package misspelled", [
+        "lr_scheduler._component_=torchtune.training.lr_schedulerz.get_cosine_schedule_with_warmup"],
+        "there is no module torchtune.training.lr_schedulerz"),
+    TrainerRow("split the data lacks", ["dataset.split=validation"], "no split 'validation'"),
+    TrainerRow("split malformed", ["dataset.split=train[:abc]"], "is not a split"),
+    TrainerRow("column_map key typo", ["dataset.column_map.inptu=question"],
+               "dataset.column_map key 'inptu' (did you mean input?)"),
+    TrainerRow("column_map without a role", ["dataset.column_map={input: input}"],
+               "dataset.column_map lacks output"),
+    TrainerRow("column_map value not a column", ["dataset.column_map={input: input, output: [1]}"],
+               "must name a column"),
+    TrainerRow("--column-map malformed", ["--column-map", "input"], "column map 'input'",
+               via="train"),
+    TrainerRow("list option given a word", ["model.lora_attn_modules=q_proj"],
+               "model.lora_attn_modules=q_proj: must be a list"),
+    TrainerRow("empty key after a section", ["model.=3"], "override key 'model.' has an empty part"),
+    TrainerRow("empty key", ["=3"], "override key '' has an empty part"),
+    TrainerRow("empty key between sections", ["optimizer..lr=3e-4"], "has an empty part"),
+    TrainerRow("tokenizer key typo", ["tokenizer.max_seq_lenn=64"],
+               "unknown key tokenizer.max_seq_lenn (did you mean tokenizer.max_seq_len?)"),
+    TrainerRow("PET_NNODES not a number", [], "PET_NNODES='two' is not a whole number",
+               via="train", env={"PET_NNODES": "two"}),
+    TrainerRow("PET_NODE_RANK beyond the nodes", [], "PET_NODE_RANK=3 is not below nnodes 2",
+               via="train", env={"PET_NNODES": "2", "PET_NODE_RANK": "3",
+                                 "PET_MASTER_ADDR": "trainer-node-0"}),
+    TrainerRow("PET_MASTER_PORT not a port", [], "PET_MASTER_PORT='http' is not a port",
+               via="train", env={"PET_NNODES": "2", "PET_MASTER_ADDR": "trainer-node-0",
+                                 "PET_MASTER_PORT": "http"}),
+    TrainerRow("checkpointer key typo", ["checkpointer.output_dirr=/tmp/x"],
+               "unknown key checkpointer.output_dirr (did you mean checkpointer.output_dir?)"),
+]
+
+
+@pytest.mark.parametrize("row", TRAINER_ROWS, ids=[r.id for r in TRAINER_ROWS])
+def test_a_config_mistake_is_one_line_before_the_recipe(row, tmp_path, tiny_model_dir,
+                                                       tiny_dataset_dir):
+    result, output, term = _run(row, tiny_model_dir, tiny_dataset_dir, tmp_path)
+    _check(row, result, output, term)
+    assert not (output / "kubetune-config.yaml").exists()  # failed before launching
+
+
 def test_every_kind_has_a_row():
-    assert len(ROWS) >= 25
+    assert len(ROWS) >= 25 and len(TRAINER_ROWS) >= 15
