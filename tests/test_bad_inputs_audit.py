@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +27,7 @@ from tests.test_bad_inputs_steps import (S3_KEYS, Ctx, Row, _index, _safetensors
 from tests.test_bad_inputs_trainer import Row as TrainerRow
 from tests.test_bad_inputs_trainer import _check, _run
 
-TRANSIENT = 75
+TRANSIENT, USAGE = 75, 2
 ROLE = "arn:aws:iam::123456789012:role/kubetune-reader"
 SLASH_PASSWORD = "Pw1/restOfPw2"  # each piece longer than the redaction floor
 
@@ -198,6 +199,15 @@ ROWS = [
     Row("export-uri-with-credentials", ["export"],
         export_env(EXPORT_URI="hf://writer:secretpw@org/repo"),
         ("EXPORT_URI", "user or password"), step="exporter", needs_trained=True),
+    # -- paths: a file where a directory belongs, a read-only volume ---------------------
+    Row("local-workdir-is-a-file", ["local"],
+        lambda ctx: {"KUBETUNE_LOCAL_DIR": str(ctx.tmp / "a-file")},
+        ("Invalid value for '--workdir'", "is a file"), code=USAGE, step="local",
+        setup=lambda ctx: (ctx.tmp / "a-file").write_text("")),
+    Row("install-tune-bin-dir-under-a-file", ["install-tune", "--bin-dir"],
+        lambda ctx: {}, ("a-file/bin", "not a directory"), step="install-tune",
+        setup=lambda ctx: (ctx.tmp / "a-file").write_text(""),
+        extra={"args": lambda ctx: [str(ctx.tmp / "a-file" / "bin")]}),
     # -- a refused connection names where it went (retried: the endpoint may come up) -----
     Row("hf-connection-refused-names-the-hub", ["init-model"],
         uri_env("hf://org/name", HF_ENDPOINT="http://127.0.0.1:1"),
@@ -220,7 +230,8 @@ def test_a_mistake_is_one_line_naming_its_culprit(row: Row, request, tmp_path, m
     env = clean_env(KUBETUNE_TERMINATION_LOG=str(term), KUBETUNE_RETRY_MAX_ATTEMPTS="2",
                     KUBETUNE_RETRY_BASE_DELAY_S="0.01")
     env.update(row.env(ctx))
-    result = kubetune(*row.args, env=env, timeout=300)
+    args = [*row.args, *row.extra["args"](ctx)] if "args" in row.extra else row.args
+    result = kubetune(*args, env=env, timeout=300)
     report = result.stdout[-2000:] + result.stderr[-3000:]
     assert result.returncode == row.code, report
     assert "Traceback" not in result.stderr, report
@@ -228,6 +239,9 @@ def test_a_mistake_is_one_line_naming_its_culprit(row: Row, request, tmp_path, m
     assert "\n" not in logged
     for fragment in row.fragments:
         assert fragment in logged, (fragment, logged)
+    if row.code == USAGE:  # click's own report, which the termination log repeats
+        assert "Usage:" in result.stderr and logged.startswith(f"{row.step}: "), report
+        return
     lines = error_lines(result)
     assert len(lines) == 1 and lines[0] == f"error: {logged}", report
     assert lines[-1] == [line for line in result.stderr.splitlines() if line.strip()][-1]
@@ -238,6 +252,26 @@ def test_a_mistake_is_one_line_naming_its_culprit(row: Row, request, tmp_path, m
     left = [p for p in ctx.out.parent.rglob("*") if p.name.startswith(".kubetune-manifest")
             or p.name in ("manifest.json", "kubetune-complete.json", "kubetune-config.yaml")]
     assert left == [], left
+
+
+def test_a_read_only_install_directory_is_one_line(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs",
+                              str(bin_dir)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a read-only volume needs mount (root): {mounted.stderr.strip()}")
+    try:
+        term = tmp_path / "termination-log"
+        result = kubetune("install-tune", "--bin-dir", str(bin_dir),
+                          env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)))
+        assert result.returncode == 65, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+        logged = term.read_text().strip()
+        assert logged.startswith("install-tune: ") and "read-only file system" in logged
+        assert error_lines(result) == [f"error: {logged}"]
+    finally:
+        subprocess.run(["umount", str(bin_dir)], check=False)
 
 
 # The trainer's config: components, splits, column maps, list values, override keys.
