@@ -113,11 +113,25 @@ def dataset_env(**extra: str) -> Callable[[Ctx], dict[str, str]]:
     return lambda ctx: {"STORAGE_URI": str(ctx.dataset), "OUTPUT_PATH": str(ctx.out), **extra}
 
 
-def train_env(**extra: str) -> Callable[[Ctx], dict[str, str]]:
-    """`kubetune train` on the (spoiled) model copy, no initializer in between."""
+def train_env(own_data: bool = False, **extra: str) -> Callable[[Ctx], dict[str, str]]:
+    """`kubetune train` on the (spoiled) model copy, no initializer in between;
+    ``own_data``: on the row's dataset instead of the tiny one."""
     return lambda ctx: {"KUBETUNE_MODEL_DIR": str(ctx.model),
-                        "KUBETUNE_DATASET_DIR": str(ctx.tiny_parquet.parent.parent),
+                        "KUBETUNE_DATASET_DIR": str(ctx.dataset if own_data
+                                                    else ctx.tiny_parquet.parent.parent),
                         "KUBETUNE_OUTPUT_DIR": str(ctx.out), **extra}
+
+
+def _parquet(rows: list[dict], schema: dict | None = None) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        ctx.dataset.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pylist(rows) if rows else pa.table(
+            {name: pa.array([], kind) for name, kind in (schema or {}).items()})
+        pq.write_table(table, ctx.dataset / "train.parquet")
+    return setup
 
 
 TRAIN = ["train", "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train"]
@@ -146,6 +160,14 @@ ROWS = [
     Row("train-config-disagrees-with-weights", TRAIN, train_env(),
         ("config.json says", "vocab_size"), step="trainer",
         setup=_config(vocab_size=lambda v: v + 7)),
+    Row("train-dataset-column-null", TRAIN, train_env(own_data=True),
+        ("column 'output'", "null"), step="trainer",
+        setup=_parquet([{"input": "1+1", "output": None}] * 16)),
+    Row("train-dataset-column-not-text", TRAIN, train_env(own_data=True),
+        ("column 'output'", "int values, not text"), step="trainer",
+        setup=_parquet([{"input": "1+1", "output": 2}] * 16)),
+    Row("train-dataset-zero-rows", TRAIN, train_env(own_data=True), ("hold no rows",),
+        step="trainer", setup=_parquet([], {"input": "string", "output": "string"})),
     # -- the dataset initializer ----------------------------------------------------------
     Row("dataset-jsonl-not-utf8", ["init-dataset"], dataset_env(),
         ("train.jsonl", "not UTF-8"), step="dataset-initializer",

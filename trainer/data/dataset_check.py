@@ -151,6 +151,10 @@ def _check_column_map(name: str, column_map: dict, roles: tuple[str, ...]) -> No
 
 
 def check_columns(dataset_cfg: DictConfig, found: DatasetSample) -> None:
+    if found.total_rows == 0 or (found.total_rows is None and not found.rows):
+        # datasets fails on it with "An error occurred while generating the dataset".
+        raise BadInputError(f"the dataset's files ({found.files[0].name}"
+                            f"{' ...' if len(found.files) > 1 else ''}) hold no rows")
     required = required_columns(dataset_cfg)
     missing = [col for col in required if col not in found.columns]
     if missing:
@@ -160,6 +164,25 @@ def check_columns(dataset_cfg: DictConfig, found: DatasetSample) -> None:
             f"{roles}: set dataset.column_map (e.g. dataset.column_map="
             f"{{'{required[missing[0]]}': '<column>'}})"
         )
+    _check_text_values(required, found)
+
+
+def _check_text_values(required: dict[str, str], found: DatasetSample) -> None:
+    """The text roles hold text in the sampled rows: torchtune's transforms call str
+    methods on them and die on a null or a number ("'NoneType' object has no attribute
+    'strip'") after the recipe has started."""
+    for column, role in required.items():
+        if role == "conversation":
+            continue  # a list of messages, checked by the chat transform itself
+        for number, row in enumerate(found.rows, 1):
+            value = row.get(column)
+            if value is None:
+                raise BadInputError(f"dataset column {column!r} ({role}) is empty (null) in "
+                                    f"sampled row {number}: fill or drop such rows")
+            if not isinstance(value, str):
+                raise BadInputError(f"dataset column {column!r} ({role}) holds "
+                                    f"{type(value).__name__} values, not text (sampled row "
+                                    f"{number}: {value!r}): convert the column to strings")
 
 
 def mean_chars(dataset_cfg: DictConfig, found: DatasetSample) -> float | None:
