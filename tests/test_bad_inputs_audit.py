@@ -134,6 +134,18 @@ def _parquet(rows: list[dict], schema: dict | None = None) -> Callable[[Ctx], No
     return setup
 
 
+def _damaged_adapter(ctx: Ctx) -> None:
+    """A private copy of the trained workspace whose adapter lost its tail."""
+    import shutil
+
+    copy = ctx.tmp / "ws"
+    shutil.copytree(ctx.trained.workspace, copy, symlinks=True)
+    adapters = sorted((copy / "output").glob("epoch_*/adapter_model.safetensors"))
+    assert adapters
+    for adapter in adapters:
+        adapter.write_bytes(adapter.read_bytes()[:-64])
+
+
 TRAIN = ["train", "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train"]
 
 ROWS = [
@@ -177,6 +189,11 @@ ROWS = [
         setup=_data({"train.csv": "input,output\nnaïve,2\n".encode("cp1252")})),
     Row("dataset-mixes-formats", ["init-dataset"], dataset_env(),
         ("mixes formats", "extra.jsonl"), step="dataset-initializer", setup=_mixed),
+    # -- the exporter ---------------------------------------------------------------------
+    Row("export-truncated-adapter", ["export"],
+        lambda ctx: {"KUBETUNE_WORKSPACE": str(ctx.tmp / "ws"), "EXPORT_URI": str(ctx.out)},
+        ("adapter_model.safetensors", "is damaged", "truncated"), step="exporter",
+        needs_trained=True, setup=_damaged_adapter),
     # -- endpoint, region and role values -------------------------------------------------
     Row("hf-endpoint-without-scheme", ["init-model"],
         uri_env("hf://org/name", HF_ENDPOINT="hub.mirror.local:8080"),
