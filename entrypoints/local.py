@@ -139,7 +139,7 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 
 @click.command("local", context_settings={"ignore_unknown_options": True})
 @click.option("--workdir", envvar=env.LOCAL_DIR, default="kubetune-local",
-              type=click.Path(path_type=Path), show_default=True,
+              type=click.Path(path_type=Path, file_okay=False), show_default=True,
               help="Directory for the stand-in PVC (workspace/), sources and logs "
                    f"[env: {env.LOCAL_DIR}]")
 @click.option("--model", "model_uri", envvar=env.LOCAL_MODEL, default=None,

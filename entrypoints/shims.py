@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from kubetune.entrypoints.step import step_command
+
 SCRIPT = """#!{python}
 # kubetune's `tune`: `tune run` goes through kubetune, other subcommands to torchtune.
 import sys
@@ -40,8 +42,9 @@ def install_tune(bin_dir: Path, python: str = sys.executable) -> Path:
 
 
 @click.command("install-tune")
-@click.option("--bin-dir", type=click.Path(path_type=Path), required=True,
+@click.option("--bin-dir", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Directory to write `tune` into (first on PATH in the image).")
+@step_command("install-tune")  # a read-only or misplaced --bin-dir is one line, exit 65
 def install_tune_command(bin_dir: Path) -> None:
     """Install kubetune's `tune` (torchtune's own is kept as tune-torchtune if present)."""
     target = install_tune(bin_dir)

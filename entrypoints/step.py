@@ -6,13 +6,14 @@ then its environment variable (``envvar=``), then the default.
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 import traceback
 from typing import Callable, TypeVar
 
 from kubetune import logs
-from kubetune.errors import EXIT_INTERNAL, KubetuneError
+from kubetune.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, KubetuneError
 from kubetune.redact import redact, redact_std_streams
 from kubetune.termination import report_failure
 
@@ -31,12 +32,45 @@ def run_step(step: str, func: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         report_failure(f"{step}: interrupted")
         return 130
-    except Exception as exc:  # a bug: keep the traceback for the report, one line for the user
-        # Frames quote the failing line and the exception its arguments (a URL, a header).
-        print(redact(traceback.format_exc()), end="", file=sys.stderr, flush=True)
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        report_failure(f"{step}: internal error: {type(exc).__name__}: {first}")
-        return EXIT_INTERNAL
+    except OSError as exc:
+        message = path_error(exc)
+        if message is None:
+            return _internal(step, exc)
+        report_failure(f"{step}: {message}")
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        return _internal(step, exc)
+
+
+# What a path the user gave (or the pod's mounts) can do to any file operation: no
+# permission, a read-only volume, a file where a directory belongs or the reverse. A
+# restart fails the same way; the fix is the path, the mount or the securityContext.
+_PATH_ERRNOS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                errno.EROFS: "read-only file system", errno.ENOTDIR: "not a directory",
+                errno.EISDIR: "is a directory", errno.EEXIST: "already exists"}
+
+
+def path_error(exc: OSError) -> str | None:
+    """One line for an OSError a path causes, naming the path; None for any other."""
+    if exc.errno not in _PATH_ERRNOS or not exc.filename:
+        return None
+    what = _PATH_ERRNOS[exc.errno]
+    fix = {errno.ENOTDIR: "a part of it is a file: point at a directory",
+           errno.EISDIR: "point at a file, not a directory",
+           errno.EEXIST: "remove it or choose another path",
+           errno.EROFS: "mount the volume read-write or choose another path"}.get(
+        exc.errno, "fix its permissions, or the pod's securityContext (runAsUser, fsGroup)")
+    return f"{exc.filename}: {what}: {fix}"
+
+
+def _internal(step: str, exc: BaseException) -> int:
+    """A bug: keep the traceback for the report, one line for the user."""
+    # Frames quote the failing line and the exception its arguments (a URL, a header).
+    print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr,
+          flush=True)
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    report_failure(f"{step}: internal error: {type(exc).__name__}: {first}")
+    return EXIT_INTERNAL
 
 
 def step_command(step: str) -> Callable[[F], F]:

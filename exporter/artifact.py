@@ -13,6 +13,7 @@ from kubetune.errors import BadInputError
 from kubetune.model_family.architecture import architecture_of
 from kubetune.workspace import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, WEIGHTS_INDEX_NAME
 from kubetune.workspace.model_files import read_config
+from kubetune.workspace.weight_headers import read_header
 
 log = logging.getLogger("exporter")
 
@@ -65,6 +66,13 @@ def write_adapter(training: TrainingOutput, model_dir: Path, base: dict, dest: P
     config = adapter_config(training, base)
     (dest / ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     source = training.checkpoint_dir / ADAPTER_WEIGHTS_NAME
+    try:
+        # Copied as bytes otherwise: a truncated adapter would be exported, and fail where
+        # it is served.
+        read_header(source)
+    except BadInputError as exc:
+        raise BadInputError(f"the trained adapter {source} is damaged ({exc.message}): "
+                            "train again (or restore the output volume)") from None
     model_config = read_config(Path(model_dir))
     # Only families whose q/k rows torchtune permutes have magnitudes out of HF order.
     if architecture_of(model_config).permutes_qk and dora.needs_fix(source):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -42,6 +43,40 @@ def _read_table(path: Path, fmt: str):
         return pa.Table.from_pylist(records)
 
 
+TEXT_FORMATS = ("json", "csv")
+_CHUNK = 1 << 20
+
+
+def _check_utf8(path: Path, tree: Path) -> None:
+    """pyarrow and the trainer's loaders read text as UTF-8; pyarrow passes some other
+    encodings through (a Latin-1 "é" reads as-is here and fails in the trainer)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = 0
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(_CHUNK)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                raise BadInputError(f"data file {path.relative_to(tree)} is not UTF-8 text (byte "
+                                    f"{offset + exc.start}): re-encode it as UTF-8") from None
+            if not chunk:
+                return
+            offset += len(chunk)
+
+
+def _holds_records(path: Path) -> bool:
+    """Whether a file of a format the trainer will not read holds rows of its own (a
+    README.json or dataset_info.json beside the shards is an object: metadata)."""
+    if path.suffix.lower() != ".json":
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(_CHUNK).lstrip()[:1] == b"["
+    except OSError:
+        return True
+
+
 def describe(tree: Path) -> dict:
     by_format: dict[str, list[Path]] = defaultdict(list)
     for path in sorted(tree.rglob("*")):
@@ -53,8 +88,18 @@ def describe(tree: Path) -> dict:
                             f"{', '.join(sorted(FORMAT_OF_SUFFIX))})")
     # Several formats (a README.json beside parquet shards, say): the most bytes wins.
     fmt = max(by_format, key=lambda f: sum(p.stat().st_size for p in by_format[f]))
+    ignored = [p for f, paths in by_format.items() if f != fmt for p in paths
+               if _holds_records(p)]
+    if ignored:
+        # The trainer loads one format: rows in another would be dropped without a word.
+        raise BadInputError(f"the dataset mixes formats: {fmt} files and "
+                            f"{', '.join(p.relative_to(tree).as_posix() for p in ignored[:3])}"
+                            f"{' ...' if len(ignored) > 3 else ''}, which the trainer would "
+                            "ignore: keep one format (or filter with ALLOW/IGNORE_PATTERNS)")
     rows, columns = 0, None
     for path in by_format[fmt]:
+        if fmt in TEXT_FORMATS:
+            _check_utf8(path, tree)
         try:
             table = _read_table(path, fmt)
         except Exception as exc:

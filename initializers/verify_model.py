@@ -1,22 +1,13 @@
-"""Is a downloaded model tree usable? Checked without loading a byte of weights."""
+"""Is a downloaded model tree usable? Checked without loading a byte of weights (the
+headers, shards and config.json sizes in `kubetune.workspace.weight_headers`)."""
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path, PurePosixPath
 
 from kubetune.errors import BadInputError
-
-
-def _data_end(path: Path, name: str, entry: object) -> int:
-    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0
-                       for o in offsets) or offsets[0] > offsets[1]):
-        raise BadInputError(f"{path.name} has a corrupt safetensors header: tensor {name!r} "
-                            "has no valid data_offsets [begin, end]")
-    return offsets[1]
+from kubetune.workspace.weight_headers import check_model, read_header
 
 
 def _json_object(path: Path, what: str) -> dict:
@@ -46,47 +37,32 @@ def _shards(tree: Path, index: Path) -> set[str]:
     return shards
 
 
-def check_safetensors(path: Path) -> int:
-    """Read the header; the file must hold exactly the bytes it declares. Returns tensor count."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise BadInputError(f"{path.name} is not a safetensors file (shorter than its header)")
-        (header_len,) = struct.unpack("<Q", head)
-        if header_len > min(size - 8, 100 * 1024 * 1024):
-            raise BadInputError(f"{path.name} has a corrupt safetensors header")
-        try:
-            header = json.loads(f.read(header_len))
-        except ValueError:
-            raise BadInputError(f"{path.name} has a corrupt safetensors header") from None
-    if not isinstance(header, dict):
-        raise BadInputError(f"{path.name} has a corrupt safetensors header (a JSON "
-                            f"{type(header).__name__}, not an object of tensors)")
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    end = max((_data_end(path, name, entry) for name, entry in tensors.items()), default=0)
-    if 8 + header_len + end != size:
-        raise BadInputError(f"{path.name} is truncated or padded: the header declares "
-                            f"{8 + header_len + end} bytes, the file has {size}")
-    return len(tensors)
-
-
 def verify(tree: Path) -> list[str]:
     """Raise BadInputError if ``tree`` is not a usable model; return log notes."""
     notes = []
-    config = tree / "config.json"
-    if config.is_file():
-        _json_object(config, "config.json")
-    else:
-        notes.append("no config.json: not a Hugging Face transformers model directory")
+    config_path = tree / "config.json"
+    if not config_path.is_file():
+        # The trainer reads the architecture from it: without one it cannot build a model.
+        raise BadInputError("the model has no config.json: the trainer needs a Hugging Face "
+                            "transformers model directory (check STORAGE_URI and "
+                            "ALLOW/IGNORE_PATTERNS)")
+    config = _json_object(config_path, "config.json")
     index = tree / "model.safetensors.index.json"
+    weight_map = None
     if index.is_file():
         shards = _shards(tree, index)
         missing = sorted(s for s in shards if not (tree / s).is_file())
         if missing:
             raise BadInputError(f"shards named in model.safetensors.index.json are missing: "
                                 f"{', '.join(missing[:3])} (check ALLOW/IGNORE_PATTERNS)")
-    tensors = sum(check_safetensors(p) for p in sorted(tree.rglob("*.safetensors")))
+        weight_map = _json_object(index, index.name)["weight_map"]
+    # What the trainer loads (model_files.weight_files): the shards the index names, else
+    # every top-level file. Other safetensors (a subfolder's variant) need only be whole.
+    every = sorted(tree.rglob("*.safetensors"))
+    loaded = sorted({tree / name for name in weight_map.values()} if weight_map is not None
+                    else {p for p in every if p.parent == tree})
+    tensors = check_model(tree, config, loaded, weight_map)
+    tensors += sum(len(read_header(p)) for p in every if p not in loaded)
     if tensors:
         notes.append(f"verified {tensors} tensors in safetensors headers")
     return notes

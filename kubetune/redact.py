@@ -40,8 +40,13 @@ _TOKEN_PATTERNS = (
     re.compile(r"(?i)(authorization:\s*(?:bearer|basic)\s+)\S+"),
 )
 # The userinfo of a URL: ``scheme://user:password@`` or ``scheme://user@``. A password
-# may hold "/" (AWS secret keys do), a user part before the colon may not.
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s@/:'\"]*:[^\s@'\"]*|[^\s@/:'\"]+)@")
+# may hold "/" and "@" unencoded (AWS secret keys hold "/"): it runs to the last "@" of
+# the word, so no piece of it is left after the mask; a user part before the colon may
+# hold neither. Quotes and backticks end it: messages quote URLs with them.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s@/:'\"`]*:[^\s'\"`]*|[^\s@/:'\"`]+)@")
+# Where a parser that splits the authority at the first "/" or "@" cuts a password, the
+# pieces reach messages on their own (urllib reads "pa" of "u:pa/ss@host" as a port).
+_PASSWORD_CUTS = re.compile(r"[/@:]")
 MASK = "***"
 
 
@@ -64,7 +69,7 @@ def url_credentials(text: str) -> set[str]:
     found: set[str] = set()
     for match in _URL_USERINFO.finditer(text):
         user, _, password = match.group(2).partition(":")
-        for part in (user, password):
+        for part in (user, password, *_PASSWORD_CUTS.split(password)):
             found |= _parts(part) | _parts(unquote(part))
     return found
 
@@ -105,6 +110,17 @@ def _known_secrets() -> set[str]:
 def strip_userinfo(text: str) -> str:
     """``text`` with the user and password of every URL replaced by the mask."""
     return _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
+
+
+def has_userinfo(text: str) -> bool:
+    """Whether a URL in ``text`` carries a user or password."""
+    return _URL_USERINFO.search(text) is not None
+
+
+def without_userinfo(text: str) -> str:
+    """``text`` with the user and password of every URL removed (not masked): a URL that
+    still works where its credentials were never needed (the store ignores them)."""
+    return _URL_USERINFO.sub(lambda m: m.group(1), text)
 
 
 def redact(text: str) -> str:

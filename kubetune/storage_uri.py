@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from kubetune import env
 from kubetune.errors import BadInputError
+from kubetune.redact import has_userinfo, strip_userinfo
 
 # The hub's rule (huggingface_hub.utils.validate_repo_id): letters, digits, '-', '_', '.';
 # not starting or ending with '-' or '.', no '--' or '..', at most 96 characters.
@@ -100,6 +101,15 @@ def _file_path(uri: str, variable: str) -> Path:
     return Path(parts.path)
 
 
+def _no_userinfo(uri: str, variable: str) -> None:
+    # Read as a bucket or repo id, "user:pa/ss@bucket" would be cut at its "/" and the
+    # pieces printed; credentials have variables of their own.
+    if has_userinfo(uri):
+        raise BadInputError(f"{variable} {strip_userinfo(uri)!r} holds a user or password: "
+                            "remove it and pass credentials through ACCESS_KEY_ID / "
+                            "SECRET_ACCESS_KEY or ACCESS_TOKEN (or their *_FILE variants)")
+
+
 def parse(uri: str, variable: str, forms: str) -> StorageUri:
     """Split ``uri`` at its scheme; ``forms`` lists the accepted ones for the messages."""
     uri = (uri or "").strip()
@@ -107,6 +117,7 @@ def parse(uri: str, variable: str, forms: str) -> StorageUri:
         raise BadInputError(f"{variable} is empty; supported forms: {forms}")
     if uri.startswith("/"):
         return StorageUri(raw=uri, scheme="file", location=uri)
+    _no_userinfo(uri, variable)
     parts = urlsplit(uri)
     if not parts.scheme or "://" not in uri:
         raise BadInputError(f"storage URI {uri!r} is malformed; supported forms: {forms}")
@@ -148,6 +159,7 @@ def local(uri: StorageUri) -> FileUri:
 def export_destination(uri: str) -> TypedUri:
     """``EXPORT_URI`` as one of the three places an export can go."""
     uri = (uri or "").strip()
+    _no_userinfo(uri, env.EXPORT_URI)
     scheme = uri.split("://", 1)[0] if "://" in uri else ""
     if uri.startswith("/") or scheme == "file":
         return FileUri(raw=uri, path=_file_path(uri, env.EXPORT_URI))

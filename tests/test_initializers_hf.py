@@ -422,10 +422,10 @@ def test_disk_full_is_a_one_line_bad_input(hub, tmp_path):
         subprocess.run(["umount", str(volume)], check=True)
 
 
-def _shard(payload: bytes) -> bytes:
+def _shard(payload: bytes, name: str = "w") -> bytes:
     import struct
 
-    header = json.dumps({"w": {"dtype": "U8", "shape": [len(payload)],
+    header = json.dumps({name: {"dtype": "U8", "shape": [len(payload)],
                                "data_offsets": [0, len(payload)]}}).encode()
     header += b" " * (-len(header) % 8)
     return struct.pack("<Q", len(header)) + header + payload
@@ -437,8 +437,9 @@ def test_an_unusable_tree_is_refused_and_never_swapped_in(hub, tmp_path):
     hub.add_repo("org/sharded", {
         "config.json": b'{"model_type": "llama"}',
         "model.safetensors.index.json": json.dumps(index).encode(),
-        "model-00001-of-00002.safetensors": _shard(b"x" * 64),
-        "model-00002-of-00002.safetensors": _shard(b"y" * 64),
+        # Each tensor in the shard the index names (a tensor in two shards is refused).
+        "model-00001-of-00002.safetensors": _shard(b"x" * 64, "a"),
+        "model-00002-of-00002.safetensors": _shard(b"y" * 64, "b"),
     })
     hub.add_repo("org/broken", {"config.json": b'{"model_type": ',
                                 "model.safetensors": _shard(b"z" * 64)})

@@ -21,8 +21,9 @@ MANIFEST = ".kubetune-manifest.json"
 MB = 1024 * 1024
 
 
-def safetensors_bytes(payload: bytes) -> bytes:
-    header = json.dumps({"w": {"dtype": "U8", "shape": [len(payload)],
+def safetensors_bytes(payload: bytes, name: str = "w") -> bytes:
+    # One tensor, named after its file: files of one model hold no tensor twice.
+    header = json.dumps({name: {"dtype": "U8", "shape": [len(payload)],
                                "data_offsets": [0, len(payload)]}}).encode()
     header += b" " * (-len(header) % 8)
     return struct.pack("<Q", len(header)) + header + payload
@@ -39,8 +40,8 @@ def store(s3, tiny_model_dir, tiny_dataset_dir):
     # A sibling whose name starts like the prefix: must not be pulled in.
     client.put_object(Bucket="models", Key="tiny-2/config.json", Body=b"{}")
     config = (tiny_model_dir / "config.json").read_bytes()
-    big = {"single": safetensors_bytes(os.urandom(3 * MB + 12345)),
-           "multi": safetensors_bytes(os.urandom(6 * MB + 77))}
+    big = {"single": safetensors_bytes(os.urandom(3 * MB + 12345), "single"),
+           "multi": safetensors_bytes(os.urandom(6 * MB + 77), "multi")}
     client.put_object(Bucket="models", Key="big/config.json", Body=config)
     client.put_object(Bucket="models", Key="big/single.safetensors", Body=big["single"])
     # Uploaded in parts: its ETag is not an MD5 ("<hash>-2") and must not be checked as one.
@@ -51,8 +52,8 @@ def store(s3, tiny_model_dir, tiny_dataset_dir):
     # Multipart uploads cut in unequal parts (allowed: only the last may be under 5 MiB).
     # "guess" fits the equal-parts guess by its part count and "count" does not.
     for name, sizes in (("guess", (5 * MB + 1, 5 * MB, 1000)), ("count", (5 * MB, 6 * MB))):
-        overhead = len(safetensors_bytes(bytes(sum(sizes)))) - sum(sizes)  # its header
-        body = safetensors_bytes(os.urandom(sum(sizes) - overhead))
+        overhead = len(safetensors_bytes(bytes(sum(sizes)), name)) - sum(sizes)  # its header
+        body = safetensors_bytes(os.urandom(sum(sizes) - overhead), name)
         assert len(body) == sum(sizes)
         big[name] = body
         key = f"uneven/{name}.safetensors"
@@ -123,6 +124,7 @@ def test_large_objects_arrive_in_parallel_ranged_parts_intact(s3, store, tmp_pat
 
 def test_a_prefix_holding_one_large_object_is_split_into_ranged_parts(s3, store, tmp_path):
     s3.client().put_object(Bucket="models", Key="one/model.safetensors", Body=store.big["single"])
+    s3.client().put_object(Bucket="models", Key="one/config.json", Body=b"{}")
     out = tmp_path / "model"
     result = run_init(s3, store, "model", "s3://models/one", out)
     assert result.returncode == 0, result.stderr

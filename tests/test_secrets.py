@@ -6,8 +6,10 @@ keys inline and as ``*_FILE``. Then every step runs as a pod runs it, against th
 hub server and moto S3: successes (init-model from the hub and from S3, init-dataset, a
 short training, export to a directory and to S3), failures (credentials refused, an
 unreachable endpoint, a malformed token file, credentials inside URIs) and internal
-errors with a traceback (a real one: a malformed endpoint or repo id that a library
-rejects with an exception we do not map). Then stdout, stderr, the termination logs and
+errors with a traceback (a real one: a malformed endpoint that boto3 reads itself and
+rejects with an exception we do not map). The recipe process's environment is written out
+by a probe and searched too, and so is the saved config of an override carrying URL
+credentials. Then stdout, stderr, the termination logs and
 every file under the test's directory (workspace, export, S3 work dirs) are searched for
 every secret and every part of one. Zero hits.
 """
@@ -34,9 +36,23 @@ URL_USER, URL_PASS = "urlUserCanary31", "urlPassCanary32"
 HUB_USER, HUB_PASS = "hubUserCanary41", "hubPassCanary42"
 URI_USER, URI_PASS = "uriUserCanary51", "uriPassCanary52"
 EXPORT_URI_USER, EXPORT_URI_PASS = "expUserCanary61", "expPassCanary62"
+# A password holding "/" (as AWS secret keys do): parsers cut it there, so each piece is
+# a secret of its own.
+SLASH_USER, SLASH_PASS = "slashUserCanary71", "slashPieceA72/slashPieceB73"
+# URL credentials inside an override value: the recipe gets them, no saved config does.
+OVERRIDE_USER, OVERRIDE_PASS = "ovrUserCanary81", "ovrPassCanary82"
+ALONE_KEY_ID = "AKIACANARYALONE9999"  # ACCESS_KEY_ID without SECRET_ACCESS_KEY
 SECRETS = [TOKEN, "hf_CanaryLineOne0123", "CanaryLineTwo4567", KEY_ID, SECRET_KEY,
            EXPORT_KEY_ID, EXPORT_SECRET, URL_USER, URL_PASS, HUB_USER, HUB_PASS, URI_USER,
-           URI_PASS, EXPORT_URI_USER, EXPORT_URI_PASS]
+           URI_PASS, EXPORT_URI_USER, EXPORT_URI_PASS, SLASH_USER, SLASH_PASS,
+           *SLASH_PASS.split("/"), OVERRIDE_USER, OVERRIDE_PASS, ALONE_KEY_ID]
+# Loaded by every Python process of a run through PYTHONPATH; the recipe process alone
+# (it has the launcher's stop file) writes its environment where every_byte searches.
+ENV_PROBE = """import os
+if os.environ.get("KUBETUNE_STOP_FILE"):
+    with open(os.path.join(os.environ["SECRETS_PROBE_DIR"], f"{os.getpid()}.env"), "w") as f:
+        f.write("\\n".join(f"{k}={v}" for k, v in os.environ.items()))
+"""
 
 
 def with_userinfo(url: str, user: str, password: str) -> str:
@@ -116,8 +132,14 @@ def play(scene: Scene) -> None:
     scene.run("init-dataset-s3", "init-dataset", **scene.s3_env(
         STORAGE_URI="s3://secret-models/data"))
     overrides = [a for a in TRAIN_ARGS if not a.startswith("max_steps_per_epoch")]
+    probe = scene.root / "recipe-env"
+    (probe / "code").mkdir(parents=True)
+    (probe / "code" / "sitecustomize.py").write_text(ENV_PROBE)
     scene.run("train", "train", *overrides, "max_steps_per_epoch=2",
-              **scene.hub_env(), **scene.s3_env())
+              "dataset.new_system_prompt=Answer. See "
+              f"http://{OVERRIDE_USER}:{OVERRIDE_PASS}@notes.example/x",
+              **scene.hub_env(HF_ENDPOINT=with_userinfo(scene.hub.url, HUB_USER, HUB_PASS)),
+              **scene.s3_env(), PYTHONPATH=str(probe / "code"), SECRETS_PROBE_DIR=str(probe))
     scene.run("export-local", "export", **scene.hub_env(), **scene.s3_env(
         EXPORT_URI=str(scene.root / "exported"), KUBETUNE_EXPORT_DIR=str(scene.root / "x1")))
     scene.run("export-s3", "export", **scene.hub_env(), **scene.export_s3_env(
@@ -147,10 +169,21 @@ def play(scene: Scene) -> None:
     scene.run("export-uri-userinfo", "export", **scene.export_s3_env(
         EXPORT_URI=f"s3://{EXPORT_URI_USER}:{EXPORT_URI_PASS}@secret-export/run",
         KUBETUNE_EXPORT_DIR=str(scene.root / "x3")))
+    scene.run("hub-endpoint-slash-password", "init-model", **scene.hub_env(
+        HF_ENDPOINT=with_userinfo(scene.hub.url, SLASH_USER, SLASH_PASS),
+        STORAGE_URI="hf://org/private", OUTPUT_PATH=str(scene.root / "slash-hub")))
+    scene.run("s3-endpoint-slash-password", "init-model", **scene.s3_env(
+        ENDPOINT=with_userinfo(scene.proxy.url, SLASH_USER, SLASH_PASS),
+        STORAGE_URI="s3://secret-models/tiny", OUTPUT_PATH=str(scene.root / "slash-s3")))
+    scene.run("key-id-alone", "init-model", **scene.s3_env(
+        ACCESS_KEY_ID=ALONE_KEY_ID, SECRET_ACCESS_KEY="",
+        STORAGE_URI="s3://secret-models/tiny", OUTPUT_PATH=str(scene.root / "key-id-alone")))
     # Internal errors, tracebacks printed: exceptions libraries raise that we do not map.
-    scene.run("internal-hub-endpoint", "init-model", **scene.hub_env(
-        HF_ENDPOINT=with_userinfo("http://127.0.0.1:notaport", HUB_USER, HUB_PASS),
-        STORAGE_URI="hf://org/private", OUTPUT_PATH=str(scene.root / "internal-1")))
+    # boto3 reads AWS_ENDPOINT_URL_S3 itself (we name ENDPOINT and AWS_ENDPOINT_URL).
+    scene.run("internal-s3-endpoint", "init-model", **scene.s3_env(
+        ENDPOINT="", AWS_ENDPOINT_URL_S3=with_userinfo("http://127.0.0.1:notaport", HUB_USER,
+                                                       HUB_PASS),
+        STORAGE_URI="s3://secret-models/tiny", OUTPUT_PATH=str(scene.root / "internal-1")))
     scene.run("internal-hub-uri", "init-model", **scene.hub_env(
         STORAGE_URI=f"hf://{URI_USER}:{URI_PASS}@org/private",
         OUTPUT_PATH=str(scene.root / "internal-2")))
@@ -180,6 +213,9 @@ def test_the_runs_did_what_they_stand_for(scene):
     assert codes["s3-unreachable"] == 75
     assert codes["two-line-token"] == 65 and codes["s3-uri-userinfo"] == 65
     assert codes["hub-userinfo"] != 0 and codes["export-uri-userinfo"] != 0
+    assert codes["hub-endpoint-slash-password"] == 65
+    assert codes["s3-endpoint-slash-password"] == 65
+    assert list((scene.root / "recipe-env").glob("*.env"))  # the recipe's env was searched
     tracebacks = [name for name, result in scene.results.items()
                   if result.returncode == 70 and "Traceback (most recent call last)"
                   in result.stderr]
@@ -190,6 +226,18 @@ def test_a_token_file_of_two_lines_is_one_line_naming_the_file_not_its_value(sce
     result = scene.results["two-line-token"]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "ACCESS_TOKEN_FILE" in lines[0] and "more than one line" in lines[0]
+
+
+def test_a_key_id_without_its_secret_is_bad_input_naming_the_missing_one(scene):
+    result = scene.results["key-id-alone"]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 65, result.stderr[-2000:]
+    assert len(lines) == 1 and "SECRET_ACCESS_KEY is not" in lines[0]
+
+
+def test_the_saved_config_masks_the_override_s_url_credentials(scene):
+    saved = (scene.workspace / "output" / "kubetune-config.yaml").read_text()
+    assert "http://***@notes.example/x" in saved
 
 
 def test_no_secret_in_any_byte_written(scene):

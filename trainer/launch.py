@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from omegaconf import OmegaConf
 
 from kubetune import env
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
-from kubetune.redact import SECRET_VARIABLES, redact
+from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
 from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, REPO_ID_NAME, SUMMARY_NAME,
                                 TRAINER_CONFIG_NAME)
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
@@ -30,6 +31,7 @@ from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.checkpointing.checkpoint_model import SPECIAL_TOKENS_FILE
 from kubetune.trainer.config.plan import RunPlan
+from kubetune.trainer.config.saved_config import has_credentials, without_credentials
 from kubetune.trainer.metric_logging.summary import summarize
 from kubetune.trainer.config.validate import check_volume, check_writable
 
@@ -48,7 +50,9 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
-    child = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES
+    # The recipe runs offline: it needs no credential, and a URL's user and password
+    # (HF_ENDPOINT, ENDPOINT) would sit in its environment for any library to print.
+    child = {k: without_userinfo(v) for k, v in os.environ.items() if k not in SECRET_VARIABLES
              and not k.endswith(tuple(f"{s}_FILE" for s in SECRET_VARIABLES))}
     child.update(OFFLINE_ENV)
     child[env.STOP_FILE] = str(stop_file)
@@ -263,7 +267,25 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
         # torchtune reads special-token ids from a tokenizer.json's added_tokens.
         _write_atomic(output_dir / SPECIAL_TOKENS_FILE, json.dumps(
             {"added_tokens": [{"id": i, "content": t} for t, i in special.items()]}))
-    _write_atomic(config_path, OmegaConf.to_yaml(plan_.cfg))
+    saved = without_credentials(plan_.cfg)
+    _write_atomic(config_path, OmegaConf.to_yaml(saved))
+    private = None
+    if has_credentials(plan_.cfg):
+        # URL credentials in an override: the recipe reads them from a copy only this
+        # process's user can read, gone when the recipe ends; the volume keeps the masked one.
+        private = Path(tempfile.mkdtemp(prefix="kubetune-recipe-config-"))
+        _write_atomic(private / TRAINER_CONFIG_NAME, OmegaConf.to_yaml(plan_.cfg))
+        command = plan_.command(private / TRAINER_CONFIG_NAME)
+    try:
+        return _launch(plan_, command)
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def _launch(plan_: RunPlan, command: list[str]) -> int:
+    output_dir = plan_.output_dir
+    primary = plan_.is_primary_node
     log.info("launching: %s", " ".join(command))
 
     stop_file = Path(tempfile.gettempdir()) / f"kubetune-stop-{os.getpid()}"

@@ -15,6 +15,13 @@ from kubetune import env
 os.environ.setdefault(env.HF_HUB_DISABLE_PROGRESS_BARS, "1")
 os.environ.setdefault(env.HF_HUB_DISABLE_TELEMETRY, "1")
 
+from kubetune.remote import endpoint_values  # noqa: E402
+
+# huggingface_hub parses HF_ENDPOINT as it is imported (urllib's ValueError for a bad port
+# would be a traceback, with a piece of a password in it): checked before.
+if os.environ.get(env.HF_ENDPOINT):
+    endpoint_values.endpoint_url(os.environ[env.HF_ENDPOINT], env.HF_ENDPOINT)
+
 import httpx2  # noqa: E402
 from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.utils import get_session  # noqa: E402
@@ -30,8 +37,10 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 def endpoint() -> str:
-    """The hub's base URL, without a trailing slash."""
-    return (os.environ.get(env.HF_ENDPOINT) or DEFAULT_ENDPOINT).rstrip("/")
+    """The hub's base URL, without a trailing slash; a malformed ``HF_ENDPOINT`` is one
+    line (httpx would refuse it on every attempt, retried as if the hub were down)."""
+    value = os.environ.get(env.HF_ENDPOINT)
+    return endpoint_values.endpoint_url(value, env.HF_ENDPOINT) if value else DEFAULT_ENDPOINT
 
 
 def token(given: str | None = None) -> str | None:

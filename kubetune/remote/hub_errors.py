@@ -17,6 +17,7 @@ from huggingface_hub.errors import (
 
 from kubetune import env
 from kubetune.errors import BadInputError
+from kubetune.redact import strip_userinfo
 from kubetune.retry import TransientFailure
 from kubetune.unknown_host import unknown_host_error
 
@@ -56,10 +57,13 @@ def transport_failure(exc: BaseException, endpoint: str) -> TransientFailure | N
     unknown = unknown_hub_host(exc, endpoint)
     if unknown is not None:
         raise unknown from None
+    # httpx's "Connection refused" names no address: say which hub, so a wrong
+    # HF_ENDPOINT is seen at once.
+    where = f" (hub at {strip_userinfo(endpoint)})"
     if isinstance(exc, httpx2.TransportError):
-        return TransientFailure(f"{type(exc).__name__}: {str(exc) or 'connection failed'}")
+        return TransientFailure(f"{type(exc).__name__}: {str(exc) or 'connection failed'}{where}")
     if isinstance(exc, (ConnectionError, TimeoutError)):
-        return TransientFailure(f"{type(exc).__name__}: {exc}")
+        return TransientFailure(f"{type(exc).__name__}: {exc}{where}")
     return None
 
 

@@ -7,7 +7,8 @@ root, or one of the per-directory variables to move a single step's directory.
 
 This package is the one place the steps agree on what they leave for each other: the
 names below, the trainer's completion marker (``marker``), the initializers' manifest
-(``initializer_manifest``) and the model directory's config and weights (``model_files``).
+(``initializer_manifest``) and the model directory's config and weights (``model_files``;
+``weight_headers``: their safetensors headers agree with each other and config.json).
 A step reads another step's results through these modules, never through its internals.
 """
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from kubetune.errors import BadInputError
 from kubetune.model_family.architecture import Architecture, architecture_of
 from kubetune.workspace.model_files import read_config, weight_files
+from kubetune.workspace.weight_headers import check_model
 
 
 @dataclass
@@ -129,10 +130,14 @@ def read_checkpoint_model(model_dir: Path) -> CheckpointModel:
     model_dir = Path(model_dir)
     cfg = read_config(model_dir)
     arch = architecture_of(cfg)
+    files = weight_files(model_dir)
+    # A directory no initializer checked (--model-dir): a truncated file or another
+    # model's config.json would fail inside the recipe, as a traceback.
+    check_model(model_dir, cfg, [model_dir / name for name in files])
     return CheckpointModel(
         model_dir=model_dir,
         config=cfg,
         architecture=arch,
-        weight_files=weight_files(model_dir),
+        weight_files=files,
         tokenizer=tokenizer_of(model_dir, arch.family, None),
     )

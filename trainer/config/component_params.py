@@ -121,3 +121,82 @@ def component_params(component: str) -> ComponentParams | None:
     if not module:
         return None
     return _resolve(module, name)
+
+
+SHIPPED_PACKAGES = ("torch", "torchtune", "torchao", "kubetune")
+
+
+def _near(name: str, known: tuple[str, ...]) -> bool:
+    """One edit (or a case change) from a known name, not the name itself."""
+    def distance_one(a: str, b: str) -> bool:
+        if abs(len(a) - len(b)) > 1:
+            return False
+        if len(a) == len(b):
+            diffs = [i for i in range(len(a)) if a[i] != b[i]]
+            return len(diffs) == 1 or (len(diffs) == 2 and a[diffs[0]] == b[diffs[1]]
+                                       and a[diffs[1]] == b[diffs[0]])
+        short, long_ = sorted((a, b), key=len)
+        return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+    return any(name != k and (name.lower() == k or distance_one(name.lower(), k))
+               for k in known)
+
+
+def _defined_names(tree: ast.Module) -> set[str] | None:
+    """Names a module's top level binds; None where it may bind more than ``ast`` shows
+    (``from x import *``, a module ``__getattr__``, assignments into ``globals()``)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
+            return None  # conditional definitions: not followed
+    return names
+
+
+def missing_component(component: str) -> tuple[str, set[str]] | None:
+    """Why the dotted path ``component`` surely names no callable, with the names its
+    module does define (for a suggestion); None when it does, or when that cannot be
+    told from the source (a compiled module, dynamic exports)."""
+    module, _, name = str(component).rpartition(".")
+    if not module or not name:
+        return "it is not a dotted path module.name", set()
+    top = module.split(".")[0]
+    if _package_dir(top) is None:
+        # An optional package (bitsandbytes on a CPU image) may be missing where the plan
+        # is made: only a near-miss of a package the trainer ships is surely a typo.
+        return (f"no module {top} is installed", set(SHIPPED_PACKAGES)) \
+            if _near(top, SHIPPED_PACKAGES) else None
+    path = _module_file(module)
+    if path is None:
+        # torchtune imports the module part: it must be a file or package on disk.
+        parent, _, leaf = module.rpartition(".")
+        parent_path = _module_file(parent) if parent else None
+        if parent_path is None or parent_path.name != "__init__.py":
+            return None
+        entries = {p.name.split(".")[0] for p in parent_path.parent.iterdir()}
+        if leaf in entries:
+            return None  # a compiled module, a namespace package: not read here
+        return f"there is no module {module}", {e for e in entries if not e.startswith("_")}
+    if path.suffix != ".py" or _parse(path) is None:
+        return None
+    defined = _defined_names(_parse(path))
+    if defined is None or name in defined:
+        if path.name == "__init__.py" and (path.parent / f"{name}.py").is_file() \
+                and defined is not None and name not in defined:
+            return f"{component} is a module, not a class or function", set()
+        return None
+    if (path.parent / f"{name}.py").is_file() and path.name == "__init__.py":
+        return (f"{component} is a module, not a class or function",
+                {n for n in defined if not n.startswith("_")})
+    return f"{module} defines no {name}", {n for n in defined if not n.startswith("_")}

@@ -15,10 +15,10 @@ import functools
 import re
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.config.component_params import component_params
+from kubetune.trainer.config.component_params import component_params, missing_component
 
 # Top-level keys the launcher itself reads or writes, whatever the recipe.
 LAUNCHER_KEYS = {"kubetune", "output_dir", "device", "dtype", "metric_logger",
@@ -105,7 +105,13 @@ def check(user_keys: list[str], base: DictConfig, cfg: DictConfig, recipe_path: 
     known_top = (set(base.keys()) | LAUNCHER_KEYS | _recipe_reads(str(recipe_path))
                  | _shipped_config_keys(str(configs_dir)))
     warnings: list[str] = []
+    for key in user_keys:
+        if not key.lstrip("~") or "" in key.lstrip("~").split("."):
+            # OmegaConf takes "model.=3" or "=3" without a word, and nothing reads it.
+            raise BadInputError(f"override key {key!r} has an empty part: write "
+                                "section.key=value (e.g. optimizer.lr=2e-4)")
     for key in dict.fromkeys(k.lstrip("~") for k in user_keys):
+        _check_list_value(key, base, cfg)
         top, _, rest = key.partition(".")
         if top not in known_top:
             guess = closest(top, known_top)
@@ -135,4 +141,79 @@ def check(user_keys: list[str], base: DictConfig, cfg: DictConfig, recipe_path: 
             component = cfg.model.get("_component_")
             raise BadInputError(f"unknown key {key}: {component} takes no {sub} "
                                 f"(it takes {', '.join(sorted(params))})")
+    check_components(cfg)
     return warnings
+
+
+def _check_list_value(key: str, base: DictConfig, cfg: DictConfig) -> None:
+    """A list option given one bare word (``model.lora_attn_modules=q_proj``) is a string
+    that code iterating it reads letter by letter; torchtune fails late or not at all."""
+    before = OmegaConf.select(base, key, default=None)
+    now = OmegaConf.select(cfg, key, default=None)
+    if isinstance(before, ListConfig) and isinstance(now, str):
+        raise BadInputError(f"{key}={now}: must be a list, e.g. {key}=[{now}] or "
+                            f"{key}=[a,b]")
+
+
+def _suggest(name: str, names: set[str]) -> str | None:
+    same_case = [n for n in names if n.lower() == name.lower()]
+    return same_case[0] if same_case else closest(name, names)
+
+
+def _components(node, where: str):
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            value = node._get_node(key)
+            path = f"{where}.{key}" if where else str(key)
+            if key == "_component_" and not OmegaConf.is_interpolation(node, key):
+                yield path, node.get(key)
+            else:
+                yield from _components(value, path)
+    elif isinstance(node, ListConfig):
+        for i, item in enumerate(node):
+            yield from _components(item, f"{where}[{i}]")
+
+
+def check_components(cfg: DictConfig) -> None:
+    """Every ``_component_`` names a class or function that exists: a misspelled one
+    (``torch.optim.AdamWW``, ``torch.optim.adamw``, the module) fails inside the recipe
+    after seconds of start-up, as a traceback."""
+    for path, component in _components(cfg, ""):
+        if not isinstance(component, str):
+            continue
+        missing = missing_component(component)
+        if missing is None:
+            continue
+        why, names = missing
+        module, _, name = component.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        hint = ""
+        if names and why.startswith("no module"):
+            guess = _suggest(component.split(".")[0], names)
+            hint = f" (did you mean {guess}{component[len(component.split('.')[0]):]}?)" \
+                if guess else ""
+        elif names and why.startswith("there is no module"):
+            guess = _suggest(leaf, names)
+            hint = f" (did you mean {parent}.{guess}.{name}?)" if guess else ""
+        elif names:
+            guess = _suggest(name, names)
+            hint = f" (did you mean {module}.{guess}?)" if guess else ""
+        raise BadInputError(f"{path}={component}: {why}{hint}")
+
+
+def check_rebuilt_sections(user_keys: list[str], cfg: DictConfig) -> None:
+    """Override keys under the sections the launcher rebuilds from the checkpoint
+    (tokenizer, checkpointer), checked against the components it built: a typo there is
+    dropped silently or fails in the recipe's constructor."""
+    for key in dict.fromkeys(k.lstrip("~") for k in user_keys):
+        top, _, rest = key.partition(".")
+        sub = rest.split(".", 1)[0]
+        if top not in ("tokenizer", "checkpointer") or not sub or sub == "_component_":
+            continue
+        params, open_ended = _component_keys(cfg.get(top))
+        if not params or open_ended or sub in params:
+            continue
+        guess = closest(sub, params)
+        hint = f"did you mean {top}.{guess}?" if guess else \
+            f"{cfg[top]['_component_']} takes {', '.join(sorted(params))}"
+        raise BadInputError(f"unknown key {key} ({hint})")

@@ -245,6 +245,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         check_nf4(checkpoint.architecture.dims)
     _checkpointer_section(cfg, checkpoint)
     _tokenizer_section(cfg, checkpoint, user_keys)
+    config_keys.check_rebuilt_sections(in_order, cfg)
 
     cfg.log_peak_memory_stats = hw.device.startswith("cuda")
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
@@ -256,6 +257,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
         found = dataset_check.sample(cfg.dataset)
         if found is not None:
+            dataset_check.check_split(cfg.dataset, found)
             dataset_check.check_columns(cfg.dataset, found)
     max_seq_len = int(cfg.tokenizer.get("max_seq_len") or min(checkpoint.max_seq_len, 2048))
     compile_before = bool(cfg.get("compile"))

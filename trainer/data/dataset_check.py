@@ -9,12 +9,14 @@ never the whole set.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
+from kubetune.trainer.config.config_keys import closest
 from kubetune.trainer.data.dataset_rows import FORMAT_OF_SUFFIX, look
 
 _SUFFIXES = FORMAT_OF_SUFFIX
@@ -117,10 +119,42 @@ def required_columns(dataset_cfg: DictConfig) -> dict[str, str]:
         return {str(column): "conversation"}
     else:
         return {}
+    _check_column_map(name, column_map, roles)
     return {str(column_map.get(role, role)): role for role in roles}
 
 
+# The roles a builder's message transform reads from column_map; instruct_dataset's
+# (InputOutputToMessages) wants every one of them once a map is given, and reads "image".
+_EXTRA_ROLES = {"instruct_dataset": ("image",)}
+_MAP_NEEDS_ALL = {"instruct_dataset"}
+
+
+def _check_column_map(name: str, column_map: dict, roles: tuple[str, ...]) -> None:
+    """A key the transform does not read is a typo it would ignore or die on (torchtune:
+    "Expected a key of 'input' in column_map"): one line naming it, before the recipe."""
+    known = roles + _EXTRA_ROLES.get(name, ())
+    example = "{" + ", ".join(f"{r}: <column>" for r in roles) + "}"
+    for key, column in column_map.items():
+        if key not in known:
+            guess = closest(str(key), set(known))
+            hint = f" (did you mean {guess}?)" if guess else ""
+            raise BadInputError(f"dataset.column_map key {key!r}{hint}: {name} reads the roles "
+                                f"{', '.join(known)}; write dataset.column_map={example}")
+        if not isinstance(column, str) or not column:
+            raise BadInputError(f"dataset.column_map.{key}={column!r}: must name a column; "
+                                f"write dataset.column_map={example}")
+    missing = [r for r in roles if r not in column_map]
+    if column_map and name in _MAP_NEEDS_ALL and missing:
+        raise BadInputError(f"dataset.column_map lacks {', '.join(missing)}: {name} reads every "
+                            f"role from the map once one is given; write "
+                            f"dataset.column_map={example}")
+
+
 def check_columns(dataset_cfg: DictConfig, found: DatasetSample) -> None:
+    if found.total_rows == 0 or (found.total_rows is None and not found.rows):
+        # datasets fails on it with "An error occurred while generating the dataset".
+        raise BadInputError(f"the dataset's files ({found.files[0].name}"
+                            f"{' ...' if len(found.files) > 1 else ''}) hold no rows")
     required = required_columns(dataset_cfg)
     missing = [col for col in required if col not in found.columns]
     if missing:
@@ -130,6 +164,25 @@ def check_columns(dataset_cfg: DictConfig, found: DatasetSample) -> None:
             f"{roles}: set dataset.column_map (e.g. dataset.column_map="
             f"{{'{required[missing[0]]}': '<column>'}})"
         )
+    _check_text_values(required, found)
+
+
+def _check_text_values(required: dict[str, str], found: DatasetSample) -> None:
+    """The text roles hold text in the sampled rows: torchtune's transforms call str
+    methods on them and die on a null or a number ("'NoneType' object has no attribute
+    'strip'") after the recipe has started."""
+    for column, role in required.items():
+        if role == "conversation":
+            continue  # a list of messages, checked by the chat transform itself
+        for number, row in enumerate(found.rows, 1):
+            value = row.get(column)
+            if value is None:
+                raise BadInputError(f"dataset column {column!r} ({role}) is empty (null) in "
+                                    f"sampled row {number}: fill or drop such rows")
+            if not isinstance(value, str):
+                raise BadInputError(f"dataset column {column!r} ({role}) holds "
+                                    f"{type(value).__name__} values, not text (sampled row "
+                                    f"{number}: {value!r}): convert the column to strings")
 
 
 def mean_chars(dataset_cfg: DictConfig, found: DatasetSample) -> float | None:
@@ -140,3 +193,50 @@ def mean_chars(dataset_cfg: DictConfig, found: DatasetSample) -> float | None:
     for row in found.rows:
         total += sum(len(str(row.get(c, ""))) for c in columns)
     return total / len(found.rows)
+
+
+# datasets' split syntax: name, name[a:b] with whole numbers or percents, joined by "+".
+_SPLIT_PART = re.compile(r"(?P<name>[\w.\-]+)(?:\[\s*(?:-?\d+%?)?\s*(?::\s*(?:-?\d+%?)?\s*)?"
+                         r"(?:\((?:closest|pct1_dropremainder)\))?\])?")
+# How datasets names the splits of a folder of files (its default data-file patterns):
+# a keyword in a file or folder name, else every file is "train".
+_SPLIT_WORDS = {"train": ("train", "training"), "validation": ("validation", "valid", "val", "dev"),
+                "test": ("test", "testing", "eval", "evaluation")}
+_WORD_EDGE = r"(?:^|[/_\-. ])({})(?:[/_\-. 0-9]|$)"
+
+
+def _local_splits(dataset_cfg: DictConfig, files: list[Path]) -> set[str]:
+    data_files = dataset_cfg.get("data_files")
+    if isinstance(data_files, DictConfig):
+        return {str(k) for k in data_files.keys()}
+    if data_files:
+        return {"train"}  # a list or a single file: datasets names it train
+    base = Path(str(dataset_cfg.get("data_dir") or ""))
+    found = set()
+    for split, words in _SPLIT_WORDS.items():
+        pattern = re.compile(_WORD_EDGE.format("|".join(words)), re.IGNORECASE)
+        if any(pattern.search(str(f.relative_to(base)) if f.is_relative_to(base) else f.name)
+               for f in files):
+            found.add(split)
+    return found or {"train"}
+
+
+def check_split(dataset_cfg: DictConfig, found: DatasetSample) -> None:
+    """``dataset.split`` reads in datasets' syntax and names a split the local files
+    have: a wrong one fails in the recipe ("Unknown split", "Unrecognized instruction")."""
+    split = dataset_cfg.get("split")
+    if split is None:
+        return
+    text = str(split)
+    parts = [p.strip() for p in text.split("+")]
+    bad = next((p for p in parts if not _SPLIT_PART.fullmatch(p)), None)
+    if bad is not None:
+        raise BadInputError(f"dataset.split={text}: {bad!r} is not a split; write a name with "
+                            "an optional slice, e.g. train, train[:90%], train[100:200]")
+    splits = _local_splits(dataset_cfg, found.files)
+    unknown = next((_SPLIT_PART.fullmatch(p)["name"] for p in parts
+                    if _SPLIT_PART.fullmatch(p)["name"] not in splits), None)
+    if unknown is not None:
+        raise BadInputError(f"dataset.split={text}: the dataset has no split {unknown!r} (its "
+                            f"files give {', '.join(sorted(splits))}); use e.g. "
+                            f"dataset.split={sorted(splits)[0]}[:90%]")

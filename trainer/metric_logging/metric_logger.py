@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from omegaconf import DictConfig
+
+from kubetune.trainer.config.saved_config import without_credentials
 from kubetune.trainer.metric_logging.train_progress import TrainProgress
 from kubetune.workspace import METRICS_NAME
 
@@ -101,10 +104,13 @@ class JsonLinesMetricLogger:
         self._progress.on_step(record)
 
     def log_config(self, config: Any) -> None:
-        # The launcher already wrote the merged config next to the metrics.
+        # The launcher already wrote the merged config next to the metrics. Others (wandb,
+        # tensorboard's torchtune_config.yaml) get it as the launcher saved it: no URL
+        # credentials.
         for other in self._also:
             if hasattr(other, "log_config"):
-                other.log_config(config)
+                other.log_config(without_credentials(config) if isinstance(config, DictConfig)
+                                 else config)
 
     def close(self) -> None:
         progress = getattr(self, "_progress", None)  # None: __init__ failed before it

@@ -73,21 +73,31 @@ def resolve(request: TuneRunRequest | None, device: str,
     def option(name: str) -> str | None:
         return request.torchrun_option(name) if request is not None else None
 
-    def pick(name: str, variable: str, default: str) -> str:
-        return option(name) or environ.get(variable) or default
+    def pick(name: str, variable: str, default: str) -> tuple[str, str]:
+        """The value and where it came from (the option or the variable, named in an
+        error: a PET_* value is the torch plugin's, not the command's)."""
+        if option(name):
+            return option(name), name
+        if environ.get(variable):
+            return environ[variable], variable
+        return default, name.lstrip("-")
 
-    nnodes = _int(pick("--nnodes", env.PET_NNODES, "1"), "nnodes")
-    nproc_raw = pick("--nproc_per_node", env.PET_NPROC_PER_NODE, "auto")
+    nnodes = _int(*pick("--nnodes", env.PET_NNODES, "1"))
+    nproc_raw, nproc_from = pick("--nproc_per_node", env.PET_NPROC_PER_NODE, "auto")
     nproc = devices_per_node(device) if nproc_raw in ("auto", "gpu") else \
-        _int(nproc_raw, "nproc_per_node")
-    node_rank = _int(pick("--node_rank", env.PET_NODE_RANK, "0"), "node_rank")
+        _int(nproc_raw, nproc_from)
+    node_rank, rank_from = pick("--node_rank", env.PET_NODE_RANK, "0")
+    node_rank = _int(node_rank, rank_from)
     if nnodes < 1 or nproc < 1:
         raise BadInputError(f"nnodes={nnodes} and nproc_per_node={nproc} must be at least 1")
     if node_rank >= nnodes:
-        raise BadInputError(f"node_rank {node_rank} is not below nnodes {nnodes}")
+        raise BadInputError(f"{rank_from}={node_rank} is not below nnodes {nnodes}")
     endpoint = option("--rdzv_endpoint")
     if endpoint is None and environ.get(env.PET_MASTER_ADDR):
-        endpoint = f"{environ[env.PET_MASTER_ADDR]}:{environ.get(env.PET_MASTER_PORT) or DEFAULT_PORT}"
+        port = environ.get(env.PET_MASTER_PORT) or str(DEFAULT_PORT)
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise BadInputError(f"{env.PET_MASTER_PORT}={port!r} is not a port (1 to 65535)")
+        endpoint = f"{environ[env.PET_MASTER_ADDR]}:{port}"
     if nnodes > 1 and not endpoint:
         raise BadInputError(f"{nnodes} nodes need a rendezvous endpoint: pass "
                             f"--rdzv_endpoint=host:port or set {env.PET_MASTER_ADDR}")
