@@ -33,7 +33,7 @@ def run_step(step: str, func: Callable[[], int | None]) -> int:
         report_failure(f"{step}: interrupted")
         return 130
     except OSError as exc:
-        message = path_error(exc)
+        message = volume_full(exc) or path_error(exc)
         if message is None:
             return _internal(step, exc)
         report_failure(f"{step}: {message}")
@@ -48,6 +48,17 @@ def run_step(step: str, func: Callable[[], int | None]) -> int:
 _PATH_ERRNOS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
                 errno.EROFS: "read-only file system", errno.ENOTDIR: "not a directory",
                 errno.EISDIR: "is a directory", errno.EEXIST: "already exists"}
+
+
+def volume_full(exc: OSError) -> str | None:
+    """One line for a full volume or an exceeded quota, wherever a step writes: a restart
+    fails the same way until the volume has room, so it is the user's to fix (exit 65)."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = f" writing {exc.filename}" if exc.filename else ""
+    what = "quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+    return (f"volume full ({what}{where}): enlarge the volume (PVC) or free space on it, "
+            "then run again")
 
 
 def path_error(exc: OSError) -> str | None:

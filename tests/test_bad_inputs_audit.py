@@ -13,6 +13,8 @@ a refused connection that names the endpoint.
 
 from __future__ import annotations
 
+import errno
+import os
 import json
 import struct
 import subprocess
@@ -365,3 +367,22 @@ def test_a_config_mistake_is_one_line_before_the_recipe(row, tmp_path, tiny_mode
 
 def test_every_kind_has_a_row():
     assert len(ROWS) >= 25 and len(TRAINER_ROWS) >= 15
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_volume_anywhere_in_a_step_is_one_line_and_bad_input(tmp_path, code, capsys,
+                                                                    monkeypatch):
+    # Wherever a write surfaces ENOSPC/EDQUOT (a manifest, a summary, a copied file), the
+    # step reports one line naming the file and exits 65: a restart fails the same way.
+    from kubetune.entrypoints.step import run_step
+    term = tmp_path / "termination-log"
+    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(term))
+    target = tmp_path / "out" / "summary.json"
+
+    def write() -> int:
+        raise OSError(code, os.strerror(code), str(target))
+
+    assert run_step("trainer", write) == 65
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "volume full" in lines[0] and str(target) in lines[0]
+    assert "volume full" in term.read_text()

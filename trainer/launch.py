@@ -322,7 +322,9 @@ def _launch(plan_: RunPlan, command: list[str]) -> int:
     else:
         reason = "completed" if code == 0 else f"failed (exit {code})"
         if code != 0:
-            check_volume(_error_line(tail), output_dir)  # before writing anything more there
+            # The whole tail: torch's zip writer reports the full disk as a RuntimeError whose
+            # chained OSError (Errno 28) stands lines above the last exception line.
+            check_volume("\n".join(tail), output_dir)  # before writing anything more there
     if primary:
         summary = summarize(output_dir, wall, reason, plan_.checkpoint.architecture.dims,
                             str(plan_.cfg.device), plan_.topology.world_size,

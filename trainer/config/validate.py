@@ -182,10 +182,12 @@ def check_values(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, key, number, merge=False)
 
 
-# How a full volume shows in a recipe's last line: Python's OSError, safetensors' Rust
-# error, torch.save's stream writer (which does not say why a write failed).
+# How a full volume shows in a recipe's output: Python's OSError, safetensors' Rust
+# error, torch.save's zip and stream writers (which do not say why a write failed: on some
+# CPUs and paths only "unexpected pos" or "basic_ios::clear: iostream error" is printed).
 _DISK_FULL = ("No space left on device", "[Errno 28]", "StorageFull")
-_WRITE_FAILED = ("file write failed", "PytorchStreamWriter failed")
+_WRITE_FAILED = ("file write failed", "PytorchStreamWriter failed", "unexpected pos",
+                 "iostream error")
 # Below this a failed write is taken to be the full volume's doing.
 _NEARLY_FULL_BYTES = 16 << 20
 
@@ -203,7 +205,7 @@ def check_volume(cause: str, output_dir: Path) -> None:
             and free is not None and free < _NEARLY_FULL_BYTES)):
         return
     room = f", {free / (1 << 20):.1f} MB free" if free is not None else ""
-    raise BadInputError(f"the output volume is full ({output_dir}{room}): the recipe could not "
+    raise BadInputError(f"output volume full ({output_dir}{room}): the recipe could not "
                         "write its checkpoint; enlarge the volume (PVC) or point output_dir "
                         "at a bigger one")
 
