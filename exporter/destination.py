@@ -1,9 +1,10 @@
 """Where an export goes, chosen by EXPORT_URI's scheme.
 
-Every destination offers the same four steps, so the flow never knows which it has:
+Every destination offers the same five methods, so the flow never knows which it has:
 ``check`` (fail fast on a bad location or credentials), ``build_dir`` (a local tree to
-write the export into), ``read_manifest`` (the export already there, if any) and
-``publish`` (make the tree visible atomically, then read back what was written).
+write the export into), ``read_manifest`` (the export already there, if any),
+``publish`` (make the tree visible atomically, then read back what was written) and
+``discard`` (remove a tree that will not be published).
 """
 
 from __future__ import annotations

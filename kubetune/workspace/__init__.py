@@ -6,7 +6,7 @@ Locally the same code runs against any directory: set ``KUBETUNE_WORKSPACE`` to 
 root, or one of the per-directory variables to move a single step's directory.
 
 This package is the one place the steps agree on what they leave for each other: the
-names below, the trainer's completion marker (``marker``), the initializers' manifest
+names below, the trainer's completion marker and its summary and config readers (``trainer_output``), the initializers' manifest
 (``initializer_manifest``) and the model directory's config and weights (``model_files``;
 ``weight_headers``: their safetensors headers agree with each other and config.json).
 A step reads another step's results through these modules, never through its internals.
