@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from kubetune.entrypoints.step import step_command
+from kubetune.atomic_write import write_atomic
 
 SCRIPT = """#!{python}
 # kubetune's `tune`: `tune run` goes through kubetune, other subcommands to torchtune.
@@ -34,10 +35,7 @@ def install_tune(bin_dir: Path, python: str = sys.executable) -> Path:
     target = bin_dir / "tune"
     if target.exists() and MARKER not in target.read_text(errors="replace"):
         os.replace(target, bin_dir / "tune-torchtune")
-    tmp = bin_dir / ".tune.tmp"
-    tmp.write_text(SCRIPT.format(python=python))
-    tmp.chmod(0o755)
-    os.replace(tmp, target)
+    write_atomic(target, SCRIPT.format(python=python), mode=0o755)
     return target
 
 

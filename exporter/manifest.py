@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from kubetune.errors import BadInputError
+from kubetune.atomic_write import write_atomic
 from kubetune.file_hash import sha256_of
 from kubetune.workspace import EXPORT_MANIFEST_NAME
 
@@ -49,9 +50,7 @@ def encode(manifest: dict) -> bytes:
 
 
 def write(tree: Path, manifest: dict) -> None:
-    tmp = Path(tree) / (EXPORT_MANIFEST_NAME + ".tmp")
-    tmp.write_bytes(encode(manifest))
-    tmp.replace(Path(tree) / EXPORT_MANIFEST_NAME)
+    write_atomic(Path(tree) / EXPORT_MANIFEST_NAME, encode(manifest))
 
 
 def same_export(found: dict | None, wanted: dict) -> bool:

@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+from kubetune.atomic_write import write_atomic
+
 from kubetune.workspace import MANIFEST_NAME
 # The one reader of the manifest, shared with the steps that come after.
 from kubetune.workspace.initializer_manifest import read_manifest as read
@@ -23,9 +25,7 @@ def build(identity: dict, resolved_revision: str | None, tree: Path,
 
 
 def write(tree: Path, manifest: dict) -> None:
-    tmp = tree / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(tree / MANIFEST_NAME)
+    write_atomic(Path(tree) / MANIFEST_NAME, json.dumps(manifest, indent=2))
 
 
 def satisfies(tree: Path, identity: dict) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kubetune import env
+from kubetune.atomic_write import write_atomic
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
 from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, REPO_ID_NAME, SUMMARY_NAME,
@@ -40,13 +41,6 @@ log = logging.getLogger("trainer")
 # Variables that keep every library in the recipe process off the network.
 OFFLINE_ENV = {env.HF_HUB_OFFLINE: "1", env.HF_DATASETS_OFFLINE: "1", env.TRANSFORMERS_OFFLINE: "1",
                env.HF_HUB_DISABLE_TELEMETRY: "1", env.DO_NOT_TRACK: "1"}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
@@ -205,7 +199,7 @@ def _fix_adapter_configs(output_dir: Path, model_dir: Path) -> None:
             continue
         if not config.get("base_model_name_or_path"):
             config["base_model_name_or_path"] = name or str(model_dir)
-            _write_atomic(path, json.dumps(config, indent=2))
+            write_atomic(path, json.dumps(config, indent=2))
 
 
 def _final_epoch_dir(plan_: RunPlan) -> str | None:
@@ -265,16 +259,16 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
     special = plan_.checkpoint.tokenizer.special_tokens
     if special:
         # torchtune reads special-token ids from a tokenizer.json's added_tokens.
-        _write_atomic(output_dir / SPECIAL_TOKENS_FILE, json.dumps(
+        write_atomic(output_dir / SPECIAL_TOKENS_FILE, json.dumps(
             {"added_tokens": [{"id": i, "content": t} for t, i in special.items()]}))
     saved = without_credentials(plan_.cfg)
-    _write_atomic(config_path, OmegaConf.to_yaml(saved))
+    write_atomic(config_path, OmegaConf.to_yaml(saved))
     private = None
     if has_credentials(plan_.cfg):
         # URL credentials in an override: the recipe reads them from a copy only this
         # process's user can read, gone when the recipe ends; the volume keeps the masked one.
         private = Path(tempfile.mkdtemp(prefix="kubetune-recipe-config-"))
-        _write_atomic(private / TRAINER_CONFIG_NAME, OmegaConf.to_yaml(plan_.cfg))
+        write_atomic(private / TRAINER_CONFIG_NAME, OmegaConf.to_yaml(plan_.cfg))
         command = plan_.command(private / TRAINER_CONFIG_NAME)
     try:
         return _launch(plan_, command)
@@ -329,7 +323,7 @@ def _launch(plan_: RunPlan, command: list[str]) -> int:
         summary = summarize(output_dir, wall, reason, plan_.checkpoint.architecture.dims,
                             str(plan_.cfg.device), plan_.topology.world_size,
                             _final_epoch_dir(plan_), plan_.method, plan_.cfg)
-        _write_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
+        write_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
         run_report.at_end(output_dir, summary)
     if stopped:
         record = resume.read_record(output_dir)
@@ -361,7 +355,7 @@ def _launch(plan_: RunPlan, command: list[str]) -> int:
                               fingerprint=plan_.fingerprint,
                               finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     # Written last: the exporter trusts only an output_dir that has this marker.
-    _write_atomic(output_dir / COMPLETION_MARKER_NAME, marker.encode())
+    write_atomic(output_dir / COMPLETION_MARKER_NAME, marker.encode())
     train_progress.report_finished(summary)
     log.info("done: %s steps, loss %s -> %s, %s tokens/s, checkpoint %s", summary["steps"],
              summary["first_loss"], summary["last_loss"],

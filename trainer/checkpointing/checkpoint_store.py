@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from kubetune import env
+from kubetune.atomic_write import fsync_path
 from kubetune.trainer.checkpointing import resume
 
 STAGING_NAME = ".kubetune-checkpoint-staging"
@@ -49,9 +50,9 @@ def staged_files(root: Path) -> dict[str, int]:
     for dirpath, _, names in os.walk(root):
         for name in names:
             path = Path(dirpath) / name
-            resume.fsync_path(path)
+            fsync_path(path)
             files[path.relative_to(root).as_posix()] = path.stat().st_size
-        resume.fsync_path(Path(dirpath))
+        fsync_path(Path(dirpath))
     return files
 
 
@@ -71,7 +72,7 @@ def publish_dir(src: Path, dest: Path) -> None:
     if dest.exists():
         os.replace(dest, old)
     os.replace(src, dest)
-    resume.fsync_path(dest.parent)
+    fsync_path(dest.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -107,7 +108,7 @@ class CheckpointStore:
         checkpoints.mkdir(exist_ok=True)
         shutil.rmtree(checkpoints / name, ignore_errors=True)  # an unvouched leftover
         os.replace(self.staging, checkpoints / name)
-        resume.fsync_path(checkpoints)
+        fsync_path(checkpoints)
         self.kill_hook.point("checkpoint renamed into place")
         if publish_epoch:
             linked = self.output_dir / f".kubetune-{epoch_name}-staging"

@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from omegaconf import DictConfig, OmegaConf
+
+from kubetune.atomic_write import write_atomic
 
 log = logging.getLogger("trainer")
 
@@ -59,24 +60,8 @@ def fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def fsync_path(path: Path) -> None:
-    """Flush a file's or a directory's entries to the disk (a rename is durable only then)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_record(output_dir: Path, record: ResumeRecord) -> None:
-    output_dir = Path(output_dir)
-    tmp = output_dir / (RESUME_RECORD_NAME + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(asdict(record), indent=2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, output_dir / RESUME_RECORD_NAME)
-    fsync_path(output_dir)
+    write_atomic(Path(output_dir) / RESUME_RECORD_NAME, json.dumps(asdict(record), indent=2))
 
 
 def read_record(output_dir: Path) -> ResumeRecord | None:
@@ -166,6 +151,4 @@ def trim_metrics(metrics_path: Path, global_step: int) -> None:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) == len(lines):
         return
-    tmp = Path(metrics_path).with_name(Path(metrics_path).name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, metrics_path)
+    write_atomic(metrics_path, "".join(kept))

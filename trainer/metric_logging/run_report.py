@@ -9,11 +9,11 @@ is replaced by rename, so a reader never sees half of one.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from kubetune.atomic_write import atomic_path, write_atomic
 
 from kubetune.trainer.metric_logging.png_plot import BLUE, ORANGE, Series, line_plots
 # The workspace's names: the exporter carries the report and curves into the export.
@@ -21,13 +21,6 @@ from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAIN
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
 
 log = logging.getLogger("trainer")
-
-
-def _replace(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def loss_steps(output_dir: Path) -> list[dict]:
@@ -44,10 +37,8 @@ def write_curves(output_dir: Path, steps: list[dict]) -> Path:
         lr = [r for r in steps if "lr" in r]
         panels.append(Series("learning rate", [r["step"] for r in lr], [r["lr"] for r in lr],
                              ORANGE))
-    fd, tmp = tempfile.mkstemp(dir=output_dir, prefix=f".{CURVES_NAME}.")
-    os.close(fd)
-    line_plots(Path(tmp), panels)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        line_plots(tmp, panels)
     return path
 
 
@@ -108,7 +99,7 @@ def write(output_dir: Path, summary: dict | None = None, state: str = "in progre
     if steps:
         write_curves(output_dir, steps)
     path = output_dir / RUN_REPORT_NAME
-    _replace(path, render(output_dir, steps, summary, state).encode())
+    write_atomic(path, render(output_dir, steps, summary, state))
     return path
 
 
