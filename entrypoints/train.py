@@ -6,13 +6,12 @@ Only the click surface: `kubetune.trainer.request.train_options` turns the optio
 
 from __future__ import annotations
 
-import difflib
-
 import click
 
 from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
 from kubetune.entrypoints.step import step_command
 from kubetune import env
+from kubetune.suggest import closest
 from kubetune.workspace import workspace
 from kubetune.trainer import launch
 from kubetune.trainer.request.methods import METHOD_NAMES
@@ -61,8 +60,8 @@ class _TrainCommand(click.Command):
                 options = [flag for param in self.get_params(ctx)
                            for flag in (*param.opts, *param.secondary_opts)
                            if flag.startswith("--")]
-                raise click.NoSuchOption(
-                    name, possibilities=difflib.get_close_matches(name, options), ctx=ctx)
+                guess = closest(name, set(options))
+                raise click.NoSuchOption(name, possibilities=[guess] if guess else None, ctx=ctx)
         return rest
 
 

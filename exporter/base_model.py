@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from kubetune import storage_uri
-from kubetune.workspace import REPO_ID_NAME
 from kubetune.workspace.initializer_manifest import InitializerManifest
+from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.model_files import weight_files as weight_names
 
 
@@ -27,10 +26,7 @@ def reference(model_dir: Path, found: InitializerManifest) -> tuple[str, str | N
         return where.repo_id, revision
     if isinstance(where, storage_uri.FileUri):
         return str(where.path), revision
-    try:
-        repo_id = json.loads((model_dir / REPO_ID_NAME).read_text()).get("repo_id")
-    except (OSError, ValueError, AttributeError):
-        repo_id = None
+    repo_id = original_repo_id(model_dir)
     named = storage_uri.recorded(repo_id) if repo_id and "://" in repo_id else None
     if isinstance(named, storage_uri.FileUri):
         repo_id = str(named.path)

@@ -102,7 +102,7 @@ class S3Destination:
                                               Key=self.key(EXPORT_MANIFEST_NAME))["Body"]
                 return body.read()
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                if s3_errors.is_missing_key(exc):
                     return None
                 raise
 
@@ -117,7 +117,7 @@ class S3Destination:
             try:
                 return self.client.head_object(Bucket=self.bucket, Key=self.key(path))
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                if s3_errors.is_missing_key(exc):
                     return None
                 raise
 

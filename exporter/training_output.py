@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from functools import cached_property
@@ -10,7 +9,8 @@ from pathlib import Path
 
 from kubetune.errors import BadInputError
 from kubetune.workspace import (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CURVES_NAME,
-                                RUN_REPORT_NAME, WEIGHTS_INDEX_NAME)
+                                RUN_REPORT_NAME)
+from kubetune.workspace.model_files import indexed_shards
 from kubetune.workspace.trainer_output import (CompletionMarker, parse_config, read_config_text,
                                                read_marker, read_summary)
 
@@ -32,18 +32,9 @@ class TrainingOutput:
 
     def merged_shards(self) -> list[Path]:
         """The merged model's shards, as the index names them (empty: none were saved)."""
-        index = self.checkpoint_dir / WEIGHTS_INDEX_NAME
-        if index.is_file():
-            try:
-                names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError, AttributeError) as exc:
-                raise BadInputError(f"{index} is unreadable ({exc}): the checkpoint is "
-                                    "incomplete; re-run the trainer") from None
-            missing = [n for n in names if not (self.checkpoint_dir / n).is_file()]
-            if missing:
-                raise BadInputError(f"{self.checkpoint_dir} lacks shards its index names "
-                                    f"({', '.join(missing[:3])}): the checkpoint is incomplete; "
-                                    "re-run the trainer")
+        names = indexed_shards(self.checkpoint_dir,
+                               ": the checkpoint is incomplete; re-run the trainer")
+        if names is not None:
             return [self.checkpoint_dir / n for n in names]
         return sorted(self.checkpoint_dir.glob("model*.safetensors"))
 

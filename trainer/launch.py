@@ -24,8 +24,9 @@ from kubetune import env
 from kubetune.atomic_write import write_atomic
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
-from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, REPO_ID_NAME, SUMMARY_NAME,
+from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
                                 TRAINER_CONFIG_NAME)
+from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
 from kubetune.logs import wrap_foreign_line
 from kubetune.trainer.checkpointing import resume
@@ -185,13 +186,7 @@ class _Supervisor:
 
 def _fix_adapter_configs(output_dir: Path, model_dir: Path) -> None:
     """torchtune writes ``base_model_name_or_path: null`` without original_repo_id.json."""
-    name = None
-    repo_id_file = model_dir / REPO_ID_NAME
-    if repo_id_file.is_file():
-        try:
-            name = json.loads(repo_id_file.read_text()).get("repo_id")
-        except (OSError, ValueError):
-            pass
+    name = original_repo_id(model_dir)
     for path in output_dir.glob("epoch_*/adapter_config.json"):
         try:
             config = json.loads(path.read_text())

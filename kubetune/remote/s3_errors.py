@@ -64,6 +64,11 @@ def code_of(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
+def is_missing_key(exc: ClientError) -> bool:
+    """The object is not there (GET's NoSuchKey, HEAD's bare 404)."""
+    return code_of(exc) in ("NoSuchKey", "404")
+
+
 def status_of(exc: ClientError) -> int | None:
     return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
 
@@ -102,7 +107,7 @@ class S3Errors:
         if code == "NoSuchBucket":
             return BadInputError(f"bucket {self.bucket} does not exist (check STORAGE_URI and "
                                  "ENDPOINT / REGION)")
-        if code in ("NoSuchKey", "404") and key:
+        if is_missing_key(exc) and key:
             return BadInputError(f"{where} vanished while downloading (deleted meanwhile?)")
         if code in CREDENTIAL_CODES:
             return BadInputError(f"{where}: the S3 credentials were rejected ({code}): check "

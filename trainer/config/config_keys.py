@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from kubetune.suggest import closest
 from kubetune.errors import BadInputError
 from kubetune.trainer.config.component_params import component_params, missing_component
 
@@ -32,29 +33,6 @@ LOAD_DATASET_KEYS = {"data_dir", "data_files", "split", "name", "revision", "cac
                      "verification_mode", "storage_options", "features", "field"}
 _CFG_READ = re.compile(r"""cfg(?:\.get\(\s*|\[\s*)["'](\w+)["']|cfg\.(\w+)""")
 _TOP_LEVEL = re.compile(r"^(\w+):", re.MULTILINE)
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance with adjacent transpositions (``epcohs`` is one edit)."""
-    prev2: list[int] = []
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cost = 0 if ca == cb else 1
-            best = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
-                best = min(best, prev2[j - 2] + 1)
-            cur.append(best)
-        prev2, prev = prev, cur
-    return prev[-1]
-
-
-def closest(name: str, known: set[str]) -> str | None:
-    """The known name a typo of ``name`` would be: one edit for short names, two else."""
-    limit = 1 if len(name) <= 5 else 2
-    scored = sorted((edit_distance(name, k), k) for k in known if k != name)
-    return scored[0][1] if scored and scored[0][0] <= limit else None
 
 
 @functools.lru_cache(maxsize=8)

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.config.config_keys import closest
+from kubetune.suggest import closest
 from kubetune.trainer.data.dataset_rows import FORMAT_OF_SUFFIX, look
 
 _SUFFIXES = FORMAT_OF_SUFFIX
