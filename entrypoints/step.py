@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import sys
 import traceback
 from typing import Callable, TypeVar
@@ -16,6 +17,7 @@ from kubetune import logs
 from kubetune.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, KubetuneError
 from kubetune.redact import redact, redact_std_streams
 from kubetune.termination import report_failure
+from kubetune.unknown_env import unknown_names
 
 F = TypeVar("F", bound=Callable)
 
@@ -23,7 +25,9 @@ F = TypeVar("F", bound=Callable)
 def run_step(step: str, func: Callable[[], int | None]) -> int:
     """Run ``func`` as step ``step``; map failures to a one-line report and an exit code."""
     redact_std_streams()  # before logging binds sys.stderr
-    logs.setup(step)
+    log = logs.setup(step)
+    for line in unknown_names(os.environ):
+        log.warning(line)
     try:
         return func() or 0
     except KubetuneError as exc:

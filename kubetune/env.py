@@ -45,6 +45,9 @@ EXPORT_URI = "EXPORT_URI"
 EXPORT_FORMAT = "EXPORT_FORMAT"
 
 # Failure reporting.
+# The prefix of our own names: a variable with it that no constant here names is a typo
+# (kubetune.unknown_env warns).
+KUBETUNE_PREFIX = "KUBETUNE_"
 TERMINATION_LOG = "KUBETUNE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
