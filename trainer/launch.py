@@ -5,6 +5,7 @@ outcome (``summary.json``, then the completion marker, last)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -272,11 +273,39 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
             shutil.rmtree(private, ignore_errors=True)
 
 
-def _launch(plan_: RunPlan, command: list[str]) -> int:
-    output_dir = plan_.output_dir
-    primary = plan_.is_primary_node
-    log.info("launching: %s", " ".join(command))
+@dataclasses.dataclass
+class _RecipeRun:
+    """What one run of the recipe process(es) left for the launcher to judge."""
+    code: int
+    wall_s: float
+    started_at: float  # wall clock, to tell this run's resume record from an older one
+    tail: collections.deque  # the recipe's last stderr lines
+    signalled: bool  # we forwarded a stop to it
+    killed: bool  # its grace period ran out
 
+
+def _launch(plan_: RunPlan, command: list[str]) -> int:
+    """The phases of a launch: run the recipe, judge how it ended, record it, and either
+    raise the one-line failure or write the completion marker."""
+    ran = _run_recipe(plan_, command)
+    stopped = _was_stopped(plan_, ran)
+    if ran.code != 0 and not stopped:
+        # The whole tail: torch's zip writer reports the full disk as a RuntimeError whose
+        # chained OSError (Errno 28) stands lines above the last exception line.
+        check_volume("\n".join(ran.tail), plan_.output_dir)  # before writing anything more
+    summary = _record_summary(plan_, ran, stopped) if plan_.is_primary_node else None
+    if stopped:
+        _raise_stopped(plan_)
+    if ran.code != 0:
+        _raise_failed(plan_, ran)
+    if summary is not None:
+        _finish(plan_, summary)
+    return 0
+
+
+def _run_recipe(plan_: RunPlan, command: list[str]) -> _RecipeRun:
+    """Start the recipe process(es), stream their output through redact, wait for them."""
+    log.info("launching: %s", " ".join(command))
     stop_file = Path(tempfile.gettempdir()) / f"kubetune-stop-{os.getpid()}"
     stop_file.unlink(missing_ok=True)
     start, started_at = time.monotonic(), time.time()
@@ -296,53 +325,70 @@ def _launch(plan_: RunPlan, command: list[str]) -> int:
         code = child.wait()
         for reader in readers:
             reader.join(timeout=10)
-    wall = time.monotonic() - start
+    return _RecipeRun(code, time.monotonic() - start, started_at, tail,
+                      signalled=supervisor.stopped_at is not None, killed=supervisor.killed)
 
-    stopped = supervisor.stopped_at is not None and code != 0
-    if code != 0 and not stopped:
-        # Another node was told to stop: all ranks saved together and exited 75.
-        record = resume.read_record(output_dir)
-        path = output_dir / resume.RESUME_RECORD_NAME
-        stopped = (record is not None and record.reason == "signal"
-                   and record.fingerprint == plan_.fingerprint
-                   and path.stat().st_mtime >= started_at)
+
+def _was_stopped(plan_: RunPlan, ran: _RecipeRun) -> bool:
+    """Stopped by a signal (ours, or another node's: all ranks saved together, exit 75)
+    rather than failed."""
+    if ran.code == 0:
+        return False
+    if ran.signalled:
+        return True
+    record = resume.read_record(plan_.output_dir)
+    path = plan_.output_dir / resume.RESUME_RECORD_NAME
+    return (record is not None and record.reason == "signal"
+            and record.fingerprint == plan_.fingerprint
+            and path.stat().st_mtime >= ran.started_at)
+
+
+def _record_summary(plan_: RunPlan, ran: _RecipeRun, stopped: bool) -> dict:
+    """summary.json and the run report, however the run ended (rank 0's node only)."""
     if stopped:
-        reason = "stopped by signal" + (" (grace period over)" if supervisor.killed else "")
+        reason = "stopped by signal" + (" (grace period over)" if ran.killed else "")
     else:
-        reason = "completed" if code == 0 else f"failed (exit {code})"
-        if code != 0:
-            # The whole tail: torch's zip writer reports the full disk as a RuntimeError whose
-            # chained OSError (Errno 28) stands lines above the last exception line.
-            check_volume("\n".join(tail), output_dir)  # before writing anything more there
-    if primary:
-        summary = summarize(output_dir, wall, reason, plan_.checkpoint.architecture.dims,
-                            str(plan_.cfg.device), plan_.topology.world_size,
-                            _final_epoch_dir(plan_), plan_.method, plan_.cfg)
-        write_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
-        run_report.at_end(output_dir, summary)
-    if stopped:
-        record = resume.read_record(output_dir)
-        if record is not None and record.fingerprint == plan_.fingerprint:
-            raise TransientError(
-                f"stopped by signal; resumable checkpoint {output_dir / record.checkpoint} "
-                f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): a restart "
-                "with the same config resumes from it")
-        raise TransientError(f"stopped by signal before any resumable checkpoint within the "
-                             f"{plan_.grace_period_s:.0f} s grace period: a restart starts over")
-    if code != 0:
-        signum = _killing_signal(code, tail)
-        if signum is not None:
-            raise _killed_error(signum, plan_.request.recipe)
-        cause = _error_line(tail)
-        if _NO_FALLBACK in cause:  # printed with its module path
-            raise BadInputError(cause.split(_NO_FALLBACK, 1)[1])
-        if any(sign in cause for sign in _OUT_OF_MEMORY):
-            raise BadInputError(
-                f"out of memory ({cause[:160]}): lower batch_size or tokenizer.max_seq_len, "
-                "set enable_activation_checkpointing=True, or use method qlora / more devices")
-        raise KubetuneError(f"recipe {plan_.request.recipe} failed: {cause}")
-    if not primary:
-        return 0
+        reason = "completed" if ran.code == 0 else f"failed (exit {ran.code})"
+    summary = summarize(plan_.output_dir, ran.wall_s, reason, plan_.checkpoint.architecture.dims,
+                        str(plan_.cfg.device), plan_.topology.world_size,
+                        _final_epoch_dir(plan_), plan_.method, plan_.cfg)
+    write_atomic(plan_.output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
+    run_report.at_end(plan_.output_dir, summary)
+    return summary
+
+
+def _raise_stopped(plan_: RunPlan) -> None:
+    """A stop is transient: say whether a restart resumes or starts over."""
+    output_dir = plan_.output_dir
+    record = resume.read_record(output_dir)
+    if record is not None and record.fingerprint == plan_.fingerprint:
+        raise TransientError(
+            f"stopped by signal; resumable checkpoint {output_dir / record.checkpoint} "
+            f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): a restart "
+            "with the same config resumes from it")
+    raise TransientError(f"stopped by signal before any resumable checkpoint within the "
+                         f"{plan_.grace_period_s:.0f} s grace period: a restart starts over")
+
+
+def _raise_failed(plan_: RunPlan, ran: _RecipeRun) -> None:
+    """The recipe's failure as one line: killed, no fallback left, out of memory, or its
+    own error line."""
+    signum = _killing_signal(ran.code, ran.tail)
+    if signum is not None:
+        raise _killed_error(signum, plan_.request.recipe)
+    cause = _error_line(ran.tail)
+    if _NO_FALLBACK in cause:  # printed with its module path
+        raise BadInputError(cause.split(_NO_FALLBACK, 1)[1])
+    if any(sign in cause for sign in _OUT_OF_MEMORY):
+        raise BadInputError(
+            f"out of memory ({cause[:160]}): lower batch_size or tokenizer.max_seq_len, "
+            "set enable_activation_checkpointing=True, or use method qlora / more devices")
+    raise KubetuneError(f"recipe {plan_.request.recipe} failed: {cause}")
+
+
+def _finish(plan_: RunPlan, summary: dict) -> None:
+    """A completed run: adapter configs named, resume record cleared, marker written last."""
+    output_dir = plan_.output_dir
     _fix_adapter_configs(output_dir, plan_.checkpoint.model_dir)
     resume.clear(output_dir)
     marker = CompletionMarker(checkpoint=summary["checkpoint"], method=plan_.method,
@@ -356,4 +402,3 @@ def _launch(plan_: RunPlan, command: list[str]) -> int:
              summary["first_loss"], summary["last_loss"],
              f"{summary['tokens_per_second']:.0f}" if summary["tokens_per_second"] else "?",
              output_dir / str(summary["checkpoint"]))
-    return 0

@@ -211,7 +211,12 @@ def plan(request: TuneRunRequest, workspace: Workspace,
          environ: Mapping[str, str] | None = None,
          resolved: topology.Topology | None = None) -> RunPlan:
     """The run ``request`` asks for; ``resolved``: the topology its recipe was chosen for
-    (`kubetune train`), else the plan resolves it from the request and ``PET_*``."""
+    (`kubetune train`), else the plan resolves it from the request and ``PET_*``.
+
+    The phases, in the order their errors show: torchtune's config + overrides, where it
+    runs (device, dtype, topology), what the checkpoint says (model, tokenizer,
+    checkpointer sections and the key checks), where the data is, the speed defaults,
+    our own sections, and resuming an earlier run."""
     environ = os.environ if environ is None else environ
     recipe_path, supports_distributed = resolve_recipe(request.recipe)
     base, notes = _config_for(request.config)
@@ -224,49 +229,16 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     checkpoint = read_checkpoint_model(model_dir)
     method = methods.method_of(cfg.get("model"), request.recipe)
 
-    hw = hardware.choose(cfg.get("device"), cfg.get("dtype"))
-    notes += hw.notes
-    cfg.device, cfg.dtype = hw.device, hw.dtype
-
-    distributed = request.recipe.endswith("_distributed") or "distributed" in recipe_path.stem
-    topo = resolved if resolved is not None else topology.resolve(request, hw.device, environ)
-    if distributed and not supports_distributed:
-        raise BadInputError(f"recipe {request.recipe} cannot run distributed")
-    notes += methods.check_recipe(request.recipe, method, topo)
-    if not distributed:
-        topo = topology.Topology(1, 1, 0, None)
-
-    notes += _model_section(cfg, checkpoint, method, request.config)
-    notes += _lr_scheduler_section(cfg)
-    in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
-    notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
-    check_values(cfg)
-    if method == "qlora":
-        check_nf4(checkpoint.architecture.dims)
-    _checkpointer_section(cfg, checkpoint)
-    _tokenizer_section(cfg, checkpoint, user_keys)
-    config_keys.check_rebuilt_sections(in_order, cfg)
-
+    hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
+                                   environ, resolved, notes)
+    notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
     cfg.log_peak_memory_stats = hw.device.startswith("cuda")
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
         notes.append("activation offloading needs CUDA: off on cpu")
-
-    found = None
-    if "dataset" in cfg:
-        notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
-        found = dataset_check.sample(cfg.dataset)
-        if found is not None:
-            dataset_check.check_split(cfg.dataset, found)
-            dataset_check.check_columns(cfg.dataset, found)
-    max_seq_len = int(cfg.tokenizer.get("max_seq_len") or min(checkpoint.max_seq_len, 2048))
+    found = _locate_data(cfg, workspace, notes)
     compile_before = bool(cfg.get("compile"))
-    notes += speed.apply(
-        cfg, user_keys, hw.device, topo.world_size,
-        dataset_check.mean_chars(cfg.dataset, found) if found else None,
-        found.total_rows if found else None, max_seq_len, method=method,
-        dims=checkpoint.architecture.dims,
-        gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
+    notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method)
 
     limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
         base, "tokenizer.max_seq_len", default=None) is not None
@@ -279,6 +251,75 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     check_values(cfg)
+    fingerprint, resumed = _resume(cfg, notes)
+    return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
+                   distributed=distributed, topology=topo, method=method,
+                   checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
+                   notes=notes)
+
+
+def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distributed: bool,
+           method: str, environ: Mapping[str, str], resolved: topology.Topology | None,
+           notes: list[str]):
+    """Device and dtype for this machine, and the topology the recipe runs on (one process
+    for a single-device recipe)."""
+    hw = hardware.choose(cfg.get("device"), cfg.get("dtype"))
+    notes += hw.notes
+    cfg.device, cfg.dtype = hw.device, hw.dtype
+
+    distributed = request.recipe.endswith("_distributed") or "distributed" in recipe_path.stem
+    topo = resolved if resolved is not None else topology.resolve(request, hw.device, environ)
+    if distributed and not supports_distributed:
+        raise BadInputError(f"recipe {request.recipe} cannot run distributed")
+    notes += methods.check_recipe(request.recipe, method, topo)
+    if not distributed:
+        topo = topology.Topology(1, 1, 0, None)
+    return hw, distributed, topo
+
+
+def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunRequest, recipe_path,
+                       checkpoint: CheckpointModel, method: str, user_keys: set[str]) -> list[str]:
+    """The model, scheduler, checkpointer and tokenizer sections rebuilt for the checkpoint,
+    with the override keys and values checked against what will be built."""
+    notes = _model_section(cfg, checkpoint, method, request.config)
+    notes += _lr_scheduler_section(cfg)
+    in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
+    notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
+    check_values(cfg)
+    if method == "qlora":
+        check_nf4(checkpoint.architecture.dims)
+    _checkpointer_section(cfg, checkpoint)
+    _tokenizer_section(cfg, checkpoint, user_keys)
+    config_keys.check_rebuilt_sections(in_order, cfg)
+    return notes
+
+
+def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str]):
+    """Point the dataset at local files and check them; the sample found, if any."""
+    if "dataset" not in cfg:
+        return None
+    notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
+    found = dataset_check.sample(cfg.dataset)
+    if found is not None:
+        dataset_check.check_split(cfg.dataset, found)
+        dataset_check.check_columns(cfg.dataset, found)
+    return found
+
+
+def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Topology, found,
+                    checkpoint: CheckpointModel, method: str) -> list[str]:
+    """Packing, compile and the memory plan, where the user said nothing."""
+    max_seq_len = int(cfg.tokenizer.get("max_seq_len") or min(checkpoint.max_seq_len, 2048))
+    return speed.apply(
+        cfg, user_keys, hw.device, topo.world_size,
+        dataset_check.mean_chars(cfg.dataset, found) if found else None,
+        found.total_rows if found else None, max_seq_len, method=method,
+        dims=checkpoint.architecture.dims,
+        gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
+
+
+def _resume(cfg: DictConfig, notes: list[str]):
+    """The config's fingerprint, and the earlier run of the same config to resume, if any."""
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg)
     cfg.kubetune.fingerprint = fingerprint
@@ -288,7 +329,4 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         notes.append(f"resuming from {Path(cfg.output_dir) / resumed.epoch_dir}: "
                      f"{resumed.epochs_run} epoch(s) + {resumed.steps_in_epoch} step(s) done "
                      f"(global step {resumed.global_step}, saved on {resumed.reason})")
-    return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
-                   distributed=distributed, topology=topo, method=method,
-                   checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
-                   notes=notes)
+    return fingerprint, resumed
