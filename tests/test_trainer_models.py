@@ -22,8 +22,12 @@ def fake_checkpoint(root, config: dict, files: dict[str, str], shards: int = 1):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
-    for name in names:
-        (root / name).write_bytes(b"")
+    # Whole safetensors files with one small tensor each (the index names them): the
+    # trainer checks weight headers before planning, and a dry run reads nothing more.
+    for i, name in enumerate(names):
+        header = json.dumps({f"w{i}": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+        header += " " * (-len(header) % 8)
+        (root / name).write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(4))
     if shards > 1:
         (root / "model.safetensors.index.json").write_text(json.dumps(
             {"weight_map": {f"w{i}": n for i, n in enumerate(names)}}))
