@@ -13,6 +13,7 @@ from kubetune.initializers import manifest, reuse, verify_dataset, verify_model,
 from kubetune.initializers.downloader import Downloader, check_space, disk_full
 from kubetune.initializers.progress import Progress
 from kubetune.initializers.request import InitRequest
+from kubetune.initializers.settings import InitializerSettings
 from kubetune.initializers.storage_uri import source_class
 from kubetune.errors import BadInputError
 from kubetune.file_hash import sha256_of
@@ -84,8 +85,9 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     staging.prune(staged, {f.path for f in files})
     reuse.seed_from_output(output, staged, files)
     check_space(staged, files)
-    with Progress(len(files), total) as progress:
-        recorded = Downloader(source, staged, progress).fetch_all(files)
+    settings = InitializerSettings()
+    with Progress(len(files), total, settings.progress_interval_s) as progress:
+        recorded = Downloader(source, staged, progress, settings).fetch_all(files)
         log.info(progress.summary())
 
     try:

@@ -6,14 +6,11 @@ import logging
 import threading
 import time
 
-from kubetune import env, logs
-from kubetune.env_numbers import env_float
+from kubetune import logs
+from kubetune.initializers.settings import InitializerSettings
 from kubetune.remote.trainjob_status import StatusReporter, transfer_metrics
 
 log = logging.getLogger("progress")
-
-DEFAULT_INTERVAL_S = 5.0
-
 
 class Cancelled(Exception):
     """Raised into a transfer when another file failed for good: stop early."""
@@ -38,8 +35,8 @@ class Progress:
     def __init__(self, files: int, total_bytes: int, interval_s: float | None = None) -> None:
         self.files = files
         self.total_bytes = total_bytes
-        self.interval_s = interval_s if interval_s is not None else env_float(
-            env.PROGRESS_INTERVAL_S, DEFAULT_INTERVAL_S, minimum=0)
+        self.interval_s = interval_s if interval_s is not None else \
+            InitializerSettings().progress_interval_s
         self._lock = threading.Lock()
         self._bytes: dict[str, int] = {}
         self._done = 0

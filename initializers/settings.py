@@ -1,0 +1,53 @@
+"""The initializers' tuning, as the pod spec sets it: each variable parsed here, once per
+reader, typed, with its default (a bad value is one line naming it, exit 65:
+`kubetune.env_numbers`).
+
+Each value is parsed when first asked for, as each was before it moved here: a setting the
+run never uses (the S3 part size of a hub download) is never read."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import Mapping
+
+from kubetune import env
+from kubetune.env_numbers import env_float, env_int
+
+DEFAULT_DOWNLOAD_WORKERS = 8
+DEFAULT_S3_PART_MB = 16
+DEFAULT_S3_PART_WORKERS = 8
+DEFAULT_PROGRESS_INTERVAL_S = 5.0
+
+
+class InitializerSettings:
+    """``environ``: the variables to read (default: this process's)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = os.environ if environ is None else environ  # the pod spec's values
+
+    # Counts of 0 or below run as 1, as they always have (issue 22 decides whether they
+    # become a refusal).
+    @cached_property
+    def download_workers(self) -> int:
+        """Files fetched at once."""
+        return max(1, env_int(env.DOWNLOAD_WORKERS, DEFAULT_DOWNLOAD_WORKERS,
+                              environ=self._environ))
+
+    @cached_property
+    def s3_part_size(self) -> int:
+        """Bytes of the largest ranged GET of a split S3 object."""
+        return max(1, env_int(env.S3_PART_SIZE_MB, DEFAULT_S3_PART_MB,
+                              environ=self._environ)) * 1024 * 1024
+
+    @cached_property
+    def s3_part_workers(self) -> int:
+        """Ranged parts in flight, across all objects."""
+        return max(1, env_int(env.S3_PART_WORKERS, DEFAULT_S3_PART_WORKERS,
+                              environ=self._environ))
+
+    @cached_property
+    def progress_interval_s(self) -> float:
+        """Seconds between two progress lines."""
+        return env_float(env.PROGRESS_INTERVAL_S, DEFAULT_PROGRESS_INTERVAL_S, minimum=0,
+                         environ=self._environ)
