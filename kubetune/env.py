@@ -144,8 +144,8 @@ AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub's own name)
 
-# torchrun sets these in each recipe process (kubetune.trainer.recipe_process.bootstrap, step_guard,
-# truncation, train_progress: only rank 0 reports).
+# torchrun sets these in each recipe process (read in kubetune.trainer.recipe_process.passed_env:
+# only rank 0 reports).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 # The launcher sets these for the recipe processes; the libraries inside read them.

@@ -2,5 +2,6 @@
 ``bootstrap`` (what the launcher starts instead of the recipe script), ``cpu_adapt`` (gloo
 and no CUDA calls on CPU), ``step_guard`` (stop on SIGTERM with a resumable save, exact
 resume), ``fallbacks`` (torch.compile that fails -> eager; out of memory at the first step ->
-a smaller micro-batch, same effective batch) and ``recipe_noise`` (torchtune's dumps kept
-at debug)."""
+a smaller micro-batch, same effective batch), ``recipe_noise`` (torchtune's dumps kept
+at debug) and ``passed_env`` (what torchrun and the launcher tell this process through its
+environment: rank, stop file, compile backend, test hooks; read there alone)."""
