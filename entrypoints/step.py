@@ -26,6 +26,7 @@ def run_step(step: str, func: Callable[[], int | None]) -> int:
     """Run ``func`` as step ``step``; map failures to a one-line report and an exit code."""
     redact_std_streams()  # before logging binds sys.stderr
     log = logs.setup(step)
+    # The whole environment, not one value: which KUBETUNE_* names no part of us reads.
     for line in unknown_names(os.environ):
         log.warning(line)
     try:

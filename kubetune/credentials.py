@@ -34,6 +34,7 @@ def _one_line(value: str, where: str) -> str | None:
 
 def secret(*names: str) -> str | None:
     """The first of ``names`` set inline, or through ``<NAME>_FILE``; None if none is."""
+    # Secrets are read here alone (each registered for redaction before any use).
     for name in names:
         value = os.environ.get(name)
         if value:
@@ -52,8 +53,8 @@ def secret(*names: str) -> str | None:
 def hf_token() -> str | None:
     """Kubeflow's ACCESS_TOKEN first, then Hugging Face's own HF_TOKEN."""
     token = secret(env.ACCESS_TOKEN, env.HF_TOKEN)
-    if token is None and os.environ.get(env.HF_TOKEN_PATH):
-        path = os.environ[env.HF_TOKEN_PATH]
+    path = os.environ.get(env.HF_TOKEN_PATH)
+    if token is None and path:
         try:
             value = Path(path).read_text()
         except OSError:
