@@ -26,25 +26,25 @@ class InitializerSettings:
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._environ = os.environ if environ is None else environ  # the pod spec's values
 
-    # Counts of 0 or below run as 1, as they always have (issue 22 decides whether they
-    # become a refusal).
+    def _count(self, name: str, default: int) -> int:
+        # Counts of 0 or below run as 1, as they always have (issue 22 decides whether they
+        # become a refusal).
+        return max(1, env_int(name, default, environ=self._environ))
+
     @cached_property
     def download_workers(self) -> int:
         """Files fetched at once."""
-        return max(1, env_int(env.DOWNLOAD_WORKERS, DEFAULT_DOWNLOAD_WORKERS,
-                              environ=self._environ))
+        return self._count(env.DOWNLOAD_WORKERS, DEFAULT_DOWNLOAD_WORKERS)
 
     @cached_property
     def s3_part_size(self) -> int:
         """Bytes of the largest ranged GET of a split S3 object."""
-        return max(1, env_int(env.S3_PART_SIZE_MB, DEFAULT_S3_PART_MB,
-                              environ=self._environ)) * 1024 * 1024
+        return self._count(env.S3_PART_SIZE_MB, DEFAULT_S3_PART_MB) * 1024 * 1024
 
     @cached_property
     def s3_part_workers(self) -> int:
         """Ranged parts in flight, across all objects."""
-        return max(1, env_int(env.S3_PART_WORKERS, DEFAULT_S3_PART_WORKERS,
-                              environ=self._environ))
+        return self._count(env.S3_PART_WORKERS, DEFAULT_S3_PART_WORKERS)
 
     @cached_property
     def progress_interval_s(self) -> float:
