@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from kubetune import env
+from kubetune.entrypoints.extras import require
 from kubetune.tools.local.steps import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
@@ -86,6 +87,8 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None) -> list[str]:
     """Run the pipeline; return the summary lines."""
+    # Its steps run here, in this interpreter: every stack, before the demo model is made.
+    require("all", "kubetune local")
     workdir = Path(workdir)
     if model_uri is None or dataset_uri is None:
         demo_model, demo_dataset = demo_sources(workdir / "sources")

@@ -13,6 +13,14 @@ import sys
 
 def torchtune_cli(argv: list[str]) -> None:
     """Hand the call to torchtune's CLI unchanged (replaces this process)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchtune") is None:
+        from kubetune.termination import report_failure
+
+        report_failure("tune: torchtune is not installed here: `tune` needs the trainer image "
+                       "/ `pip install kubetune[train]`")
+        sys.exit(65)
     os.execv(sys.executable, [sys.executable, "-m", "torchtune._cli.tune", *argv])
 
 

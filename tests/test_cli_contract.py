@@ -74,14 +74,22 @@ def test_precedence_option_beats_env(tmp_path, tiny_dataset_dir):
     assert not (tmp_path / "from-env").exists()
 
 
-def test_initializer_commands_do_not_import_the_torch_stack():
-    # The initializer image has no torch: its commands must not need it.
-    code = ("import sys, click; from kubetune.entrypoints.cli import main; "
-            "[main.get_command(click.Context(main), n) for n in ('init-model', 'init-dataset')]; "
-            "print(sorted(m for m in ('torch', 'torchtune', 'omegaconf', 'safetensors') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+# What the initializer image does not ship (core dependencies only).
+TORCH_STACK = ("torch", "torchtune", "torchao", "omegaconf", "safetensors", "datasets")
+
+
+def test_help_of_every_command_imports_no_torch_stack():
+    # Every image ships the whole CLI; the initializer image has no torch stack, so
+    # `kubetune --help` and each subcommand's `--help` must not import it.
+    code = ("import contextlib, io, sys\n"
+            "from kubetune.entrypoints.cli import COMMANDS, main\n"
+            "for args in [['--help'], *[[name, '--help'] for name in COMMANDS]]:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()):\n"
+            "        assert main.main(args, standalone_mode=False) == 0, args\n"
+            f"print(sorted(m for m in {TORCH_STACK!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"imported by --help: {out.stdout.strip()}"
 
 
 def test_install_tune_keeps_torchtunes_cli_reachable(tmp_path):
