@@ -130,12 +130,17 @@ def jobset_yaml(jobset: dict) -> str:
 def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
                 ) -> list[str]:
     """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
+    from kubetune.entrypoints.shims import install_tune
     from kubetune.tools.local.jobset import LocalJobSet
 
     workdir = Path(workdir)
     jobset = merged_jobset(runtime_path, trainjob_path)
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
-    restarts = LocalJobSet(jobset, workdir).run()
+    # A runtime's `tune run` must reach our launcher, as in our images, where
+    # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
+    # interpreter. Written on each run, for this interpreter.
+    commands_dir = install_tune(workdir.resolve() / "bin").parent
+    restarts = LocalJobSet(jobset, workdir, commands_dir).run()
     lines = summary_lines(workdir)
     return lines + ([f"restarts: {restarts}"] if restarts else [])
 
