@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # kubetune trainer: `tune run ...` (Kubeflow Trainer's torchtune command) and
-# `kubetune train`, on a CUDA PyTorch base. Our `tune` is first on PATH; torchtune's own
-# CLI stays as `tune-torchtune`.
+# `kubetune train`, on a CUDA PyTorch base. Our `tune` is first on PATH (/opt/kubetune/bin);
+# torchtune's own CLI is `tune-torchtune` there (both written by `kubetune install-tune`).
 #   docker build -f images/trainer.Dockerfile -t kubetune-trainer:0.1.0 .
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 

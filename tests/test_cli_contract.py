@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from kubetune.entrypoints.cli import COMMANDS, main
 from kubetune.entrypoints.shims import install_tune
 from tests.support.cli import clean_env, kubetune
 
+REPO = Path(__file__).resolve().parents[1]
 STEP_COMMANDS = ["init-dataset", "init-model", "train", "export", "local"]
 
 
@@ -92,18 +95,43 @@ def test_help_of_every_command_imports_no_torch_stack():
     assert out.stdout.strip() == "[]", f"imported by --help: {out.stdout.strip()}"
 
 
-def test_install_tune_keeps_torchtunes_cli_reachable(tmp_path):
+def documented_tune_commands() -> set[str]:
+    """Every `tune-*` command our docs, Dockerfiles and Makefile tell a user to run."""
+    texts = [REPO / "README.md", REPO / "DEVELOPERS.md", REPO / "Makefile",
+             REPO / "Dockerfile", *sorted((REPO / "images").glob("*.Dockerfile"))]
+    return {name for path in texts
+            for name in re.findall(r"(?<![\w-])tune-[a-z]+", path.read_text())}
+
+
+@pytest.mark.parametrize("layout", ["image", "venv"])
+def test_install_tune_writes_every_documented_tune_command(tmp_path, layout):
+    # image: an empty /opt/kubetune/bin (torchtune's `tune` is elsewhere, shadowed);
+    # venv: torchtune's console script already in the directory, replaced by ours.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    theirs = "#!/bin/sh\n# torchtune's console script\nexec python -m torchtune._cli.tune \"$@\"\n"
-    (bin_dir / "tune").write_text(theirs)
+    if layout == "venv":
+        (bin_dir / "tune").write_text(f"#!{sys.executable}\n# torchtune's console script\n"
+                                      "import sys\nfrom torchtune._cli.tune import main\n"
+                                      "sys.exit(main())\n")
     install_tune(bin_dir)
-    assert (bin_dir / "tune-torchtune").read_text() == theirs
+    documented = documented_tune_commands()
+    assert "tune-torchtune" in documented
+    for name in documented:
+        assert os.access(bin_dir / name, os.X_OK), f"documented {name} is not installed"
     ours = subprocess.run([str(bin_dir / "tune"), "--kubetune-version"], capture_output=True,
-                          text=True, check=True)
-    assert ours.stdout.startswith("kubetune ")
-    install_tune(bin_dir)  # idempotent: does not move our own script over torchtune's
-    assert (bin_dir / "tune-torchtune").read_text() == theirs
+                          text=True)
+    assert ours.returncode == 0 and ours.stdout.startswith("kubetune "), ours.stderr
+    theirs = subprocess.run([str(bin_dir / "tune-torchtune"), "ls"], capture_output=True,
+                            text=True, env=clean_env())
+    assert theirs.returncode == 0 and "lora_finetune_single_device" in theirs.stdout, \
+        theirs.stderr
+    # torchtune's own `run`, not our launcher: its usage, not our flags.
+    usage = subprocess.run([str(bin_dir / "tune-torchtune"), "run", "--help"],
+                           capture_output=True, text=True, env=clean_env())
+    assert usage.returncode == 0 and "usage: tune run" in usage.stdout, usage.stderr
+    before = {name: (bin_dir / name).read_text() for name in documented | {"tune"}}
+    install_tune(bin_dir)  # idempotent
+    assert {name: (bin_dir / name).read_text() for name in before} == before
 
 
 def test_tune_on_the_venv_path_is_ours_and_passes_other_subcommands_through():

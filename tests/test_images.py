@@ -261,7 +261,8 @@ def test_exporter_and_trainer_images_install(torch_images):
 @pytest.mark.parametrize("name", TORCH_IMAGES)
 def test_torch_images_answer_on_every_cli_path(torch_images, name, tmp_path):
     """Each image's default command (but the all-in-one's, which is the whole demo) and
-    `--help` of every subcommand it ships, `tune`'s included where it has ours."""
+    `--help` of every subcommand it ships, `tune`'s (and `tune-torchtune`, torchtune's own
+    CLI under the name the README gives it) included where it has ours."""
     image = torch_images[name]
     argv = image.default_command()
     if name != "all-in-one":
@@ -270,5 +271,6 @@ def test_torch_images_answer_on_every_cli_path(torch_images, name, tmp_path):
         _assert_answers(image.run(argv, tmp_path), argv)
     _help_of_every_subcommand(image, tmp_path)
     if name != "exporter":
-        for argv in (["tune", "--help"], ["tune", "run", "--help"]):
+        for argv in (["tune", "--help"], ["tune", "run", "--help"],
+                     ["tune-torchtune", "--help"]):
             _assert_answers(image.run(argv, tmp_path), argv)
