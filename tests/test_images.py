@@ -75,6 +75,44 @@ def test_image_rules(name):
                 f"{name}: unpinned pip install argument {arg!r}"
 
 
+# Each torch image's base and torch variant are build args: (base ARG, default base,
+# default index). The CUDA bases carry torch; the exporter is CPU by default.
+TORCH_BUILD_ARGS = {
+    "exporter": ("PYTHON_IMAGE", "python:3.11.14-slim-bookworm",
+                 "https://download.pytorch.org/whl/cpu"),
+    "trainer": ("BASE_IMAGE", "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime", None),
+    "all-in-one": ("BASE_IMAGE", "pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime", None),
+}
+
+
+def _index_of(argv: list[str]) -> str | None:
+    return argv[argv.index("--index-url") + 1] if "--index-url" in argv else None
+
+
+@pytest.mark.parametrize("name", TORCH_IMAGES)
+def test_base_and_torch_variant_are_build_args(name):
+    base_arg, default_base, default_index = TORCH_BUILD_ARGS[name]
+    text = DOCKERFILES[name].read_text()
+    runs = [arg for stage in parse(DOCKERFILES[name]).stages for arg in stage.all("RUN")]
+    assert not [r for r in runs if "://" in r], f"{name}: an index hard-coded in a RUN"
+    df = parse(DOCKERFILES[name])
+    assert f"ARG {base_arg}=" in text and df.final.base == f"${{{base_arg}}}"
+    assert df.expand(df.final.base) == default_base
+    torch_install, wheel_install = [a for a in install_commands(df) if a[3] == "install"]
+    assert "torch==2.13.0" in torch_install and _index_of(torch_install) == default_index
+    # A CPU variant: a slim Python base and PyTorch's CPU wheels, by build args alone.
+    cpu = parse(DOCKERFILES[name], {base_arg: "python:3.11.14-slim-bookworm",
+                                    "TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu",
+                                    "TORCH_VERSION": "2.13.0"})
+    assert cpu.expand(cpu.final.base) == "python:3.11.14-slim-bookworm"
+    torch_install, wheel_install = [a for a in install_commands(cpu) if a[3] == "install"]
+    assert _index_of(torch_install) == "https://download.pytorch.org/whl/cpu"
+    assert _index_of(wheel_install) is None  # the rest from the default index
+    # Empty: pip's own configured index (a mirror, a local wheel directory).
+    configured = parse(DOCKERFILES[name], {"TORCH_INDEX_URL": ""})
+    assert all(_index_of(a) is None for a in install_commands(configured))
+
+
 def test_trainer_puts_our_tune_first_on_path():
     for name in ("trainer", "all-in-one"):
         df = parse(DOCKERFILES[name])
