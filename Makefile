@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install --quiet $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[all,test]"
 	# torchtune owns the `tune` console script; ours replaces it in the venv and
-	# torchtune's stays reachable as tune-torchtune.
+	# torchtune's CLI is reachable as tune-torchtune (both written by install-tune).
 	$(BIN)/kubetune install-tune --bin-dir $(BIN)
 	touch $@
 

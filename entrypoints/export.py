@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from kubetune.entrypoints.extras import require
 from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
 from kubetune.entrypoints.step import step_command
 from kubetune.exporter.export import ExportRequest, export
@@ -18,6 +19,7 @@ def run_export(output_dir: str, model_dir: str, dataset_dir: str,
                export_revision: str | None = None, verify_logits: bool = True,
                verify_max_bytes: int | None = None) -> dict:
     """Export the completed training run in ``output_dir``; return the export manifest."""
+    require("export", "kubetune export")
     return export(ExportRequest(
         output_dir=Path(output_dir), model_dir=Path(model_dir), dataset_dir=Path(dataset_dir),
         destination=export_uri or str(workspace().export_dir), format=export_format or None,

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from kubetune import env
+from kubetune.entrypoints.extras import require
 from kubetune.tools.local.steps import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
@@ -86,6 +87,8 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None) -> list[str]:
     """Run the pipeline; return the summary lines."""
+    # Its steps run here, in this interpreter: every stack, before the demo model is made.
+    require("all", "kubetune local")
     workdir = Path(workdir)
     if model_uri is None or dataset_uri is None:
         demo_model, demo_dataset = demo_sources(workdir / "sources")
@@ -127,12 +130,17 @@ def jobset_yaml(jobset: dict) -> str:
 def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
                 ) -> list[str]:
     """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
+    from kubetune.entrypoints.shims import install_tune
     from kubetune.tools.local.jobset import LocalJobSet
 
     workdir = Path(workdir)
     jobset = merged_jobset(runtime_path, trainjob_path)
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
-    restarts = LocalJobSet(jobset, workdir).run()
+    # A runtime's `tune run` must reach our launcher, as in our images, where
+    # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
+    # interpreter. Written on each run, for this interpreter.
+    commands_dir = install_tune(workdir.resolve() / "bin").parent
+    restarts = LocalJobSet(jobset, workdir, commands_dir).run()
     lines = summary_lines(workdir)
     return lines + ([f"restarts: {restarts}"] if restarts else [])
 

@@ -1,14 +1,16 @@
-"""`kubetune install-tune`: put our `tune` in a bin directory, keeping torchtune's reachable.
+"""`kubetune install-tune`: put our `tune` in a bin directory, and torchtune's own CLI beside
+it as `tune-torchtune`.
 
 torchtune's distribution owns the `tune` console script, and two distributions writing
 the same script clobber each other on install. So ours is written by this command after
-install: in the image into a directory placed first on PATH; in `make`'s .venv into
-.venv/bin, where torchtune's script is kept as `tune-torchtune`.
+install: in the image into /opt/kubetune/bin, first on PATH (torchtune's `tune` stays
+beside the interpreter, shadowed); in `make`'s .venv into .venv/bin, over torchtune's.
+Either way torchtune's CLI is reachable under one name, `tune-torchtune`, written here
+too (our `tune` already hands every subcommand but `run` to it).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -25,25 +27,32 @@ from kubetune.entrypoints.tune import main
 if __name__ == "__main__":
     sys.exit(main())
 """
-# Present in our shims written before and after the import root moved, so an old
-# one is replaced, not kept as torchtune's.
-MARKER = "# kubetune's `tune`:"
+TORCHTUNE_SCRIPT = """#!{python}
+# kubetune's `tune-torchtune`: torchtune's own CLI, every subcommand (`run` included).
+import sys
+from kubetune.entrypoints.tune import torchtune_cli
+
+if __name__ == "__main__":
+    torchtune_cli(sys.argv[1:])
+"""
+TORCHTUNE_COMMAND = "tune-torchtune"
 
 
 def install_tune(bin_dir: Path, python: str = sys.executable) -> Path:
+    """Write our `tune` and `tune-torchtune` into ``bin_dir``; return the `tune` path."""
     bin_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(bin_dir / TORCHTUNE_COMMAND, TORCHTUNE_SCRIPT.format(python=python), mode=0o755)
     target = bin_dir / "tune"
-    if target.exists() and MARKER not in target.read_text(errors="replace"):
-        os.replace(target, bin_dir / "tune-torchtune")
     write_atomic(target, SCRIPT.format(python=python), mode=0o755)
     return target
 
 
 @click.command("install-tune")
 @click.option("--bin-dir", type=click.Path(path_type=Path, file_okay=False), required=True,
-              help="Directory to write `tune` into (first on PATH in the image).")
+              help="Directory to write `tune` and `tune-torchtune` into (first on PATH in "
+                   "the image).")
 @step_command("install-tune")  # a read-only or misplaced --bin-dir is one line, exit 65
 def install_tune_command(bin_dir: Path) -> None:
-    """Install kubetune's `tune` (torchtune's own is kept as tune-torchtune if present)."""
+    """Install kubetune's `tune`, and torchtune's own CLI as `tune-torchtune`."""
     target = install_tune(bin_dir)
     click.echo(f"installed {target}")

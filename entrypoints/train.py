@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import click
 
+from kubetune.entrypoints.extras import require
 from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
 from kubetune.entrypoints.step import step_command
 from kubetune import env
 from kubetune.suggest import closest
 from kubetune.workspace import workspace
-from kubetune.trainer import launch
 from kubetune.trainer.request.methods import METHOD_NAMES
-from kubetune.trainer.config.plan import plan
-from kubetune.trainer.request.train_options import DATASET_TYPES, TrainOptions, plan_training
-from kubetune.trainer.request.tune_command import parse_tune_run
+from kubetune.trainer.request.train_options import DATASET_TYPES, TrainOptions
 
 
 def run_tune(argv: list[str], dry_run: bool = False) -> int:
     """Run ``tune run <argv...>`` as Kubeflow Trainer composes it."""
+    require("train", "tune run")
+    # The torch stack (omegaconf, torchtune) only now: `--help` works in every image.
+    from kubetune.trainer import launch
+    from kubetune.trainer.config.plan import plan
+    from kubetune.trainer.request.tune_command import parse_tune_run
+
     return launch.run(plan(parse_tune_run(argv), workspace()), dry_run=dry_run)
 
 
@@ -32,6 +36,10 @@ def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "
 
     ``options``: `kubetune train`'s (``TrainOptions``' fields); ``train_overrides_text``:
     space-separated overrides applied before ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``)."""
+    require("train", "kubetune train")
+    from kubetune.trainer import launch
+    from kubetune.trainer.request.train_options import plan_training
+
     plan_ = plan_training(TrainOptions(method=method, **options), model_dir, dataset_dir,
                           output_dir, train_overrides_text, overrides)
     return launch.run(plan_, dry_run=dry_run)

@@ -7,13 +7,27 @@ not declared as a console script: torchtune already owns that name.
 
 from __future__ import annotations
 
-import os
 import sys
 
 
 def torchtune_cli(argv: list[str]) -> None:
-    """Hand the call to torchtune's CLI unchanged (replaces this process)."""
-    os.execv(sys.executable, [sys.executable, "-m", "torchtune._cli.tune", *argv])
+    """Hand the call to torchtune's CLI unchanged, in this process, as torchtune's own
+    `tune` script runs it; torchao's known import warnings stay out (``logs``)."""
+    import importlib.util
+
+    from kubetune import logs
+
+    if importlib.util.find_spec("torchtune") is None:
+        from kubetune.termination import report_failure
+
+        report_failure("tune: torchtune is not installed here: `tune` needs the trainer image "
+                       "/ `pip install kubetune[train]`")
+        sys.exit(65)
+    logs.quiet_libraries()  # before torchtune imports torchao
+    from torchtune._cli.tune import main as torchtune_main
+
+    sys.argv = ["tune", *argv]
+    sys.exit(torchtune_main())
 
 
 def main(argv: list[str] | None = None) -> None:

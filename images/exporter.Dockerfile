@@ -3,6 +3,8 @@
 # exporter requests no GPU, so it schedules on CPU nodes, where pulling the CUDA trainer
 # image would cost many GB; the CPU torch build is all its adapter checks need.
 #   docker build -f images/exporter.Dockerfile -t kubetune-exporter:0.1.0 .
+# Build args: PYTHON_IMAGE (the base: Python 3.11), TORCH_VERSION, TORCH_INDEX_URL (where
+# torch comes from: PyTorch's CPU wheel index by default; empty: pip's configured index).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -19,6 +21,7 @@ FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 LABEL org.opencontainers.image.title="kubetune-exporter" \
       org.opencontainers.image.description="kubetune exporter: adapter / merged model with a manifest (CPU torch)" \
       org.opencontainers.image.source="https://github.com/kubetune/kubetune" \
@@ -26,7 +29,7 @@ LABEL org.opencontainers.image.title="kubetune-exporter" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}"
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+    PIP_INDEX_URL="${TORCH_INDEX_URL}" python -m pip install --no-cache-dir \
         "torch==${TORCH_VERSION}" \
     && python -m pip install --no-cache-dir "/wheels/kubetune-${VERSION}-py3-none-any.whl[export]" \
     && groupadd --system --gid 65532 kubetune \

@@ -14,6 +14,11 @@ from kubetune import env
 from kubetune.redact import redact
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+# Loggers of libraries whose known warnings say nothing a user can act on, at every import:
+# torchao's "Skipping import of cpp extensions" (its C++ kernels are built for another torch:
+# we pin torchao 0.15.0 for torchtune 0.6.1, and the Python paths torchtune uses work
+# without them) and "Detected no triton" (CPU machines). Errors still show.
+QUIET_LIBRARY_LOGGERS = ("torchao",)
 _step: str | None = None  # the step this process runs, once setup() named it
 
 
@@ -35,6 +40,16 @@ def json_mode(environ: Mapping[str, str] | None = None) -> bool:
 def debug_mode(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the user asked for the noise too (torchtune's config dump, known warnings)."""
     return _word(env.LOG_LEVEL, "info", environ) == "debug"
+
+
+def quiet_libraries(environ: Mapping[str, str] | None = None) -> None:
+    """Silence the known library warnings (``QUIET_LIBRARY_LOGGERS``) unless the user asked
+    for debug: a logger level, so it must be set before the library is imported, and is
+    set by every process we start (``setup``; the recipe process, ``recipe_noise``)."""
+    if debug_mode(environ):
+        return
+    for name in QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def timestamp(when: float | None = None) -> str:
@@ -94,4 +109,5 @@ def setup(step: str, level: int | None = None) -> logging.Logger:
                   logging.DEBUG if debug_mode() else logging.INFO)
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_libraries()
     return logging.getLogger(step)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from kubetune.entrypoints.cli import COMMANDS, main
 from kubetune.entrypoints.shims import install_tune
 from tests.support.cli import clean_env, kubetune
 
+REPO = Path(__file__).resolve().parents[1]
 STEP_COMMANDS = ["init-dataset", "init-model", "train", "export", "local"]
 
 
@@ -74,28 +77,61 @@ def test_precedence_option_beats_env(tmp_path, tiny_dataset_dir):
     assert not (tmp_path / "from-env").exists()
 
 
-def test_initializer_commands_do_not_import_the_torch_stack():
-    # The initializer image has no torch: its commands must not need it.
-    code = ("import sys, click; from kubetune.entrypoints.cli import main; "
-            "[main.get_command(click.Context(main), n) for n in ('init-model', 'init-dataset')]; "
-            "print(sorted(m for m in ('torch', 'torchtune', 'omegaconf', 'safetensors') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+# What the initializer image does not ship (core dependencies only).
+TORCH_STACK = ("torch", "torchtune", "torchao", "omegaconf", "safetensors", "datasets")
 
 
-def test_install_tune_keeps_torchtunes_cli_reachable(tmp_path):
+def test_help_of_every_command_imports_no_torch_stack():
+    # Every image ships the whole CLI; the initializer image has no torch stack, so
+    # `kubetune --help` and each subcommand's `--help` must not import it.
+    code = ("import contextlib, io, sys\n"
+            "from kubetune.entrypoints.cli import COMMANDS, main\n"
+            "for args in [['--help'], *[[name, '--help'] for name in COMMANDS]]:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()):\n"
+            "        assert main.main(args, standalone_mode=False) == 0, args\n"
+            f"print(sorted(m for m in {TORCH_STACK!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"imported by --help: {out.stdout.strip()}"
+
+
+def documented_tune_commands() -> set[str]:
+    """Every `tune-*` command our docs, Dockerfiles and Makefile tell a user to run."""
+    texts = [REPO / "README.md", REPO / "DEVELOPERS.md", REPO / "Makefile",
+             REPO / "Dockerfile", *sorted((REPO / "images").glob("*.Dockerfile"))]
+    return {name for path in texts
+            for name in re.findall(r"(?<![\w-])tune-[a-z]+", path.read_text())}
+
+
+@pytest.mark.parametrize("layout", ["image", "venv"])
+def test_install_tune_writes_every_documented_tune_command(tmp_path, layout):
+    # image: an empty /opt/kubetune/bin (torchtune's `tune` is elsewhere, shadowed);
+    # venv: torchtune's console script already in the directory, replaced by ours.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    theirs = "#!/bin/sh\n# torchtune's console script\nexec python -m torchtune._cli.tune \"$@\"\n"
-    (bin_dir / "tune").write_text(theirs)
+    if layout == "venv":
+        (bin_dir / "tune").write_text(f"#!{sys.executable}\n# torchtune's console script\n"
+                                      "import sys\nfrom torchtune._cli.tune import main\n"
+                                      "sys.exit(main())\n")
     install_tune(bin_dir)
-    assert (bin_dir / "tune-torchtune").read_text() == theirs
+    documented = documented_tune_commands()
+    assert "tune-torchtune" in documented
+    for name in documented:
+        assert os.access(bin_dir / name, os.X_OK), f"documented {name} is not installed"
     ours = subprocess.run([str(bin_dir / "tune"), "--kubetune-version"], capture_output=True,
-                          text=True, check=True)
-    assert ours.stdout.startswith("kubetune ")
-    install_tune(bin_dir)  # idempotent: does not move our own script over torchtune's
-    assert (bin_dir / "tune-torchtune").read_text() == theirs
+                          text=True)
+    assert ours.returncode == 0 and ours.stdout.startswith("kubetune "), ours.stderr
+    theirs = subprocess.run([str(bin_dir / "tune-torchtune"), "ls"], capture_output=True,
+                            text=True, env=clean_env())
+    assert theirs.returncode == 0 and "lora_finetune_single_device" in theirs.stdout, \
+        theirs.stderr
+    # torchtune's own `run`, not our launcher: its usage, not our flags.
+    usage = subprocess.run([str(bin_dir / "tune-torchtune"), "run", "--help"],
+                           capture_output=True, text=True, env=clean_env())
+    assert usage.returncode == 0 and "usage: tune run" in usage.stdout, usage.stderr
+    before = {name: (bin_dir / name).read_text() for name in documented | {"tune"}}
+    install_tune(bin_dir)  # idempotent
+    assert {name: (bin_dir / name).read_text() for name in before} == before
 
 
 def test_tune_on_the_venv_path_is_ours_and_passes_other_subcommands_through():
@@ -107,10 +143,18 @@ def test_tune_on_the_venv_path_is_ours_and_passes_other_subcommands_through():
     listed = subprocess.run([tune, "ls"], capture_output=True, text=True, env=clean_env())
     assert listed.returncode == 0, listed.stderr
     assert "lora_finetune_single_device" in listed.stdout
+    # torchao's import warning (the trainer image's `docker run` is `tune --help`): only
+    # when asked for with KUBETUNE_LOG_LEVEL=debug.
+    assert TORCHAO_WARNING not in listed.stderr
     theirs = venv_bin / "tune-torchtune"
     assert theirs.is_file()
-    listed = subprocess.run([str(theirs), "ls"], capture_output=True, text=True, env=clean_env())
+    listed = subprocess.run([str(theirs), "ls"], capture_output=True, text=True,
+                            env=clean_env(KUBETUNE_LOG_LEVEL="debug"))
     assert "lora_finetune_single_device" in listed.stdout
+    assert TORCHAO_WARNING in listed.stderr
+
+
+TORCHAO_WARNING = "Skipping import of cpp extensions"
 
 
 def test_commands_table_matches_the_group():

@@ -75,6 +75,19 @@ def test_both_formats_land_in_hf_layout_with_a_manifest_of_every_file(trained_ru
     assert "PeftModel.from_pretrained" in (dest / "README.md").read_text()
 
 
+# torchao's warnings at import, in every process that imports torchtune (the exporter's own).
+TORCHAO_NOISE = ("Skipping import of cpp extensions", "Detected no triton")
+
+
+def test_known_library_warnings_only_at_debug_level(trained_run, both_export, tmp_path):
+    _, quiet = both_export
+    assert not [n for n in TORCHAO_NOISE if n in quiet.stdout + quiet.stderr], quiet.stderr
+    debug = kubetune("export", "--export-uri", str(tmp_path / "export"),
+                     env=trained_run.env(KUBETUNE_LOG_LEVEL="debug"))
+    assert debug.returncode == 0, debug.stderr[-2000:]
+    assert "exporter WARNING Skipping import of cpp extensions" in debug.stderr
+
+
 def test_rerun_with_a_matching_manifest_writes_nothing(trained_run, both_export):
     dest, _ = both_export
     before = {p: p.stat().st_mtime_ns for p in dest.rglob("*")}

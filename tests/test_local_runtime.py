@@ -4,6 +4,8 @@ controller merges them, run here end to end on the tiny model; and its failure p
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -203,3 +205,63 @@ def test_option_mixups_are_one_line(tmp_path, args, message):
     result = kubetune("local", "--workdir", str(tmp_path), *args, env=clean_env())
     assert result.returncode == 65
     assert len(error_lines(result)) == 1 and message in error_lines(result)[0]
+
+
+# The console script pip writes for torchtune's `tune` (and for our `kubetune`) beside the
+# interpreter, as in the all-in-one image's Python environment.
+CONSOLE_SCRIPT = """#!{python}
+import sys
+from {module} import {func}
+if __name__ == "__main__":
+    sys.exit({func}())
+"""
+
+
+def image_like_python(root: Path) -> Path:
+    """An interpreter laid out as in the all-in-one image: its bin dir holds torchtune's own
+    `tune` (and `kubetune`); our `tune`, written by `kubetune install-tune`, lives in
+    /opt/kubetune/bin. It imports this checkout's packages (no install: seconds, not minutes)."""
+    import site
+    import venv
+
+    env_dir = root / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; "
+                                   "print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    # addsitedir: the editable install's own .pth (our import root) is honoured too.
+    (purelib / "checkout.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))
+    for name, module, func in (("tune", "torchtune._cli.tune", "main"),
+                               ("kubetune", "kubetune.entrypoints.cli", "main")):
+        (env_dir / "bin" / name).write_text(CONSOLE_SCRIPT.format(
+            python=python, module=module, func=func))
+        (env_dir / "bin" / name).chmod(0o755)
+    subprocess.run([str(env_dir / "bin" / "kubetune"), "install-tune", "--bin-dir",
+                    str(root / "opt" / "kubetune" / "bin")], check=True, capture_output=True)
+    return python
+
+
+def test_dropin_runtime_runs_our_tune_not_the_one_beside_the_interpreter(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    """The image puts /opt/kubetune/bin first on PATH; the interpreter's bin dir (where pip
+    put torchtune's `tune`) comes later. `kubetune local` keeps that order: the runtime's
+    `tune run` reaches our launcher, whose dry run prints its plan."""
+    python = image_like_python(tmp_path / "image")
+    job = trainjob(tmp_path, "torchtune-llama3.2-1b", {
+        **sources(tiny_model_dir, tiny_dataset_dir),
+        "trainer": {"command": ["tune", "run"], "args": [
+            "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train",
+            "--kubetune-dry-run"]}})
+    path = os.pathsep.join([str(tmp_path / "image" / "opt" / "kubetune" / "bin"),
+                            str(python.parent), os.environ["PATH"]])
+    result = subprocess.run(
+        [str(python.parent / "kubetune"), "local", "--workdir", str(tmp_path / "run"),
+         "--runtime", str(BASE / "torchtune-llama3.2-1b.yaml"), "--trainjob", str(job)],
+        env=clean_env(PATH=path), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    node = [line for line in result.stdout.splitlines() if line.startswith("[node")]
+    assert "==> node: ok" in result.stdout, result.stdout[-3000:] + result.stderr
+    # Our launcher's dry run: the plan, no training.
+    assert any(line.startswith("[node] recipe: full_finetune_") for line in node), node
+    assert any(line.startswith("[node] method: full;") for line in node), node

@@ -57,7 +57,8 @@ class Dockerfile:
         return out
 
 
-def parse(path: Path) -> Dockerfile:
+def parse(path: Path, build_args: dict[str, str] | None = None) -> Dockerfile:
+    """The Dockerfile at ``path``; ``build_args`` as `--build-arg NAME=value` would give."""
     lines: list[str] = []
     pending = ""
     for raw in path.read_text().splitlines():
@@ -76,9 +77,11 @@ def parse(path: Path) -> Dockerfile:
         keyword, _, rest = line.strip().partition(" ")
         keyword, rest = keyword.upper(), " ".join(rest.split())
         if keyword == "ARG":
-            name, _, default = rest.partition("=")
-            if default:
-                args[name] = default
+            name, has_default, default = rest.partition("=")
+            if has_default:
+                args[name] = default.strip('"')
+            if build_args and name in build_args:
+                args[name] = build_args[name]
         if keyword == "FROM":
             parts = rest.split()
             stages.append(Stage(parts[0], parts[2] if len(parts) > 2 else None))
@@ -87,15 +90,33 @@ def parse(path: Path) -> Dockerfile:
     return Dockerfile(args, stages)
 
 
+def _pip_settings(assignments: list[str]) -> list[str]:
+    """``PIP_INDEX_URL=url`` before a pip command as the option pip reads it as
+    (``--index-url url``); pip drops an empty setting, so an empty one gives nothing."""
+    options = []
+    for assignment in assignments:
+        name, _, value = assignment.partition("=")
+        assert name.startswith("PIP_"), f"unexpected variable before a command: {assignment}"
+        if value:
+            options += ["--" + name[4:].lower().replace("_", "-"), value]
+    return options
+
+
 def install_commands(dockerfile: Dockerfile) -> list[list[str]]:
-    """The pip and kubetune commands of every RUN, in build order, variables expanded."""
+    """The pip and kubetune commands of every RUN, in build order, variables expanded;
+    pip settings given as environment (``PIP_X=v python -m pip install``) as options."""
     commands = []
     for stage in dockerfile.stages:
         for run in stage.all("RUN"):
             run = re.sub(r"--mount=\S+\s*", "", run)
             for part in run.split("&&"):
                 argv = shlex.split(dockerfile.expand(part.strip()))
-                if argv[:3] == ["python", "-m", "pip"] or argv[:1] == ["kubetune"]:
+                assignments = []
+                while argv and re.match(r"[A-Za-z_]\w*=", argv[0]):
+                    assignments.append(argv.pop(0))
+                if argv[:3] == ["python", "-m", "pip"]:
+                    commands.append([*argv[:4], *_pip_settings(assignments), *argv[4:]])
+                elif argv[:1] == ["kubetune"]:
                     commands.append(argv)
     return commands
 

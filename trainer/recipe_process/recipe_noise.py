@@ -1,7 +1,8 @@
 """Keep the recipe process's known noise out of pod logs (``KUBETUNE_LOG_LEVEL=debug``
 keeps it): torchtune's 80-line resolved-config dump (the merged config is already
-``output_dir/kubetune-config.yaml``), its profiler chatter, torchao's cpp-extension
-warning, and library deprecation warnings a user cannot act on.
+``output_dir/kubetune-config.yaml``), its profiler chatter, torchao's import warnings
+(``kubetune.logs.quiet_libraries``, shared with every step), and library deprecation
+warnings a user cannot act on.
 
 Applied in the recipe process before torchtune is imported, so each source is silenced
 where it speaks; anything not listed here still reaches the log.
@@ -36,8 +37,6 @@ def quiet() -> None:
     if logs.debug_mode():
         return
     logging.getLogger("torchtune.utils._logging").addFilter(_DropNoise())
-    # torchao warns at import that its C++ kernels do not match torch (we pin torchao
-    # 0.15.0 for torchtune 0.6.1); the Python paths torchtune uses work without them.
-    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logs.quiet_libraries()  # torchao's import warnings, as in every step's process
     for message in WARNING_NOISE:
         warnings.filterwarnings("ignore", message=message)

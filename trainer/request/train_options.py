@@ -9,6 +9,7 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubetune import env
 from kubetune.errors import BadInputError
@@ -16,8 +17,10 @@ from kubetune.workspace import Workspace, workspace
 from kubetune.trainer.request import topology
 from kubetune.trainer.request.methods import recipe_for
 from kubetune.trainer.request.settings import LauncherSettings
-from kubetune.trainer.config.plan import RunPlan, plan
 from kubetune.trainer.request.tune_command import TuneRunRequest
+
+if TYPE_CHECKING:  # the plan needs omegaconf: `kubetune train --help` reads this module
+    from kubetune.trainer.config.plan import RunPlan
 
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam": "torch.optim.Adam", "sgd": "torch.optim.SGD"}
 COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
@@ -237,4 +240,6 @@ def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, outpu
     steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
                       output_dir=Path(output_dir), export_dir=shared.export_dir)
     request = TuneRunRequest(recipe=recipe, config=config, overrides=args)
+    from kubetune.trainer.config.plan import plan
+
     return plan(request, steps, settings, topo)

@@ -11,8 +11,10 @@
   `PET_NODE_RANK`; pod DNS names of the JobSet resolve to 127.0.0.1.
 - A failed pod goes through the Job's podFailurePolicy and backoffLimit, a failed Job
   through the JobSet's failurePolicy, so a runtime's restart rules can be seen working.
-The image of each container is not used: this checkout's code runs, with the directory of
-the running Python (our `tune` and `kubetune`) first on PATH.
+The image of each container is not used: this checkout's code runs. PATH is the image's
+order: ``commands_dir`` (our `tune`, as /opt/kubetune/bin in our images) first, then the
+directory of the running Python (`kubetune`), whose `tune`, if any, is torchtune's own:
+pip installs torchtune's console script beside the interpreter.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ class JobFailure:
 class LocalJobSet:
     """One run of a merged JobSet under ``workdir``."""
 
-    def __init__(self, jobset: dict, workdir: Path) -> None:
+    def __init__(self, jobset: dict, workdir: Path, commands_dir: Path | None = None) -> None:
         self.jobset = jobset
+        self.commands_dir = commands_dir
         self.name = jobset["metadata"]["name"]
         self.spec = jobset["spec"]
         self.workdir = Path(workdir).resolve()
@@ -196,10 +199,12 @@ class LocalJobSet:
         root = next((local for path, local in mounts if path == DEFAULT_ROOT), None)
         if root is not None:
             env.setdefault(envnames.WORKSPACE, str(root))
-        bin_dir = str(Path(sys.executable).parent)
-        # The step's PATH: the container's, else the shell's, behind this Python's bin.
-        env[envnames.PATH] = os.pathsep.join([bin_dir, env.get(envnames.PATH)
-                                               or os.environ.get(envnames.PATH, "")])
+        first = [str(self.commands_dir)] if self.commands_dir else []
+        # The step's PATH: our commands (the image's /opt/kubetune/bin), this Python's bin,
+        # then the container's PATH, else the shell's.
+        env[envnames.PATH] = os.pathsep.join([*first, str(Path(sys.executable).parent),
+                                              env.get(envnames.PATH)
+                                              or os.environ.get(envnames.PATH, "")])
         name = container["name"] if pod_count == 1 else f"{container['name']}-{index}"
         return Step(name, argv, env)
 
