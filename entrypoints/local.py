@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,9 @@ from kubetune import env
 from kubetune.tools.local.steps import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
+
+if TYPE_CHECKING:
+    from kubetune.tools.local.containers import EngineOptions
 
 # Training arguments for the embedded tiny model: enough steps for the loss to fall
 # clearly, in seconds on two CPU cores.
@@ -124,15 +128,16 @@ def jobset_yaml(jobset: dict) -> str:
     return redact(yaml.safe_dump(jobset, sort_keys=False))
 
 
-def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
-                ) -> list[str]:
-    """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
+def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None,
+                engine: "EngineOptions | None" = None) -> list[str]:
+    """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here, as processes or
+    (``engine``) in containers of its images; return the summary."""
     from kubetune.tools.local.jobset import LocalJobSet
 
     workdir = Path(workdir)
     jobset = merged_jobset(runtime_path, trainjob_path)
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
-    restarts = LocalJobSet(jobset, workdir).run()
+    restarts = LocalJobSet(jobset, workdir, engine).run()
     lines = summary_lines(workdir)
     return lines + ([f"restarts: {restarts}"] if restarts else [])
 
@@ -165,9 +170,22 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 @click.option("--print-jobset", is_flag=True, envvar=env.LOCAL_PRINT_JOBSET,
               help="With --runtime: print the merged JobSet as YAML and run nothing "
                    f"[env: {env.LOCAL_PRINT_JOBSET}]")
+@click.option("--engine", envvar=env.LOCAL_ENGINE, default="process", show_default=True,
+              type=click.Choice(["process", "podman", "docker"]),
+              help="process: this checkout's code as processes; podman/docker: with "
+                   "--runtime, each container in its image, as the kubelet runs it "
+                   f"[env: {env.LOCAL_ENGINE}]")
+@click.option("--gpus", is_flag=True, envvar=env.LOCAL_GPUS,
+              help="With a container engine: give every GPU to the containers that request "
+                   f"nvidia.com/gpu (docker --gpus, podman CDI) [env: {env.LOCAL_GPUS}]")
+@click.option("--image", "images", multiple=True, envvar=env.LOCAL_IMAGES,
+              metavar="NAME=IMAGE",
+              help="With a container engine: run IMAGE where the runtime names NAME (a full "
+                   "reference, or its last part: initializer, trainer, exporter); repeatable "
+                   f"[env: {env.LOCAL_IMAGES}, space-separated]")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
-          trainjob_path, print_jobset, train_args) -> None:
+          trainjob_path, print_jobset, engine, gpus, images, train_args) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
 
     TRAIN_ARGS are `key=value` trainer arguments, as a TrainJob's spec.trainer.args;
@@ -176,8 +194,15 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
     """
     from kubetune.entrypoints.step import run_step
     from kubetune.errors import BadInputError
+    from kubetune.tools.local.containers import EngineOptions, parse_image_overrides
 
     def body() -> int:
+        if runtime_path is None and engine != "process":
+            raise BadInputError(f"--engine {engine} runs a runtime's images: give --runtime "
+                                "(e.g. runtimes/base/kubetune-byo-model.yaml)")
+        if engine == "process" and (gpus or images):
+            raise BadInputError("--gpus and --image need a container engine (--engine podman "
+                                "or docker)")
         if runtime_path is None:
             if trainjob_path or print_jobset:
                 raise BadInputError("--trainjob and --print-jobset need --runtime")
@@ -190,7 +215,9 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
             if print_jobset:
                 click.echo(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), nl=False)
                 return 0
-            lines = run_runtime(workdir, runtime_path, trainjob_path)
+            options = None if engine == "process" else EngineOptions(
+                engine, gpus, parse_image_overrides(images))
+            lines = run_runtime(workdir, runtime_path, trainjob_path, options)
         click.echo("\nsummary")
         for line in lines:
             click.echo(f"  {line}")
