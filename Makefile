@@ -76,7 +76,7 @@ images-test: venv
 	bash images/ci/bases.sh
 	$(MAKE) images ENGINE=podman IMAGE_BUILD_FLAGS="--network host --no-cache" PYTHON_IMAGE=$(CI_PYTHON_IMAGE) \
 		TORCH_IMAGE=$(CI_TORCH_IMAGE) EXPORTER_BASE_IMAGE=$(CI_TORCH_IMAGE)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m images tests/images $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) kubetune-local .pytest_cache
