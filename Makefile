@@ -8,7 +8,26 @@ BIN := $(VENV)/bin
 TORCH_INDEX_URL ?=
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test clean
+# Images (`make images`): tagged as the runtimes in runtimes/ reference them. ENGINE:
+# podman if installed, else docker. The bases default to the CUDA ones a GPU user wants;
+# the initializer and exporter need no GPU and build on a slim Python base. Extra engine
+# flags (e.g. --network host) go in IMAGE_BUILD_FLAGS. TORCH_INDEX_URL, when set, is passed
+# as a build arg (the torch variant of images that install torch).
+ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+VERSION := $(shell sed -nE 's/^version = "(.*)"/\1/p' pyproject.toml | head -n1)
+REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+IMAGE_REPO ?= ghcr.io/kubetune
+PYTHON_IMAGE ?= python:3.11.14-slim-bookworm
+TORCH_IMAGE ?= pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+EXPORTER_BASE_IMAGE ?= $(PYTHON_IMAGE)
+# podman 4.x mounts an empty directory when a `RUN --mount=type=bind,from=build` step runs
+# over a cached build stage (the second image sharing a base fails to find its wheel):
+# with podman every build starts uncached; the wheel build it repeats takes seconds.
+IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
+IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
+	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
+
+.PHONY: venv demo test clean images images-test image-initializer image-trainer image-exporter image-kubetune
 
 venv: $(VENV)/.installed
 
@@ -27,6 +46,37 @@ demo: venv
 
 test: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+images: image-initializer image-trainer image-exporter image-kubetune
+
+image-initializer:
+	$(IMAGE_BUILD) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
+		-f images/initializer.Dockerfile -t $(IMAGE_REPO)/initializer:$(VERSION) .
+
+image-trainer:
+	$(IMAGE_BUILD) --build-arg BASE_IMAGE=$(TORCH_IMAGE) \
+		-f images/trainer.Dockerfile -t $(IMAGE_REPO)/trainer:$(VERSION) .
+
+image-exporter:
+	$(IMAGE_BUILD) --build-arg PYTHON_IMAGE=$(EXPORTER_BASE_IMAGE) \
+		-f images/exporter.Dockerfile -t $(IMAGE_REPO)/exporter:$(VERSION) .
+
+image-kubetune:
+	$(IMAGE_BUILD) --build-arg BASE_IMAGE=$(TORCH_IMAGE) \
+		-f Dockerfile -t $(IMAGE_REPO)/kubetune:$(VERSION) .
+
+# CI has no image registry: stand-in bases built from Debian packages (images/ci/), the
+# same Dockerfiles built FROM them, then every image run as users run it (tests/images/).
+# The exporter builds on the torch stand-in: python + CPU torch, what its own torch
+# install gives on the slim base, without reaching the PyTorch index.
+CI_PYTHON_IMAGE := localhost/kubetune-ci-python:bookworm
+CI_TORCH_IMAGE := localhost/kubetune-ci-torch:bookworm
+images-test: venv
+	bash images/ci/podman-setup.sh
+	bash images/ci/bases.sh
+	$(MAKE) images ENGINE=podman IMAGE_BUILD_FLAGS="--network host --no-cache" PYTHON_IMAGE=$(CI_PYTHON_IMAGE) \
+		TORCH_IMAGE=$(CI_TORCH_IMAGE) EXPORTER_BASE_IMAGE=$(CI_TORCH_IMAGE)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) kubetune-local .pytest_cache

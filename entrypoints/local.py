@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,9 @@ from kubetune.entrypoints.extras import require
 from kubetune.tools.local.steps import Step, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
+
+if TYPE_CHECKING:
+    from kubetune.tools.local.containers import EngineOptions
 
 # Training arguments for the embedded tiny model: enough steps for the loss to fall
 # clearly, in seconds on two CPU cores.
@@ -127,20 +131,21 @@ def jobset_yaml(jobset: dict) -> str:
     return redact(yaml.safe_dump(jobset, sort_keys=False))
 
 
-def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None
-                ) -> list[str]:
-    """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here; return the summary."""
+def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None,
+                engine: "EngineOptions | None" = None) -> list[str]:
+    """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here, as processes or
+    (``engine``) in containers of its images; return the summary."""
     from kubetune.entrypoints.shims import install_tune
     from kubetune.tools.local.jobset import LocalJobSet
 
     workdir = Path(workdir)
     jobset = merged_jobset(runtime_path, trainjob_path)
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
-    # A runtime's `tune run` must reach our launcher, as in our images, where
+    # As processes, a runtime's `tune run` must reach our launcher, as in our images, where
     # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
-    # interpreter. Written on each run, for this interpreter.
-    commands_dir = install_tune(workdir.resolve() / "bin").parent
-    restarts = LocalJobSet(jobset, workdir, commands_dir).run()
+    # interpreter. Written on each run, for this interpreter. Containers have their own.
+    commands_dir = None if engine else install_tune(workdir.resolve() / "bin").parent
+    restarts = LocalJobSet(jobset, workdir, engine, commands_dir).run()
     lines = summary_lines(workdir)
     return lines + ([f"restarts: {restarts}"] if restarts else [])
 
@@ -169,9 +174,21 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
                    "command/args/env/numNodes/resourcesPerNode) apply to --runtime")
 @click.option("--print-jobset", is_flag=True, envvar=env.LOCAL_PRINT_JOBSET, show_envvar=True,
               help="With --runtime: print the merged JobSet as YAML and run nothing")
+@click.option("--engine", envvar=env.LOCAL_ENGINE, default="process", show_default=True,
+              show_envvar=True, type=click.Choice(["process", "podman", "docker"]),
+              help="process: this checkout's code as processes; podman/docker: with "
+                   "--runtime, each container in its image, as the kubelet runs it")
+@click.option("--gpus", is_flag=True, envvar=env.LOCAL_GPUS, show_envvar=True,
+              help="With a container engine: give every GPU to the containers that request "
+                   "nvidia.com/gpu (docker --gpus, podman CDI)")
+@click.option("--image", "images", multiple=True, envvar=env.LOCAL_IMAGES,
+              metavar="NAME=IMAGE", show_envvar=True,
+              help="With a container engine: run IMAGE where the runtime names NAME (a full "
+                   "reference, or its last part: initializer, trainer, exporter); repeatable "
+                   "(the variable: space-separated)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
-          trainjob_path, print_jobset, train_args) -> None:
+          trainjob_path, print_jobset, engine, gpus, images, train_args) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
 
     TRAIN_ARGS are `key=value` trainer arguments, as a TrainJob's spec.trainer.args;
@@ -180,8 +197,15 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
     """
     from kubetune.entrypoints.step import run_step
     from kubetune.errors import BadInputError
+    from kubetune.tools.local.containers import EngineOptions, parse_image_overrides
 
     def body() -> int:
+        if runtime_path is None and engine != "process":
+            raise BadInputError(f"--engine {engine} runs a runtime's images: give --runtime "
+                                "(e.g. runtimes/base/kubetune-byo-model.yaml)")
+        if engine == "process" and (gpus or images):
+            raise BadInputError("--gpus and --image need a container engine (--engine podman "
+                                "or docker)")
         if runtime_path is None:
             if trainjob_path or print_jobset:
                 raise BadInputError("--trainjob and --print-jobset need --runtime")
@@ -194,7 +218,9 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
             if print_jobset:
                 click.echo(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), nl=False)
                 return 0
-            lines = run_runtime(workdir, runtime_path, trainjob_path)
+            options = None if engine == "process" else EngineOptions(
+                engine, gpus, parse_image_overrides(images))
+            lines = run_runtime(workdir, runtime_path, trainjob_path, options)
         click.echo("\nsummary")
         for line in lines:
             click.echo(f"  {line}")

@@ -7,7 +7,10 @@ set -euo pipefail
 if ! command -v podman >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v runc >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq podman runc mmdebstrap uidmap slirp4netns fuse-overlayfs >/dev/null
+  # netavark + aardvark-dns: the per-run network of `kubetune local --engine podman`
+  # resolves pod names (multi-node rendezvous).
+  apt-get install -y -qq podman runc mmdebstrap uidmap slirp4netns fuse-overlayfs \
+    netavark aardvark-dns >/dev/null
 fi
 mkdir -p /etc/containers
 conf=/etc/containers/containers.conf

@@ -11,10 +11,12 @@
   `PET_NODE_RANK`; pod DNS names of the JobSet resolve to 127.0.0.1.
 - A failed pod goes through the Job's podFailurePolicy and backoffLimit, a failed Job
   through the JobSet's failurePolicy, so a runtime's restart rules can be seen working.
-The image of each container is not used: this checkout's code runs. PATH is the image's
-order: ``commands_dir`` (our `tune`, as /opt/kubetune/bin in our images) first, then the
-directory of the running Python (`kubetune`), whose `tune`, if any, is torchtune's own:
-pip installs torchtune's console script beside the interpreter.
+With no engine (`--engine process`), the image of each container is not used: this
+checkout's code runs. PATH is the image's order: ``commands_dir`` (our `tune`, as
+/opt/kubetune/bin in our images) first, then the directory of the running Python
+(`kubetune`), whose `tune`, if any, is torchtune's own: pip installs torchtune's console
+script beside the interpreter. With a container engine, each container runs in its image
+(`containers.py`): paths stay as the runtime wrote them, mounted where it says.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError, StepFailedError
+from kubetune.tools.local.container_argv import Mount
+from kubetune.tools.local.containers import ContainerSession, EngineOptions
 from kubetune.tools.local.steps import Step, StepResult, emit, run_process, stop_requested
 from kubetune.tools.local.runtime_merge import COMPLETION_INDEX_PATH
 from kubetune.workspace import DEFAULT_ROOT
@@ -79,7 +83,8 @@ class JobFailure:
 class LocalJobSet:
     """One run of a merged JobSet under ``workdir``."""
 
-    def __init__(self, jobset: dict, workdir: Path, commands_dir: Path | None = None) -> None:
+    def __init__(self, jobset: dict, workdir: Path, engine: EngineOptions | None = None,
+                 commands_dir: Path | None = None) -> None:
         self.jobset = jobset
         self.commands_dir = commands_dir
         self.name = jobset["metadata"]["name"]
@@ -92,6 +97,8 @@ class LocalJobSet:
         self.claim_dirs = {c: self.workdir / ("workspace" if i == 0 else f"claim-{c}")
                            for i, c in enumerate(claims)}
         subdomain = (self.spec.get("network") or {}).get("subdomain") or self.name
+        self.subdomain = subdomain
+        self.session = ContainerSession(engine, self.name) if engine else None
         names = "|".join(re.escape(j["name"]) for j in self.spec["replicatedJobs"])
         self._pod_dns = re.compile(
             rf"\b{re.escape(self.name)}-(?:{names})-\d+-\d+\.{re.escape(subdomain)}"
@@ -136,19 +143,58 @@ class LocalJobSet:
             name = mount["name"]
             if mount["mountPath"].rstrip("/") in SCRATCH_MOUNTS:
                 continue
-            if name in self.claim_dirs:
-                base = self.claim_dirs[name]
-            elif "persistentVolumeClaim" in volumes.get(name, {}):
-                base = self.workdir / f"pvc-{volumes[name]['persistentVolumeClaim']['claimName']}"
-            elif name in volumes:
-                base = self.workdir / "pods" / pod / name
-            else:
-                raise BadInputError(f"container {container['name']} mounts volume {name!r} "
-                                    "that neither the pod nor volumeClaimPolicies defines")
+            base = self._volume_dir(volumes, name, container, pod)
             local = base / mount["subPath"] if mount.get("subPath") else base
             local.mkdir(parents=True, exist_ok=True)
             mounts.append((mount["mountPath"].rstrip("/") or "/", local))
         return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
+
+    def _volume_dir(self, volumes: dict, name: str, container: dict, pod: str) -> Path:
+        if name in self.claim_dirs:
+            return self.claim_dirs[name]
+        if "persistentVolumeClaim" in volumes.get(name, {}):
+            return self.workdir / f"pvc-{volumes[name]['persistentVolumeClaim']['claimName']}"
+        if name in volumes:
+            return self.workdir / "pods" / pod / name
+        raise BadInputError(f"container {container['name']} mounts volume {name!r} "
+                            "that neither the pod nor volumeClaimPolicies defines")
+
+    def _container_mounts(self, pod_spec: dict, container: dict, pod: str
+                          ) -> tuple[list[Mount], list[str]]:
+        """Bind mounts (host directories) and tmpfs paths for a container engine."""
+        volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+        mounts, tmpfs = [], []
+        for mount in container.get("volumeMounts") or []:
+            name, target = mount["name"], mount["mountPath"]
+            if (volumes.get(name, {}).get("emptyDir") or {}).get("medium") == "Memory":
+                tmpfs.append(target)
+                continue
+            base = self._volume_dir(volumes, name, container, pod)
+            local = base / mount["subPath"] if mount.get("subPath") else base
+            local.mkdir(parents=True, exist_ok=True)
+            # Writable by the pod's user, whichever it is: what fsGroup does on a cluster.
+            for path in {base, local}:
+                path.chmod(0o777)
+            mounts.append(Mount(local, target, bool(mount.get("readOnly"))))
+        return mounts, tmpfs
+
+    def _container_step(self, job: dict, container: dict, index: int, pod_count: int
+                        ) -> Step:
+        pod_spec = job["template"]["spec"]["template"]["spec"]
+        pod = f"{self.name}-{job['name']}-0-{index}"
+        if not container.get("image"):
+            raise BadInputError(f"container {container['name']} of job {job['name']} has "
+                                "no image")
+        env = self._env(container, index, pod)
+        # Kubernetes expands $(VAR) in command and args against the container's env.
+        resolved = {**container,
+                    "command": [expand(a, env) for a in container.get("command") or []],
+                    "args": [expand(a, env) for a in container.get("args") or []]}
+        mounts, tmpfs = self._container_mounts(pod_spec, container, pod)
+        name = container["name"] if pod_count == 1 else f"{container['name']}-{index}"
+        return self.session.step(name=name, pod=pod, aliases=[f"{pod}.{self.subdomain}"],
+                                 pod_spec=pod_spec, container=resolved, env=env,
+                                 mounts=mounts, tmpfs=tmpfs, logs_dir=self.logs)
 
     def _localize(self, text: str, mounts: list[tuple[str, Path]]) -> str:
         if mounts:
@@ -185,6 +231,8 @@ class LocalJobSet:
         return resolved
 
     def step(self, job: dict, container: dict, index: int, pod_count: int) -> Step:
+        if self.session is not None:
+            return self._container_step(job, container, index, pod_count)
         pod_spec = job["template"]["spec"]["template"]["spec"]
         pod = f"{self.name}-{job['name']}-0-{index}"
         argv = list(container.get("command") or []) + list(container.get("args") or [])
@@ -324,7 +372,17 @@ class LocalJobSet:
         stages = self.stages()
         emit(f"==> JobSet {self.name}: " + " -> ".join(
             "+".join(j["name"] for j in stage) for stage in stages) +
-            " (images are not pulled: this checkout's code runs)\n")
+            (" (images are not pulled: this checkout's code runs)\n" if self.session is None
+             else f" ({self.session.options.engine}, network {self.session.network})\n"))
+        if self.session is None:
+            return self._run(stages)
+        try:
+            self.session.open()
+            return self._run(stages)
+        finally:
+            self.session.close()
+
+    def _run(self, stages: list[list[dict]]) -> int:
         max_restarts = (self.spec.get("failurePolicy") or {}).get("maxRestarts", 0)
         restarts = uncounted = 0
         while True:

@@ -1,0 +1,145 @@
+"""`kubetune local --engine podman|docker`: each container of a merged JobSet as a real
+container of its image (argv from `container_argv`), one run's network and names, and
+their removal however the run ends.
+
+What the kubelet gives a pod is mapped here: the per-job PVC and other volumes are host
+directories under the work directory (made writable by any user, as fsGroup makes a
+volume writable by the pod's user); a `file://` path named in the container's env or
+args that exists on this host is bind-mounted read-only at the same path, so the URI is
+unchanged; pods find each other by their JobSet DNS names (network aliases) on one
+network per run.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubetune import env as envnames
+from kubetune.errors import BadInputError
+from kubetune.tools.local.container_argv import (ContainerRun, Mount, image_for,
+                                                 network_create_argv, network_remove_argv,
+                                                 remove_argv, run_argv)
+from kubetune.tools.local.steps import Step, termination_log
+
+CONTAINER_ENGINES = ("podman", "docker")
+GPU_RESOURCE = "nvidia.com/gpu"
+RUN_LABEL = "kubetune.local/run"
+_FILE_URI = re.compile(r"file://(/[^\s,;\"']+)")
+# A step's env that the engine client gets but the container must not (the host's paths).
+_HOST_ONLY = {envnames.TERMINATION_LOG}
+
+
+@dataclass
+class EngineOptions:
+    engine: str
+    gpus: bool = False
+    images: dict[str, str] = field(default_factory=dict)
+
+
+def parse_image_overrides(values: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`NAME=IMAGE` pairs (NAME: `initializer`, or a full image reference)."""
+    overrides = {}
+    for value in values:
+        name, sep, image = value.partition("=")
+        if not sep or not name or not image:
+            raise BadInputError(f"--image {value!r}: expected NAME=IMAGE, e.g. "
+                                "initializer=localhost/kubetune-initializer:dev")
+        overrides[name] = image
+    return overrides
+
+
+def file_sources(texts: list[str]) -> list[Path]:
+    """Host paths of the `file://` URIs in ``texts`` that exist here."""
+    found = []
+    for text in texts:
+        for match in _FILE_URI.finditer(text):
+            path = Path(match.group(1))
+            if path.exists() and path not in found:
+                found.append(path)
+    return found
+
+
+def _security(pod_spec: dict, container: dict) -> dict:
+    pod = pod_spec.get("securityContext") or {}
+    own = container.get("securityContext") or {}
+    user, group = own.get("runAsUser", pod.get("runAsUser")), \
+        own.get("runAsGroup", pod.get("runAsGroup"))
+    drop = ((own.get("capabilities") or {}).get("drop")) or []
+    return {
+        "user": None if user is None else (f"{user}:{group}" if group is not None
+                                           else str(user)),
+        "groups": [str(g) for g in ([pod["fsGroup"]] if "fsGroup" in pod else [])
+                   + list(pod.get("supplementalGroups") or [])],
+        "read_only": bool(own.get("readOnlyRootFilesystem")),
+        "cap_drop": [str(c) for c in drop],
+        "no_new_privileges": own.get("allowPrivilegeEscalation") is False,
+    }
+
+
+def _wants_gpu(container: dict) -> bool:
+    resources = container.get("resources") or {}
+    return any(GPU_RESOURCE in (resources.get(k) or {}) for k in ("limits", "requests"))
+
+
+class ContainerSession:
+    """The containers and the network of one `kubetune local` run."""
+
+    def __init__(self, options: EngineOptions, jobset_name: str) -> None:
+        if options.engine not in CONTAINER_ENGINES:
+            raise BadInputError(f"--engine {options.engine}: one of process, "
+                                + ", ".join(CONTAINER_ENGINES))
+        self.options = options
+        self.run_id = f"{jobset_name}-{secrets.token_hex(3)}"
+        self.network = f"kubetune-{self.run_id}"
+        self.started: list[str] = []
+        self._network_made = False
+
+    def _engine(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            raise BadInputError(f"--engine {self.options.engine}: `{argv[0]}` is not "
+                                "installed or not on PATH") from None
+        if check and result.returncode != 0:
+            raise BadInputError(f"{' '.join(argv)}: " + (result.stderr.strip().splitlines()
+                                                          or ["failed"])[-1])
+        return result
+
+    def open(self) -> None:
+        self._engine(network_create_argv(self.options.engine, self.network))
+        self._network_made = True
+
+    def close(self) -> None:
+        """Remove every container this run started and its network; errors are ignored
+        (a container that ended on its own is already gone)."""
+        if self.started:
+            self._engine(remove_argv(self.options.engine, self.started), check=False)
+        if self._network_made:
+            self._engine(network_remove_argv(self.options.engine, self.network), check=False)
+
+    def step(self, *, name: str, pod: str, aliases: list[str], pod_spec: dict,
+             container: dict, env: dict[str, str], mounts: list[Mount], tmpfs: list[str],
+             logs_dir: Path) -> Step:
+        """The Step whose command runs ``container`` of ``pod`` in its image."""
+        command = list(container.get("command") or [])
+        args = list(container.get("args") or [])
+        sources = [Mount(p, str(p), read_only=True)
+                   for p in file_sources(command + args + list(env.values()))
+                   if not any(m.target == str(p) for m in mounts)]
+        engine_name = f"kubetune-{self.run_id}-{name}-{len(self.started)}"
+        run = ContainerRun(
+            engine=self.options.engine, name=engine_name,
+            image=image_for(container["image"], self.options.images),
+            command=command, args=args,
+            env_names=[n for n in env if n not in _HOST_ONLY],
+            mounts=mounts + sources, tmpfs=tmpfs,
+            termination_log=termination_log(logs_dir, name),
+            network=self.network, hostname=pod, aliases=aliases,
+            gpus=self.options.gpus and _wants_gpu(container),
+            labels={RUN_LABEL: self.run_id}, **_security(pod_spec, container))
+        self.started.append(engine_name)
+        return Step(name, run_argv(run), env)

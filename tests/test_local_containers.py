@@ -1,0 +1,124 @@
+"""`kubetune local --engine podman|docker`: the engine command line built for each
+container of a merged runtime, checked without an engine (tests/images runs them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kubetune.entrypoints.local import merged_jobset
+from kubetune.errors import BadInputError
+from kubetune.tools.local.container_argv import ContainerRun, image_for, run_argv
+from kubetune.tools.local.containers import EngineOptions, file_sources, parse_image_overrides
+from kubetune.tools.local.jobset import LocalJobSet
+from tests.support.cli import clean_env, kubetune
+
+pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
+BASE = Path(__file__).resolve().parents[1] / "runtimes" / "base"
+
+
+def job_named(jobset: LocalJobSet, name: str) -> dict:
+    return next(j for j in jobset.spec["replicatedJobs"] if j["name"] == name)
+
+
+def container_step(tmp_path: Path, runtime: str, job: str, engine: str = "podman",
+                   gpus: bool = False, images: dict | None = None, index: int = 0,
+                   trainjob: Path | None = None):
+    js = LocalJobSet(merged_jobset(BASE / runtime, trainjob), tmp_path,
+                     EngineOptions(engine, gpus, images or {}))
+    js.logs.mkdir(parents=True, exist_ok=True)
+    j = job_named(js, job)
+    pod = j["template"]["spec"]["template"]["spec"]
+    return js, js.step(j, pod["containers"][0], index, 1)
+
+
+def option_values(argv: list[str], option: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == option]
+
+
+def test_trainer_container_runs_the_runtime_command_in_its_image(tmp_path):
+    js, step = container_step(tmp_path, "torchtune-llama3.2-1b.yaml", "node")
+    argv = step.command
+    image = argv.index("ghcr.io/kubetune/trainer:0.1.0")
+    # command[0] replaces the ENTRYPOINT; the rest of command, then args, follow the image.
+    assert option_values(argv, "--entrypoint") == ["tune"]
+    assert argv[image + 1:image + 3] == ["run", "--rdzv_endpoint=localhost:29500"]
+    assert "output_dir=/workspace/output" in argv[image:]  # paths as the runtime wrote them
+    mounts = option_values(argv, "--mount")
+    assert f"type=bind,source={tmp_path / 'workspace'},target=/workspace" in mounts
+    assert f"type=bind,source={tmp_path / 'logs' / 'node.termination-log'}," \
+           "target=/dev/termination-log" in mounts
+    assert "/dev/shm" in option_values(argv, "--tmpfs")  # the emptyDir of medium Memory
+    # The pod's securityContext, as the kubelet applies it.
+    assert option_values(argv, "--user") == ["65532:65532"]
+    assert option_values(argv, "--group-add") == ["65532"]
+    assert "--read-only" in argv and option_values(argv, "--cap-drop") == ["ALL"]
+    # Pod DNS: the name PET_MASTER_ADDR holds resolves on the run's network.
+    assert option_values(argv, "--network") == [js.session.network]
+    assert step.env["PET_MASTER_ADDR"] in option_values(argv, "--network-alias")
+    assert {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+            "PET_MASTER_PORT"} <= set(option_values(argv, "-e"))
+    assert step.env["PET_NODE_RANK"] == "0"
+    assert "--gpus" not in argv and "--device" not in argv  # not asked for
+
+
+def test_env_values_never_appear_on_the_command_line(tmp_path):
+    secret = "hf_s3cr3tTOKENvalue"
+    run = ContainerRun(engine="docker", name="x", image="img", command=["kubetune"],
+                       env_names=["ACCESS_TOKEN", "STORAGE_URI"])
+    argv = run_argv(run)
+    assert option_values(argv, "-e")[-2:] == ["ACCESS_TOKEN", "STORAGE_URI"]
+    assert not any(secret in a for a in argv)
+
+
+@pytest.mark.parametrize("engine, flags", [("docker", ["--gpus", "all"]),
+                                           ("podman", ["--device", "nvidia.com/gpu=all"])])
+def test_gpus_go_to_the_containers_that_request_them(tmp_path, engine, flags):
+    _, node = container_step(tmp_path, "torchtune-llama3.2-1b.yaml", "node", engine, True)
+    _, init = container_step(tmp_path / "i", "torchtune-llama3.2-1b.yaml",
+                             "model-initializer", engine, True)
+    joined = " ".join(node.command)
+    assert node.command[0] == engine and " ".join(flags) in joined
+    assert flags[0] not in init.command  # no GPU request, no GPU (as on the cluster)
+
+
+def test_a_file_source_is_mounted_read_only_at_its_own_path(tmp_path):
+    model = tmp_path / "src" / "model"
+    model.mkdir(parents=True)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"""apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: tiny}}
+spec:
+  runtimeRef: {{name: kubetune-byo-model}}
+  initializer:
+    model: {{storageUri: "file://{model}"}}
+    dataset: {{storageUri: "file:///not/on/this/host"}}
+""")
+    _, step = container_step(tmp_path / "run", "kubetune-byo-model.yaml",
+                             "model-initializer", trainjob=job)
+    assert f"type=bind,source={model},target={model},readonly" in \
+        option_values(step.command, "--mount")
+    assert step.env["STORAGE_URI"] == f"file://{model}"  # the URI is unchanged
+    assert file_sources(["file:///not/on/this/host"]) == []
+
+
+def test_image_overrides_by_name_or_reference():
+    overrides = parse_image_overrides(["trainer=localhost/t:dev",
+                                       "ghcr.io/kubetune/exporter:0.1.0=localhost/e:dev"])
+    assert image_for("ghcr.io/kubetune/trainer:0.1.0", overrides) == "localhost/t:dev"
+    assert image_for("ghcr.io/kubetune/exporter:0.1.0", overrides) == "localhost/e:dev"
+    assert image_for("ghcr.io/kubetune/initializer:0.1.0", overrides) == \
+        "ghcr.io/kubetune/initializer:0.1.0"
+    with pytest.raises(BadInputError, match="NAME=IMAGE"):
+        parse_image_overrides(["trainer"])
+
+
+def test_engine_options_need_a_runtime_and_an_engine(tmp_path):
+    result = kubetune("local", "--engine", "podman", "--workdir", str(tmp_path),
+                      env=clean_env())
+    assert result.returncode == 65 and "give --runtime" in result.stderr
+    result = kubetune("local", "--gpus", "--runtime", str(BASE / "kubetune-byo-model.yaml"),
+                      "--workdir", str(tmp_path), env=clean_env())
+    assert result.returncode == 65 and "need a container engine" in result.stderr
