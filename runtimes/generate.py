@@ -1,4 +1,6 @@
-"""Write runtimes/base/*.yaml: every ClusterTrainingRuntime, from one description each.
+"""Write every ClusterTrainingRuntime, from one description each: our `kubetune-*`
+runtimes to runtimes/base/, the `torchtune-*` drop-ins for upstream's runtimes (same
+names: applying them replaces upstream's) to runtimes/overlays/dropin/, an opt-in.
 
 The runtimes share their security context, failure policy, volumes and exporter step;
 writing them from one place keeps those identical. Run `python runtimes/generate.py`
@@ -14,6 +16,8 @@ from pathlib import Path
 import yaml
 
 BASE = Path(__file__).resolve().parent / "base"
+DROPIN = Path(__file__).resolve().parent / "overlays" / "dropin"
+DROPIN_PREFIX = "torchtune-"
 REGISTRY = "ghcr.io/kubetune"
 VERSION = "0.1.0"
 INITIALIZER_IMAGE = f"{REGISTRY}/initializer:{VERSION}"
@@ -341,22 +345,40 @@ def render(doc: dict) -> str:
     return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
 
 
-def kustomization(names: list[str]) -> str:
-    return HEADER + yaml.safe_dump({
+def kustomization(names: list[str], comment: str = "") -> str:
+    return HEADER + comment + yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": sorted(names)}, sort_keys=False)
 
 
+DROPIN_COMMENT = """\
+# Opt-in: these runtimes carry upstream Kubeflow Trainer's torchtune-* names, so applying
+# them REPLACES upstream's runtimes of those names (SDK BuiltinTrainer TrainJobs then run
+# kubetune's images). Apply on purpose, beside runtimes/base:
+#   kubectl apply --server-side --force-conflicts -k runtimes/overlays/dropin
+"""
+
+
+def directory(file_name: str) -> Path:
+    """Where a runtime's file lives: drop-ins apart from the base."""
+    return DROPIN if file_name.startswith(DROPIN_PREFIX) else BASE
+
+
 def main() -> int:
-    BASE.mkdir(exist_ok=True)
     docs = documents()
-    for old in BASE.glob("*.yaml"):
-        if old.name != "kustomization.yaml" and old.name not in docs:
-            old.unlink()
+    for folder in (BASE, DROPIN):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("*.yaml"):
+            if old.name != "kustomization.yaml" and (
+                    old.name not in docs or directory(old.name) != folder):
+                old.unlink()
     for name, doc in docs.items():
-        (BASE / name).write_text(render(doc))
-    (BASE / "kustomization.yaml").write_text(kustomization(list(docs)))
-    print(f"wrote {len(docs)} runtimes to {BASE}")
+        (directory(name) / name).write_text(render(doc))
+    (BASE / "kustomization.yaml").write_text(
+        kustomization([n for n in docs if directory(n) == BASE]))
+    (DROPIN / "kustomization.yaml").write_text(
+        kustomization([n for n in docs if directory(n) == DROPIN], DROPIN_COMMENT))
+    print(f"wrote {len(docs)} runtimes to {BASE} and {DROPIN}")
     return 0
 
 

@@ -3,19 +3,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
 
 from kubetune.errors import BadInputError
 from kubetune.tools.local.runtime_merge import merge, tune_recipe_and_config
+from tests.support.runtimes import runtime_file
 
-BASE = Path(__file__).resolve().parents[1] / "runtimes" / "base"
 
 
 def runtime(name: str) -> dict:
-    return yaml.safe_load((BASE / f"{name}.yaml").read_text())
+    return yaml.safe_load(runtime_file(name).read_text())
 
 
 def job(runtime_name: str, **spec) -> dict:
