@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_INDEX_URL ?=
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test clean release-manifests
 
 venv: $(VENV)/.installed
 
@@ -27,6 +27,12 @@ demo: venv
 
 test: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The runtimes with every image pinned by digest, into dist/:
+#   make release-manifests RELEASE_ARGS="--digest trainer=sha256:... ..."  (or --podman)
+RELEASE_ARGS ?= --podman
+release-manifests: venv
+	$(BIN)/python runtimes/release.py --out dist $(RELEASE_ARGS)
 
 clean:
 	rm -rf $(VENV) kubetune-local .pytest_cache
