@@ -24,6 +24,10 @@ INITIALIZER_IMAGE = f"{REGISTRY}/initializer:{VERSION}"
 TRAINER_IMAGE = f"{REGISTRY}/trainer:{VERSION}"
 EXPORTER_IMAGE = f"{REGISTRY}/exporter:{VERSION}"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+# Which replicatedJobs a runtime has, for kustomize components that target a step:
+# "staged" (dataset-initializer, model-initializer, node, exporter) or "gang" (node
+# alone, running every step; see gang_runtime).
+LAYOUT = "kubetune.io/layout"
 UID = 65532
 # Exit codes (kubetune/errors.py): usage, bad input and internal errors fail for good;
 # everything else (75 transient, 76 a recipe killed by a signal such as the OOM killer's,
@@ -252,7 +256,8 @@ def runtime(spec: Spec) -> dict:
                 "template": body["template"]}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": spec.name,
-                         "labels": {"trainer.kubeflow.org/framework": spec.framework},
+                         "labels": {"trainer.kubeflow.org/framework": spec.framework,
+                                    LAYOUT: "staged"},
                          "annotations": {"kubetune.io/description": spec.description}},
             "spec": body}
 
@@ -286,21 +291,24 @@ def gang_runtime() -> dict:
         "env": _env(MODEL_URI="hf://meta-llama/Llama-3.1-8B-Instruct",
                     DATASET_URI=DEFAULT_DATASET, EXPORT_URI="/workspace/export",
                     KUBETUNE_MODEL_DIR="/local/model", KUBETUNE_DATASET_DIR="/local/dataset"),
-        "resources": {"requests": {"cpu": "64", "memory": "900Gi", "nvidia.com/gpu": 8},
-                      "limits": {"memory": "900Gi", "nvidia.com/gpu": 8}},
+        # Sized for the 8B model, not for a particular node type: 8 ranks each holding a
+        # bf16 copy while loading (~16Gi) plus the 64Gi /dev/shm, which counts against
+        # this limit. A TrainJob's resourcesPerNode changes it.
+        "resources": {"requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8},
+                      "limits": {"memory": "256Gi", "nvidia.com/gpu": 8}},
         "volumeMounts": [*MOUNTS, {"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "local", "mountPath": "/local"}],
     }
     volumes = [_tmp_volume("20Gi"),
                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
                {"name": "local", "emptyDir": {"sizeLimit": "200Gi"}}]
+    # No schedulerName: where the coscheduling plugin runs in a second scheduler
+    # (scheduler-plugins' chart), runtimes/components/scheduler-name names it.
     node = _job("node", "trainer", container, backoff_limit=0, volumes=volumes)
-    # The coscheduling plugin runs in scheduler-plugins' own scheduler (its Helm chart's
-    # default name); an overlay changes it where the cluster names it otherwise.
-    node["template"]["spec"]["template"]["spec"]["schedulerName"] = "scheduler-plugins-scheduler"
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": "kubetune-llama3.1-8b-full-multinode",
-                         "labels": {"trainer.kubeflow.org/framework": "kubetune"},
+                         "labels": {"trainer.kubeflow.org/framework": "kubetune",
+                                    LAYOUT: "gang"},
                          "annotations": {"kubetune.io/description": (
                              "Llama-3.1-8B-Instruct, full fine-tune on 2 nodes x 8 GPUs, "
                              "gang-scheduled (scheduler-plugins coscheduling); output on a "
