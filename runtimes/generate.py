@@ -274,6 +274,11 @@ def gang_runtime() -> dict:
     """
     script = "\n".join([
         "set -e",
+        # The controller sets PET_* only for a TrainJob with spec.trainer: without it
+        # every node would think itself alone. Bad input, so 65: not restarted.
+        '[ -n "${PET_NNODES:-}" ] || { echo "error: node: no PET_NNODES: the TrainJob '
+        'needs spec.trainer (numNodes) for the controller to set the torch env" >&2; '
+        'exit 65; }',
         'kubetune init-model --storage-uri "$MODEL_URI"',
         'kubetune init-dataset --storage-uri "$DATASET_URI"',
         "tune run --nnodes=\"$PET_NNODES\" --nproc_per_node=\"$PET_NPROC_PER_NODE\" "

@@ -264,3 +264,12 @@ def test_dropin_runtime_runs_our_tune_not_the_one_beside_the_interpreter(
     # Our launcher's dry run: the plan, no training.
     assert any(line.startswith("[node] recipe: full_finetune_") for line in node), node
     assert any(line.startswith("[node] method: full;") for line in node), node
+
+
+def test_gang_runtime_without_spec_trainer_fails_at_once(tmp_path):
+    """No spec.trainer: the controller sets no PET_*, so the gang script must not run
+    every node as if alone; one error line, exit 65, nothing fetched."""
+    result = run(tmp_path, "kubetune-llama3.1-8b-full-multinode.yaml")
+    assert result.returncode == 65, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "no PET_NNODES: the TrainJob needs spec.trainer" in result.stdout + result.stderr
+    assert "restarting" not in result.stdout
