@@ -171,7 +171,8 @@ def restricted_violations(pod_spec: dict) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", runtime_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", runtime_files() + sorted(REPO.glob("examples/*/runtime.yaml")),
+                         ids=lambda p: str(p.relative_to(REPO)))
 def test_every_container_meets_pod_security_restricted(path):
     for job in jobs(yaml.safe_load(path.read_text())):
         assert restricted_violations(pod(job)) == [], f"{path.name}: {job['name']}"
