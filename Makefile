@@ -27,7 +27,7 @@ IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
 IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
 	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
-.PHONY: venv demo test clean images images-test image-initializer image-trainer image-exporter image-kubetune
+.PHONY: venv demo test clean images images-test image-initializer image-trainer image-exporter image-kubetune release-manifests
 
 venv: $(VENV)/.installed
 
@@ -77,6 +77,12 @@ images-test: venv
 	$(MAKE) images ENGINE=podman IMAGE_BUILD_FLAGS="--network host --no-cache" PYTHON_IMAGE=$(CI_PYTHON_IMAGE) \
 		TORCH_IMAGE=$(CI_TORCH_IMAGE) EXPORTER_BASE_IMAGE=$(CI_TORCH_IMAGE)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
+
+# The runtimes with every image pinned by digest, into dist/:
+#   make release-manifests RELEASE_ARGS="--digest trainer=sha256:... ..."  (or --podman)
+RELEASE_ARGS ?= --podman
+release-manifests: venv
+	$(BIN)/python runtimes/release.py --out dist $(RELEASE_ARGS)
 
 clean:
 	rm -rf $(VENV) kubetune-local .pytest_cache

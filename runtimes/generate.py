@@ -1,4 +1,6 @@
-"""Write runtimes/base/*.yaml: every ClusterTrainingRuntime, from one description each.
+"""Write every ClusterTrainingRuntime, from one description each: our `kubetune-*`
+runtimes to runtimes/base/, the `torchtune-*` drop-ins for upstream's runtimes (same
+names: applying them replaces upstream's) to runtimes/overlays/dropin/, an opt-in.
 
 The runtimes share their security context, failure policy, volumes and exporter step;
 writing them from one place keeps those identical. Run `python runtimes/generate.py`
@@ -14,12 +16,18 @@ from pathlib import Path
 import yaml
 
 BASE = Path(__file__).resolve().parent / "base"
+DROPIN = Path(__file__).resolve().parent / "overlays" / "dropin"
+DROPIN_PREFIX = "torchtune-"
 REGISTRY = "ghcr.io/kubetune"
 VERSION = "0.1.0"
 INITIALIZER_IMAGE = f"{REGISTRY}/initializer:{VERSION}"
 TRAINER_IMAGE = f"{REGISTRY}/trainer:{VERSION}"
 EXPORTER_IMAGE = f"{REGISTRY}/exporter:{VERSION}"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+# Which replicatedJobs a runtime has, for kustomize components that target a step:
+# "staged" (dataset-initializer, model-initializer, node, exporter) or "gang" (node
+# alone, running every step; see gang_runtime).
+LAYOUT = "kubetune.io/layout"
 UID = 65532
 # Exit codes (kubetune/errors.py): usage, bad input and internal errors fail for good;
 # everything else (75 transient, 76 a recipe killed by a signal such as the OOM killer's,
@@ -248,7 +256,8 @@ def runtime(spec: Spec) -> dict:
                 "template": body["template"]}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": spec.name,
-                         "labels": {"trainer.kubeflow.org/framework": spec.framework},
+                         "labels": {"trainer.kubeflow.org/framework": spec.framework,
+                                    LAYOUT: "staged"},
                          "annotations": {"kubetune.io/description": spec.description}},
             "spec": body}
 
@@ -265,6 +274,11 @@ def gang_runtime() -> dict:
     """
     script = "\n".join([
         "set -e",
+        # The controller sets PET_* only for a TrainJob with spec.trainer: without it
+        # every node would think itself alone. Bad input, so 65: not restarted.
+        '[ -n "${PET_NNODES:-}" ] || { echo "error: node: no PET_NNODES: the TrainJob '
+        'needs spec.trainer (numNodes) for the controller to set the torch env" >&2; '
+        'exit 65; }',
         'kubetune init-model --storage-uri "$MODEL_URI"',
         'kubetune init-dataset --storage-uri "$DATASET_URI"',
         "tune run --nnodes=\"$PET_NNODES\" --nproc_per_node=\"$PET_NPROC_PER_NODE\" "
@@ -282,21 +296,24 @@ def gang_runtime() -> dict:
         "env": _env(MODEL_URI="hf://meta-llama/Llama-3.1-8B-Instruct",
                     DATASET_URI=DEFAULT_DATASET, EXPORT_URI="/workspace/export",
                     KUBETUNE_MODEL_DIR="/local/model", KUBETUNE_DATASET_DIR="/local/dataset"),
-        "resources": {"requests": {"cpu": "64", "memory": "900Gi", "nvidia.com/gpu": 8},
-                      "limits": {"memory": "900Gi", "nvidia.com/gpu": 8}},
+        # Sized for the 8B model, not for a particular node type: 8 ranks each holding a
+        # bf16 copy while loading (~16Gi) plus the 64Gi /dev/shm, which counts against
+        # this limit. A TrainJob's resourcesPerNode changes it.
+        "resources": {"requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8},
+                      "limits": {"memory": "256Gi", "nvidia.com/gpu": 8}},
         "volumeMounts": [*MOUNTS, {"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "local", "mountPath": "/local"}],
     }
     volumes = [_tmp_volume("20Gi"),
                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
                {"name": "local", "emptyDir": {"sizeLimit": "200Gi"}}]
+    # No schedulerName: where the coscheduling plugin runs in a second scheduler
+    # (scheduler-plugins' chart), runtimes/components/scheduler-name names it.
     node = _job("node", "trainer", container, backoff_limit=0, volumes=volumes)
-    # The coscheduling plugin runs in scheduler-plugins' own scheduler (its Helm chart's
-    # default name); an overlay changes it where the cluster names it otherwise.
-    node["template"]["spec"]["template"]["spec"]["schedulerName"] = "scheduler-plugins-scheduler"
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": "kubetune-llama3.1-8b-full-multinode",
-                         "labels": {"trainer.kubeflow.org/framework": "kubetune"},
+                         "labels": {"trainer.kubeflow.org/framework": "kubetune",
+                                    LAYOUT: "gang"},
                          "annotations": {"kubetune.io/description": (
                              "Llama-3.1-8B-Instruct, full fine-tune on 2 nodes x 8 GPUs, "
                              "gang-scheduled (scheduler-plugins coscheduling); output on a "
@@ -341,22 +358,40 @@ def render(doc: dict) -> str:
     return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
 
 
-def kustomization(names: list[str]) -> str:
-    return HEADER + yaml.safe_dump({
+def kustomization(names: list[str], comment: str = "") -> str:
+    return HEADER + comment + yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": sorted(names)}, sort_keys=False)
 
 
+DROPIN_COMMENT = """\
+# Opt-in: these runtimes carry upstream Kubeflow Trainer's torchtune-* names, so applying
+# them REPLACES upstream's runtimes of those names (SDK BuiltinTrainer TrainJobs then run
+# kubetune's images). Apply on purpose, beside runtimes/base:
+#   kubectl apply --server-side --force-conflicts -k runtimes/overlays/dropin
+"""
+
+
+def directory(file_name: str) -> Path:
+    """Where a runtime's file lives: drop-ins apart from the base."""
+    return DROPIN if file_name.startswith(DROPIN_PREFIX) else BASE
+
+
 def main() -> int:
-    BASE.mkdir(exist_ok=True)
     docs = documents()
-    for old in BASE.glob("*.yaml"):
-        if old.name != "kustomization.yaml" and old.name not in docs:
-            old.unlink()
+    for folder in (BASE, DROPIN):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("*.yaml"):
+            if old.name != "kustomization.yaml" and (
+                    old.name not in docs or directory(old.name) != folder):
+                old.unlink()
     for name, doc in docs.items():
-        (BASE / name).write_text(render(doc))
-    (BASE / "kustomization.yaml").write_text(kustomization(list(docs)))
-    print(f"wrote {len(docs)} runtimes to {BASE}")
+        (directory(name) / name).write_text(render(doc))
+    (BASE / "kustomization.yaml").write_text(
+        kustomization([n for n in docs if directory(n) == BASE]))
+    (DROPIN / "kustomization.yaml").write_text(
+        kustomization([n for n in docs if directory(n) == DROPIN], DROPIN_COMMENT))
+    print(f"wrote {len(docs)} runtimes to {BASE} and {DROPIN}")
     return 0
 
 

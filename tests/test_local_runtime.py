@@ -13,13 +13,12 @@ import pytest
 import yaml
 
 from tests.support.cli import clean_env, error_lines, kubetune
+from tests.support.runtimes import runtime_file
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 
 # The SDK 0.5.0's own pydantic models warn on import; nothing of ours.
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 
-REPO = Path(__file__).resolve().parents[1]
-BASE = REPO / "runtimes" / "base"
 
 
 def trainjob(tmp_path: Path, runtime: str, spec: dict, name: str = "tiny") -> Path:
@@ -36,7 +35,7 @@ def sources(model: Path, dataset: Path) -> dict:
 
 
 def run(tmp_path: Path, runtime: str, job: Path | None = None):
-    args = ["local", "--workdir", str(tmp_path / "run"), "--runtime", str(BASE / runtime)]
+    args = ["local", "--workdir", str(tmp_path / "run"), "--runtime", str(runtime_file(runtime))]
     return kubetune(*args, *(["--trainjob", str(job)] if job else []), env=clean_env())
 
 
@@ -45,7 +44,7 @@ def test_dropin_runtime_runs_the_sdk_builtin_trainer_job(tmp_path, tiny_model_di
                                                          tiny_dataset_dir):
     """What the SDK's BuiltinTrainer submits: `tune run` + LoRA args. The controller's
     composition picks the LoRA single-device recipe; the exporter publishes the adapter."""
-    spec = sdk_trainjob_spec(BASE / "torchtune-llama3.2-1b.yaml")
+    spec = sdk_trainjob_spec(runtime_file("torchtune-llama3.2-1b"))
     assert spec["trainer"]["command"] == ["tune", "run"]
     spec["initializer"]["model"]["storageUri"] = f"file://{tiny_model_dir}"
     spec["initializer"]["dataset"]["storageUri"] = f"file://{tiny_dataset_dir}"
@@ -118,7 +117,7 @@ def test_multinode_full_finetune_runtime_on_two_nodes(tmp_path, tiny_model_dir,
 def policy_runtime(tmp_path: Path, node_exit: int) -> Path:
     """The BYO-model runtime with steps that only exit: the node fails once with
     ``node_exit``, then succeeds (a marker on the PVC remembers the first attempt)."""
-    runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
+    runtime = yaml.safe_load(runtime_file("kubetune-byo-model").read_text())
     script = ("import os, pathlib, sys; p = pathlib.Path(os.environ['KUBETUNE_WORKSPACE'], "
               "'attempts'); n = len(p.read_text()) if p.exists() else 0; "
               f"p.write_text('x' * (n + 1)); sys.exit({node_exit} if n == 0 else 0)")
@@ -198,7 +197,7 @@ def test_unreadable_runtime_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--trainjob", "job.yaml"], "--trainjob and --print-jobset need --runtime"),
-    (["--runtime", str(BASE / "kubetune-byo-model.yaml"), "--model", "file:///m"],
+    (["--runtime", str(runtime_file("kubetune-byo-model")), "--model", "file:///m"],
      "with --runtime, set sources and trainer args in the TrainJob"),
 ])
 def test_option_mixups_are_one_line(tmp_path, args, message):
@@ -258,10 +257,19 @@ def test_dropin_runtime_runs_our_tune_not_the_one_beside_the_interpreter(
                             str(python.parent), os.environ["PATH"]])
     result = subprocess.run(
         [str(python.parent / "kubetune"), "local", "--workdir", str(tmp_path / "run"),
-         "--runtime", str(BASE / "torchtune-llama3.2-1b.yaml"), "--trainjob", str(job)],
+         "--runtime", str(runtime_file("torchtune-llama3.2-1b")), "--trainjob", str(job)],
         env=clean_env(PATH=path), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     node = [line for line in result.stdout.splitlines() if line.startswith("[node")]
     assert "==> node: ok" in result.stdout, result.stdout[-3000:] + result.stderr
     # Our launcher's dry run: the plan, no training.
     assert any(line.startswith("[node] recipe: full_finetune_") for line in node), node
     assert any(line.startswith("[node] method: full;") for line in node), node
+
+
+def test_gang_runtime_without_spec_trainer_fails_at_once(tmp_path):
+    """No spec.trainer: the controller sets no PET_*, so the gang script must not run
+    every node as if alone; one error line, exit 65, nothing fetched."""
+    result = run(tmp_path, "kubetune-llama3.1-8b-full-multinode.yaml")
+    assert result.returncode == 65, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "no PET_NNODES: the TrainJob needs spec.trainer" in result.stdout + result.stderr
+    assert "restarting" not in result.stdout

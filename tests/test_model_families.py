@@ -112,7 +112,8 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
                                  ) -> tuple[Path, Path]:
     """`kubetune local --runtime` of the direct Qwen3-8B LoRA runtime on the tiny Qwen3;
     returns the workspace's model and output directories."""
-    from tests.test_local_runtime import BASE, sources, trainjob
+    from tests.support.runtimes import runtime_file
+    from tests.test_local_runtime import sources, trainjob
 
     env = {"KUBETUNE_MAX_STEPS": "3", "KUBETUNE_EPOCHS": "1", "KUBETUNE_BATCH_SIZE": "8",
            "KUBETUNE_LEARNING_RATE": "3e-3", "KUBETUNE_WARMUP_STEPS": "1",
@@ -122,7 +123,7 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
         **sources(model_dir, dataset_dir),
         "trainer": {"env": [{"name": k, "value": v} for k, v in env.items()]}})
     result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
-                      str(BASE / "kubetune-qwen3-8b-lora.yaml"), "--trainjob", str(job),
+                      str(runtime_file("kubetune-qwen3-8b-lora")), "--trainjob", str(job),
                       env=clean_env(), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ws = tmp_path / "run" / "workspace"

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from tests.support.crd_schema import CRDS, validate
+from tests.support.runtimes import BASE, DROPIN, runtime_file, runtime_files
 
 REPO = Path(__file__).resolve().parents[1]
-RUNTIMES = sorted(p for p in (REPO / "runtimes" / "base").glob("*.yaml")
-                  if p.name != "kustomization.yaml")
+RUNTIMES = runtime_files()
 EXAMPLES = sorted((REPO / "examples" / "trainjobs").glob("*.yaml"))
 EXAMPLE_RUNTIMES = sorted((REPO / "examples").glob("*/runtime.yaml"))
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
@@ -45,8 +45,17 @@ def test_every_family_is_present():
             "torchtune-llama3.3-70b", "kubetune-llama3.1-8b-lora", "kubetune-qwen2.5-7b-qlora",
             "kubetune-mistral-7b-lora", "kubetune-gemma-7b-lora", "kubetune-byo-model",
             "kubetune-llama3.1-8b-full-multinode"} <= names
-    kustomization = load(REPO / "runtimes" / "base" / "kustomization.yaml")
-    assert sorted(kustomization["resources"]) == sorted(p.name for p in RUNTIMES)
+    listed = [name for d in (BASE, DROPIN) for name in load(d / "kustomization.yaml")["resources"]]
+    assert sorted(listed) == sorted(p.name for p in RUNTIMES)
+
+
+def test_base_does_not_replace_upstream_runtimes():
+    """`kubectl apply -k runtimes/base` must leave upstream's torchtune-* runtimes alone:
+    the drop-ins (upstream's names) are only in the opt-in overlay."""
+    base = load(BASE / "kustomization.yaml")["resources"]
+    assert base and not [n for n in base if n.startswith("torchtune-")]
+    assert all(n.startswith("torchtune-") for n in load(DROPIN / "kustomization.yaml")["resources"])
+    assert "REPLACES upstream" in (DROPIN / "kustomization.yaml").read_text()
 
 
 def test_generated_runtimes_are_up_to_date():
@@ -56,8 +65,10 @@ def test_generated_runtimes_are_up_to_date():
     finally:
         sys.path.pop(0)
     for name, doc in generate.documents().items():
-        assert (REPO / "runtimes" / "base" / name).read_text() == generate.render(doc), \
-            f"runtimes/base/{name} is stale: run python runtimes/generate.py"
+        path = generate.directory(name) / name
+        assert path == runtime_file(name)
+        assert path.read_text() == generate.render(doc), \
+            f"{path.relative_to(REPO)} is stale: run python runtimes/generate.py"
 
 
 @needs_crds
@@ -202,7 +213,7 @@ def test_dropin_runtime_has_the_shape_the_controller_and_sdk_expect(path):
 
 def test_overlay_retargets_every_image():
     overlay = load(REPO / "runtimes" / "overlays" / "example" / "kustomization.yaml")
-    assert overlay["resources"] == ["../../base"]
+    assert overlay["resources"][0] == "../../base"
     mapped = {i["name"]: i for i in overlay["images"]}
     for path in RUNTIMES:
         for job in jobs(load(path)):
@@ -224,7 +235,7 @@ def test_print_jobset_shows_the_controller_merge(tmp_path):
     tmp.write_text(yaml.safe_dump(doc))
     result = subprocess.run(
         [sys.executable, "-m", "kubetune.entrypoints", "local", "--print-jobset", "--runtime",
-         str(REPO / "runtimes" / "base" / "torchtune-llama3.3-70b.yaml"), "--trainjob",
+         str(runtime_file("torchtune-llama3.3-70b")), "--trainjob",
          str(tmp)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     jobset = yaml.safe_load(result.stdout)
@@ -256,7 +267,7 @@ def test_print_jobset_masks_credentials(tmp_path):
     path.write_text(yaml.safe_dump(job))
     result = subprocess.run(
         [sys.executable, "-m", "kubetune.entrypoints", "local", "--print-jobset", "--runtime",
-         str(REPO / "runtimes" / "base" / "kubetune-byo-model.yaml"), "--trainjob", str(path)],
+         str(runtime_file("kubetune-byo-model")), "--trainjob", str(path)],
         capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "tok-very-secret-1234" not in result.stdout + result.stderr

@@ -3,19 +3,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
 
 from kubetune.errors import BadInputError
 from kubetune.tools.local.runtime_merge import merge, tune_recipe_and_config
+from tests.support.runtimes import runtime_file
 
-BASE = Path(__file__).resolve().parents[1] / "runtimes" / "base"
 
 
 def runtime(name: str) -> dict:
-    return yaml.safe_load((BASE / f"{name}.yaml").read_text())
+    return yaml.safe_load(runtime_file(name).read_text())
 
 
 def job(runtime_name: str, **spec) -> dict:
@@ -115,3 +114,98 @@ def test_sdk_runtime_patch_option_sets_the_export_destination():
     jobset = merge(runtime("kubetune-llama3.1-8b-lora"),
                    job("kubetune-llama3.1-8b-lora", runtimePatches=[_patch_to_dict(option)]))
     assert env(container(jobset, "exporter"))["EXPORT_URI"] == "s3://b/out"
+
+
+# -- where `kubetune local` used to differ from the controller (issue 23, part 3) --------
+
+def _node_env(jobset: dict) -> dict:
+    return env(container(jobset, "node"))
+
+
+@pytest.mark.parametrize("resources, nproc", [
+    ({"limits": {"cpu": "2.5"}}, "3"),           # a fraction rounds up, as Quantity.Value()
+    ({"limits": {"cpu": "2500m"}}, "3"),
+    ({"limits": {"cpu": "500m"}}, "1"),
+    ({"limits": {"cpu": "4"}}, "4"),
+    ({"requests": {"cpu": "1.2"}}, "2"),         # no limits: requests
+    ({"limits": {"cpu": "3"}, "requests": {"cpu": "1"}}, "3"),  # limits first
+    ({"limits": {"nvidia.com/gpu": 2, "cpu": "3"}}, "auto"),    # a GPU: torchrun's auto
+])
+def test_nproc_auto_on_cpu_counts_like_the_controller(resources, nproc):
+    jobset = merge(runtime("kubetune-byo-model"),
+                   job("kubetune-byo-model", trainer={"resourcesPerNode": resources}))
+    assert _node_env(jobset)["PET_NPROC_PER_NODE"] == nproc
+
+
+def test_no_trainer_in_the_trainjob_injects_no_torch_env():
+    jobset = merge(runtime("kubetune-byo-model"), job("kubetune-byo-model"))
+    node = container(jobset, "node")
+    assert not [n for n in env(node) if n.startswith("PET_")]
+    assert "ports" not in node
+    assert env(node)["KUBETUNE_METHOD"] == "lora"  # the runtime's own env stays
+
+
+QLORA = ["model.quantize_base=True", "model.lora_attn_modules=[q_proj,v_proj]"]
+
+
+@pytest.mark.parametrize("name, trainer, errors", [
+    # Multi-device QLoRA on 1B/3B: upstream's two errors, both.
+    ("torchtune-llama3.2-1b", {"args": QLORA},
+     ["trainer.numProcPerNode must be auto or 1 for llama3_2/1B when using QLoRA",
+      "trainer.resourcesPerNode must have gpu resource with value 1 for llama3_2/1B when "
+      "using QLoRA"]),
+    ("torchtune-llama3.2-3b", {"args": QLORA, "resourcesPerNode": {
+        "limits": {"nvidia.com/gpu": 4}}},
+     ["trainer.numProcPerNode must be auto or 1 for llama3_2/3B when using QLoRA",
+      "trainer.resourcesPerNode must have gpu resource with value 1 for llama3_2/3B"]),
+    ("torchtune-qwen2.5-1.5b", {"args": QLORA},
+     ["QLoRA is not supported for qwen2_5/1.5B"]),
+    # Every error at once, not the first.
+    ("torchtune-llama3.2-1b", {"numNodes": 2, "args": [
+        "model.lora_attn_modules=[q_proj]", "output_dir=/x", "tokenizer.path=/y"]},
+     ["trainer.numNodes must be 1 for llama3_2/1B",
+      "LoRA fine-tuning is not supported for multi-node training",
+      "trainer.args[1] 'output_dir=/x'", "trainer.args[2] 'tokenizer.path=/y'"]),
+])
+def test_tune_admission_reports_every_error(name, trainer, errors):
+    with pytest.raises(BadInputError) as caught:
+        merge(runtime(name), job(name, trainer={"command": ["tune", "run"], **trainer}))
+    message = str(caught.value)
+    assert "\n" not in message
+    for error in errors:
+        assert error in message
+    assert message.count(";") == len(errors) - 1
+
+
+@pytest.mark.parametrize("name, trainer", [
+    # Single-device QLoRA on 1B is admitted (one GPU, or one process).
+    ("torchtune-llama3.2-1b", {"args": QLORA, "resourcesPerNode": {
+        "limits": {"nvidia.com/gpu": 1}}}),
+    ("torchtune-llama3.2-1b", {"args": QLORA, "numProcPerNode": 1}),
+    # DoRA with quantize_base is not QLoRA, so multi-device is fine.
+    ("torchtune-llama3.2-1b", {"args": [*QLORA, "model.use_dora=True"]}),
+])
+def test_tune_admission_admits(name, trainer):
+    merge(runtime(name), job(name, trainer={"command": ["tune", "run"], **trainer}))
+
+
+def test_tune_run_is_not_held_to_torchrun_reserved_env():
+    # The controller gives `tune run` no PET_MASTER_*, so the TrainJob may set them.
+    jobset = merge(runtime("torchtune-llama3.2-1b"), job("torchtune-llama3.2-1b", trainer={
+        "command": ["tune", "run"], "env": [{"name": "PET_MASTER_PORT", "value": "1234"}]}))
+    assert _node_env(jobset)["PET_MASTER_PORT"] == "1234"
+
+
+def test_dora_with_quantize_base_says_qlora_is_dropped(caplog):
+    args = ["model.use_dora=True", "model.quantize_base=True",
+            "model.lora_attn_modules=[q_proj]"]
+    with caplog.at_level("WARNING", logger="kubetune.local"):
+        jobset = merge(runtime("torchtune-llama3.2-1b"), job(
+            "torchtune-llama3.2-1b", trainer={"command": ["tune", "run"], "args": args}))
+    assert "llama3_2/1B_lora" in container(jobset, "node")["command"]
+    assert any("without QLoRA" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kubetune.local"):
+        merge(runtime("torchtune-llama3.2-1b"), job("torchtune-llama3.2-1b", trainer={
+            "command": ["tune", "run"], "args": args[1:], "numProcPerNode": 1}))
+    assert not caplog.records

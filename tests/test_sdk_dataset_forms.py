@@ -1,5 +1,5 @@
 """Every dataset form a Kubeflow SDK user can submit runs end to end, offline, through
-`kubetune local --runtime runtimes/base/torchtune-llama3.2-1b.yaml`, from the files the
+`kubetune local --runtime runtimes/overlays/dropin/torchtune-llama3.2-1b.yaml`, from the files the
 dataset initializer wrote, whatever the recipe config's `source` names (a hub repo the
 trainer never reaches). The TrainJob is built by the SDK itself (kubeflow 0.5.0)."""
 
@@ -13,12 +13,13 @@ import yaml
 
 from kubetune.tools.demo import write_tiny_alpaca_dataset, write_tiny_dataset
 from tests.support.cli import clean_env, kubetune
+from tests.support.runtimes import runtime_file
 from tests.support.sdk_trainjob import sdk_trainjob_spec, use_local_sources
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 
 REPO = Path(__file__).resolve().parents[1]
-RUNTIME = REPO / "runtimes" / "base" / "torchtune-llama3.2-1b.yaml"
+RUNTIME = runtime_file("torchtune-llama3.2-1b")
 STEPS = 2  # the runtime accepts extra trainer args: a few steps prove the path
 
 

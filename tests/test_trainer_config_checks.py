@@ -22,12 +22,12 @@ from kubetune.tools.local.jobset import LocalJobSet
 from kubetune.tools.local.runtime_merge import merge
 from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime
 from tests.support.cli import REPO, clean_env
+from tests.support.runtimes import runtime_file as runtime_file_path, runtime_files
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 from tests.support.trainer import SHORT, make_pvc, tune_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 
-BASE = REPO / "runtimes" / "base"
 RECIPE = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
           "dataset=torchtune.datasets.instruct_dataset"]
 # The one runtime whose trainer is a shell script (init, train, export in one pod).
@@ -57,7 +57,7 @@ def _dry_run_trainer(runtime_file: str, spec: dict | None, model: Path, dataset:
                      workdir: Path) -> subprocess.CompletedProcess:
     """The trainer container of the merged JobSet, as `kubetune local` would start it,
     with the launcher's dry-run flag: the plan, every check, no training."""
-    runtime = load_runtime(BASE / runtime_file)
+    runtime = load_runtime(runtime_file_path(runtime_file))
     trainjob = default_trainjob(runtime)
     if spec is not None:
         trainjob["spec"].update(spec)
@@ -87,8 +87,7 @@ def _sdk_forms():
              _instruct(column_map={"input": "question", "output": "answer"}), "qa")]
 
 
-RUNTIMES = sorted(p.name for p in BASE.glob("*.yaml")
-                  if p.name != "kustomization.yaml" and p.name not in SHELL_RUNTIMES)
+RUNTIMES = sorted(p.name for p in runtime_files() if p.name not in SHELL_RUNTIMES)
 
 
 @pytest.mark.parametrize("runtime_file", RUNTIMES)
@@ -96,7 +95,7 @@ def test_no_key_a_runtime_sends_is_flagged(runtime_file, tmp_path, sources):
     """Every runtime's trainer command (drop-in: with the SDK's PARQUET form) plans clean."""
     spec = None
     if runtime_file.startswith("torchtune-"):
-        spec = sdk_trainjob_spec(BASE / runtime_file)
+        spec = sdk_trainjob_spec(runtime_file_path(runtime_file))
     model = sources["qwen" if "qwen" in runtime_file else "llama"]
     result = _dry_run_trainer(runtime_file, spec, model, sources["addition"], tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -106,7 +105,7 @@ def test_no_key_a_runtime_sends_is_flagged(runtime_file, tmp_path, sources):
 @pytest.mark.parametrize("form", _sdk_forms(), ids=lambda f: f[0])
 def test_no_key_an_sdk_dataset_form_sends_is_flagged(form, tmp_path, sources):
     _, uri, preprocess, data = form
-    spec = sdk_trainjob_spec(BASE / "torchtune-llama3.2-1b.yaml", dataset_uri=uri,
+    spec = sdk_trainjob_spec(runtime_file_path("torchtune-llama3.2-1b"), dataset_uri=uri,
                              dataset_preprocess_config=preprocess)
     result = _dry_run_trainer("torchtune-llama3.2-1b.yaml", spec, sources["llama"],
                               sources[data], tmp_path)

@@ -56,3 +56,38 @@ def use_local_sources(spec: dict, model_dir: Path, dataset_dir: Path) -> dict:
     spec["initializer"]["model"]["storageUri"] = f"file://{model_dir}"
     spec["initializer"]["dataset"]["storageUri"] = f"file://{dataset_dir}"
     return spec
+
+
+def sdk_container_trainjob_spec(runtime_path: Path, model_uri: str, dataset_uri: str,
+                                env: dict[str, str], resources_per_node: dict,
+                                image: str = "ghcr.io/kubetune/trainer:0.1.0") -> dict:
+    """The TrainJob spec `TrainerClient().train(runtime=..., initializer=...,
+    trainer=CustomTrainerContainer(...))` submits, built by the SDK's own
+    `_get_trainjob_spec` (given a Runtime object rather than a name, it needs no cluster)."""
+    from kubeflow.trainer import (CustomTrainerContainer, HuggingFaceDatasetInitializer,
+                                  HuggingFaceModelInitializer, Initializer)
+    from kubeflow.trainer.backends.kubernetes.backend import KubernetesBackend
+
+    spec = KubernetesBackend._get_trainjob_spec(
+        None, runtime=sdk_runtime(runtime_path),
+        initializer=Initializer(model=HuggingFaceModelInitializer(storage_uri=model_uri),
+                                dataset=HuggingFaceDatasetInitializer(storage_uri=dataset_uri)),
+        trainer=CustomTrainerContainer(image=image, resources_per_node=resources_per_node,
+                                       env=env))
+    spec = spec.to_dict()
+    del spec["runtimeRef"]
+    return spec
+
+
+def sdk_runtime(runtime_path: Path):
+    """The SDK's view of a runtime, as `TrainerClient().get_runtime()` builds it."""
+    from kubeflow.trainer.backends.kubernetes import utils
+    from kubeflow.trainer.types.types import Runtime, RuntimeKind
+    from kubeflow_trainer_api import models
+
+    cr = models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(
+        yaml.safe_load(Path(runtime_path).read_text()))
+    return Runtime(name=cr.metadata.name, kind=RuntimeKind(cr.kind),
+                   trainer=utils.get_runtime_trainer(
+                       cr.metadata.labels["trainer.kubeflow.org/framework"],
+                       cr.spec.template.spec.replicated_jobs, cr.spec.ml_policy))

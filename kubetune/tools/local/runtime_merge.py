@@ -13,7 +13,10 @@ would show them.
 from __future__ import annotations
 
 import copy
+import logging
+import math
 import re
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kubetune import env as envnames
@@ -37,6 +40,10 @@ TUNE_IMMUTABLE = ("output_dir", "tokenizer.path", "checkpointer.checkpoint_dir",
                   "tokenizer.merges_file")
 TUNE_MODELS = ("llama3_2/1B", "llama3_2/3B", "llama3_3/70B", "qwen2_5/1.5B")
 _GPU = re.compile("gpu", re.IGNORECASE)
+# Single-device QLoRA only: upstream's torchtune plugin has no multi-device QLoRA config
+# for these models.
+TUNE_SINGLE_DEVICE_QLORA = ("llama3_2/1B", "llama3_2/3B")
+log = logging.getLogger("kubetune.local")
 
 
 # -- small helpers over plain dicts ------------------------------------------------------
@@ -66,18 +73,21 @@ def upsert_env(env: list[dict], *new: dict) -> None:
             env.append(copy.deepcopy(var))
 
 
-def _quantity(value: Any) -> float:
-    """A Kubernetes quantity as a number (enough for counts of GPUs and CPUs)."""
+def _quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity as an exact number (enough for counts of GPUs and CPUs)."""
     text = str(value)
-    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024, "Mi": 1024 ** 2,
-                "Gi": 1024 ** 3}
+    suffixes = {"m": Decimal("0.001"), "k": Decimal(1000), "M": Decimal(10) ** 6,
+                "G": Decimal(10) ** 9, "Ki": Decimal(1024), "Mi": Decimal(1024) ** 2,
+                "Gi": Decimal(1024) ** 3}
+    scale = Decimal(1)
     for suffix in sorted(suffixes, key=len, reverse=True):
         if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * suffixes[suffix]
+            text, scale = text[: -len(suffix)], suffixes[suffix]
+            break
     try:
-        return float(text)
-    except ValueError:
-        raise BadInputError(f"resource quantity {text!r} is not a number") from None
+        return Decimal(text) * scale
+    except InvalidOperation:
+        raise BadInputError(f"resource quantity {str(value)!r} is not a number") from None
 
 
 def gpus_per_node(resources: dict | None) -> int:
@@ -94,12 +104,16 @@ def gpus_per_node(resources: dict | None) -> int:
 
 
 def _cpus_per_node(resources: dict | None) -> int:
+    """Processes for `nproc_per_node: auto` without a GPU (calculateNumProcPerNode).
+
+    Limits first, requests only where there are no limits; a missing cpu counts as 1,
+    and a fraction rounds up as resource.Quantity.Value() does: 2.5 or 2500m is 3.
+    """
     resources = resources or {}
-    request = (resources.get("requests") or {}).get("cpu")
-    if request and _quantity(request):
-        return int(_quantity(request))
-    limit = (resources.get("limits") or {}).get("cpu")
-    return int(_quantity(limit)) if limit else 0
+    section = resources.get("limits") or resources.get("requests")
+    if not section:
+        return 1
+    return max(1, math.ceil(_quantity(section.get("cpu") or 0)))
 
 
 # -- torchtune (plugins/torch/torchtune.go) ---------------------------------------------
@@ -128,6 +142,11 @@ def _uses_qlora(args: list[str]) -> bool:
     return not _bool_arg(args, "model.use_dora") and _bool_arg(args, "model.quantize_base")
 
 
+def _dora_drops_qlora(args: list[str]) -> bool:
+    """DoRA and quantize_base together: the controller picks a non-QLoRA config."""
+    return _bool_arg(args, "model.use_dora") and _bool_arg(args, "model.quantize_base")
+
+
 def tune_recipe_and_config(num_nodes: int, nproc: int | str, gpus: int, args: list[str],
                            runtime_name: str) -> tuple[str, str]:
     """The recipe and config the controller picks (getRecipeAndConfig)."""
@@ -149,27 +168,48 @@ def tune_recipe_and_config(num_nodes: int, nproc: int | str, gpus: int, args: li
     return recipe, tune_model(runtime_name) + suffix
 
 
-def _validate_tune(runtime: dict, trainjob: dict, gpus: int, nproc: int | str) -> None:
+def _validate_tune(runtime: dict, trainjob: dict) -> list[str]:
+    """validateTorchTune: every error, in upstream's order."""
     name = trainjob["spec"]["runtimeRef"]["name"]
     trainer = trainjob["spec"].get("trainer") or {}
     model = tune_model(name)
+    errors = []
     if model not in TUNE_MODELS:
-        raise BadInputError(f"runtimeRef.name {name}: `tune run` TrainJobs need a runtime named "
-                            f"torchtune-<model>-<size> for one of {', '.join(TUNE_MODELS)}")
+        errors.append(f"runtimeRef.name {name}: `tune run` TrainJobs need a runtime named "
+                      f"torchtune-<model>-<size> for one of {', '.join(TUNE_MODELS)}")
     num_nodes = trainer.get("numNodes") or 1
     args = list(trainer.get("args") or [])
     if num_nodes > 1 and model != "llama3_3/70B":
-        raise BadInputError(f"trainer.numNodes must be 1 for {model}")
-    _, config = tune_recipe_and_config(num_nodes, nproc, gpus, args, name)
-    if "_qlora" in config and model == "qwen2_5/1.5B":
-        raise BadInputError(f"QLoRA is not supported for {model}")
-    if num_nodes > 1 and (_uses_lora(args) or _uses_qlora(args)):
-        raise BadInputError("LoRA fine-tuning is not supported for multi-node training in "
-                            "torchtune: set trainer.numNodes to 1")
+        errors.append(f"trainer.numNodes must be 1 for {model}")
+    # Admission sees the TrainJob's numProcPerNode as given ("auto" when unset) and the
+    # GPUs of resourcesPerNode, else of the runtime's node container.
+    nproc = trainer.get("numProcPerNode") or "auto"
+    resources = trainer.get("resourcesPerNode") or (_trainer_node(runtime) or {}).get(
+        "resources")
+    _, config = tune_recipe_and_config(num_nodes, nproc, gpus_per_node(resources), args, name)
+    if "_qlora" in config:
+        if model == "qwen2_5/1.5B":
+            errors.append(f"QLoRA is not supported for {model}")
+        if "_qlora_single_device" not in config and model in TUNE_SINGLE_DEVICE_QLORA:
+            errors.append(f"trainer.numProcPerNode must be auto or 1 for {model} when using "
+                          "QLoRA")
+            errors.append(f"trainer.resourcesPerNode must have gpu resource with value 1 for "
+                          f"{model} when using QLoRA")
+    if num_nodes > 1 and _uses_lora(args):
+        errors.append("LoRA fine-tuning is not supported for multi-node training in "
+                      "torchtune: set trainer.numNodes to 1")
     for i, arg in enumerate(args):
         if arg.split("=", 1)[0] in TUNE_IMMUTABLE:
-            raise BadInputError(f"trainer.args[{i}] {arg!r}: {arg.split('=', 1)[0]} is managed "
-                                "by the runtime and must not be set in the TrainJob")
+            errors.append(f"trainer.args[{i}] {arg!r}: {arg.split('=', 1)[0]} is managed "
+                          "by the runtime and must not be set in the TrainJob")
+    return errors
+
+
+def _trainer_node(runtime: dict) -> dict | None:
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        if _ancestor(rjob) == ANCESTOR_TRAINER and (node := _container(rjob, NODE)):
+            return node
+    return None
 
 
 def _runtime_tune_overrides(spec: dict) -> list[str]:
@@ -182,15 +222,17 @@ def _runtime_tune_overrides(spec: dict) -> list[str]:
 
 # -- admission checks (plugins/jobset Validate, plugins/torch Validate) ------------------
 
-def _validate(runtime: dict, trainjob: dict) -> None:
+def _validate(runtime: dict, trainjob: dict) -> list[str]:
+    """Every admission error (the webhook aggregates all plugins' errors)."""
+    errors: list[str] = []
     spec = trainjob["spec"]
     ref = spec["runtimeRef"]
     if ref["name"] != runtime["metadata"]["name"]:
-        raise BadInputError(f"TrainJob runtimeRef.name is {ref['name']!r} but the runtime is "
-                            f"{runtime['metadata']['name']!r}")
+        errors.append(f"TrainJob runtimeRef.name is {ref['name']!r} but the runtime is "
+                      f"{runtime['metadata']['name']!r}")
     if ref.get("kind", "ClusterTrainingRuntime") != runtime["kind"]:
-        raise BadInputError(f"TrainJob runtimeRef.kind is {ref.get('kind')!r} but the runtime "
-                            f"is a {runtime['kind']}")
+        errors.append(f"TrainJob runtimeRef.kind is {ref.get('kind')!r} but the runtime "
+                      f"is a {runtime['kind']}")
     jobs = {j["name"]: j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
     for kind, step in (("dataset", DATASET_INITIALIZER), ("model", MODEL_INITIALIZER)):
         if not (spec.get("initializer") or {}).get(kind):
@@ -198,19 +240,25 @@ def _validate(runtime: dict, trainjob: dict) -> None:
         job = jobs.get(step)
         container = _container(job, step) if job else None
         if container is None:
-            raise BadInputError(f"TrainJob sets initializer.{kind} but runtime "
-                                f"{ref['name']} has no {step} job with a {step} container")
-        if not any(m.get("name") == INITIALIZER_VOLUME
+            errors.append(f"TrainJob sets initializer.{kind} but runtime "
+                          f"{ref['name']} has no {step} job with a {step} container")
+        elif not any(m.get("name") == INITIALIZER_VOLUME
                    for m in container.get("volumeMounts") or []):
-            raise BadInputError(f"runtime {ref['name']}: container {step} must mount the "
-                                f"{INITIALIZER_VOLUME!r} volume")
+            errors.append(f"runtime {ref['name']}: container {step} must mount the "
+                          f"{INITIALIZER_VOLUME!r} volume")
     trainer = spec.get("trainer") or {}
     torch = (runtime["spec"].get("mlPolicy") or {}).get("torch")
-    if torch is not None:
+    if torch is None or not spec.get("trainer"):
+        return errors
+    if trainer.get("command") == TUNE_ENTRYPOINT:
+        errors += _validate_tune(runtime, trainjob)
+    else:
+        # The controller passes no PET_* to `tune run`, so only torchrun's are reserved.
         reserved = sorted({e["name"] for e in trainer.get("env") or []} & set(PET_ENV))
         if reserved:
-            raise BadInputError(f"trainer.env must not set {', '.join(reserved)}: the "
-                                "controller sets them")
+            errors.append(f"trainer.env must not set {', '.join(reserved)}: the "
+                          "controller sets them")
+    return errors
 
 
 # -- runtimePatches (core/trainingruntime.go mergeRuntimePatches) -----------------------
@@ -315,14 +363,13 @@ def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict,
     resources = (trainer or {}).get("resourcesPerNode") or (node or {}).get("resources")
     gpus = gpus_per_node(resources)
     if nproc == "auto" and gpus == 0:
-        nproc = max(1, _cpus_per_node(resources))
-    is_tune = bool(trainer) and trainer.get("command") == TUNE_ENTRYPOINT
-    if is_tune:
-        _validate_tune(runtime, trainjob, gpus, nproc)
-    if node is None:
+        nproc = _cpus_per_node(resources)
+    if node is None or not trainer:
+        # No spec.trainer: the controller touches no container (no PET_*, no port).
         return
+    is_tune = trainer.get("command") == TUNE_ENTRYPOINT
     env = node.setdefault("env", [])
-    upsert_env(env, *((trainer or {}).get("env") or []))
+    upsert_env(env, *(trainer.get("env") or []))
     upsert_env(env, {"name": envnames.PET_NNODES, "value": str(num_nodes)},
                {"name": envnames.PET_NPROC_PER_NODE, "value": str(nproc)},
                {"name": envnames.PET_NODE_RANK, "valueFrom": {"fieldRef": {
@@ -332,12 +379,17 @@ def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict,
         upsert_env(env, {"name": envnames.PET_MASTER_ADDR, "value": master},
                    {"name": envnames.PET_MASTER_PORT, "value": str(TRAINER_PORT)})
     else:
+        args = list(trainer.get("args") or [])
+        if _dora_drops_qlora(args):
+            # The controller does this silently; say so here.
+            log.warning("trainer.args set model.use_dora=True and model.quantize_base=True: "
+                        "the controller picks a DoRA config without QLoRA (the base model is "
+                        "not quantized)")
         command: list[str] = []
         if num_nodes > 1 or (isinstance(nproc, int) and nproc > 1) or \
                 (nproc == "auto" and gpus > 1):
             command.append(f"--rdzv_endpoint={master}:{TRAINER_PORT}")
-        recipe, config = tune_recipe_and_config(num_nodes, nproc, gpus,
-                                                list(trainer.get("args") or []),
+        recipe, config = tune_recipe_and_config(num_nodes, nproc, gpus, args,
                                                 trainjob["spec"]["runtimeRef"]["name"])
         spec = runtime["spec"]["template"]["spec"]
         command += [recipe, "--config", config, *_runtime_tune_overrides(spec)]
@@ -382,7 +434,10 @@ def _apply_trainer(trainer_job: dict, trainer: dict | None) -> None:
 def merge(runtime: dict, trainjob: dict) -> dict:
     """The JobSet (``apiVersion``, ``kind``, ``metadata``, ``spec``) the controller creates."""
     runtime, trainjob = copy.deepcopy(runtime), copy.deepcopy(trainjob)
-    _validate(runtime, trainjob)
+    errors = _validate(runtime, trainjob)
+    if errors:
+        # All of them, as `kubectl apply` lists every field error of a rejected object.
+        raise BadInputError("TrainJob rejected: " + "; ".join(errors))
     name = trainjob["metadata"]["name"]
     trainer = trainjob["spec"].get("trainer")
     ml_policy = runtime["spec"].get("mlPolicy")

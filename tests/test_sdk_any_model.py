@@ -1,0 +1,91 @@
+"""Any model through the Kubeflow SDK (kubeflow 0.5.0): the supported path is
+`CustomTrainerContainer` against `kubetune-byo-model`, the model named by the model
+initializer and built from its checkpoint's config.json (README "Any model from the
+SDK"). Shown for Qwen3 and Gemma 2 on tiny checkpoints written by transformers: the SDK
+builds the TrainJob, the controller's admission rules (runtime_merge) admit it, and
+`kubetune local` runs it end to end, export included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from kubetune.tools.local.runtime_merge import merge
+from tests.support.cli import clean_env, kubetune
+from tests.support.runtimes import runtime_file
+from tests.support.sdk_trainjob import sdk_container_trainjob_spec, sdk_runtime
+from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
+from tests.test_model_families import FAMILIES, write_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
+
+RUNTIME = runtime_file("kubetune-byo-model")
+STEPS = 2
+# What the README tells a user to pass; the model's own size decides resources.
+ENV = {"KUBETUNE_METHOD": "lora", "KUBETUNE_EPOCHS": "1", "KUBETUNE_LORA_RANK": "8",
+       "KUBETUNE_LORA_ALPHA": "16", "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
+RESOURCES = {"gpu": 1, "cpu": 8, "memory": "32Gi"}
+
+
+def trainjob(spec: dict) -> dict:
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "sdk-any-model"},
+            "spec": {"runtimeRef": {"name": "kubetune-byo-model",
+                                    "kind": "ClusterTrainingRuntime"}, **spec}}
+
+
+def test_sdk_takes_the_byo_runtime_as_a_custom_trainer_only():
+    from kubeflow.trainer import BuiltinTrainer, TorchTuneConfig
+    from kubeflow.trainer.backends.kubernetes.backend import KubernetesBackend
+    from kubeflow.trainer.types.types import TrainerType
+
+    runtime = sdk_runtime(RUNTIME)
+    assert runtime.trainer.trainer_type == TrainerType.CUSTOM_TRAINER
+    with pytest.raises(ValueError, match="BuiltinTrainer can't be used"):
+        KubernetesBackend._get_trainjob_spec(None, runtime=runtime,
+                                             trainer=BuiltinTrainer(config=TorchTuneConfig()))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_documented_sdk_trainjob_is_admitted(family):
+    """The controller's admission rules, as ported in runtime_merge, admit the TrainJob
+    the README's snippet makes the SDK send (hub URIs as a user writes them)."""
+    spec = sdk_container_trainjob_spec(RUNTIME, f"hf://org/tiny-{family}",
+                                       "hf://org/tiny-data", ENV, RESOURCES)
+    jobset = merge(yaml.safe_load(RUNTIME.read_text()), trainjob(spec))
+    node = next(j for j in jobset["spec"]["replicatedJobs"] if j["name"] == "node")
+    container = node["template"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KUBETUNE_METHOD"] == "lora" and env["PET_NPROC_PER_NODE"] == "auto"
+    assert container["resources"]["limits"]["memory"] == "32Gi"
+    assert container["command"] == ["kubetune", "train"]  # the runtime's, kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_sdk_trainjob_trains_and_exports_the_model_it_names(family, serving_python,  # noqa: F811
+                                                            tiny_dataset_dir, tmp_path):
+    model_dir = write_checkpoint(serving_python, family, tmp_path / "model")
+    spec = sdk_container_trainjob_spec(RUNTIME, f"hf://org/tiny-{family}",
+                                       "hf://org/tiny-data",
+                                       {**ENV, "KUBETUNE_MAX_STEPS": str(STEPS),
+                                        "KUBETUNE_BATCH_SIZE": "8", "KUBETUNE_DTYPE": "fp32",
+                                        "KUBETUNE_SEED": "0"}, RESOURCES)
+    # The SDK builds hub sources only; the same TrainJob with local copies of them.
+    spec["initializer"]["model"]["storageUri"] = f"file://{model_dir}"
+    spec["initializer"]["dataset"]["storageUri"] = f"file://{tiny_dataset_dir}"
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(trainjob(spec)))
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(RUNTIME),
+                      "--trainjob", str(job), env=clean_env(), timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ws = tmp_path / "run" / "workspace"
+    assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == STEPS
+    merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
+    assert merged["model"]["_component_"] == FAMILIES[family].lora_component
+    assert merged["checkpointer"]["_component_"] == FAMILIES[family].checkpointer
+    assert merged["model"]["lora_rank"] == 8
+    adapter = json.loads((ws / "export" / "adapter_config.json").read_text())
+    assert adapter["r"] == 8
