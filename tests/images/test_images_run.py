@@ -21,6 +21,7 @@ import yaml
 from kubetune.entrypoints.cli import COMMANDS
 from kubetune.entrypoints.local import DEMO_TRAIN_ARGS
 from tests.support.cli import clean_env, kubetune
+from tests.support.runtimes import runtime_file
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 
 pytestmark = [pytest.mark.images,
@@ -244,13 +245,13 @@ def test_torchtune_dropin_runtime_on_the_images(tmp_path, tiny_model_dir, tiny_d
     args): the trainer image's `tune` is ours (it picks the recipe and writes the
     summary torchtune's own would not)."""
     model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
-    spec = sdk_trainjob_spec(BASE / "torchtune-llama3.2-1b.yaml")
+    spec = sdk_trainjob_spec(runtime_file("torchtune-llama3.2-1b"))
     spec["initializer"]["model"]["storageUri"] = f"file://{model}"
     spec["initializer"]["dataset"]["storageUri"] = f"file://{dataset}"
     spec["trainer"]["args"] = list(spec["trainer"].get("args") or []) + [
         "max_steps_per_epoch=3"]
     job = write_trainjob(tmp_path, "torchtune-llama3.2-1b", spec)
-    result = local_podman(tmp_path, BASE / "torchtune-llama3.2-1b.yaml", job)
+    result = local_podman(tmp_path, runtime_file("torchtune-llama3.2-1b"), job)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     ws = tmp_path / "run" / "workspace"
     assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
@@ -286,7 +287,7 @@ def test_all_in_one_runs_a_torchtune_runtime_with_our_tune(tmp_path, tiny_model_
     `tune` (it picks the recipe, writes the summary), not torchtune's own."""
     model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
     ws = writable_dir(tmp_path / "ws")
-    spec = sdk_trainjob_spec(BASE / "torchtune-llama3.2-1b.yaml")
+    spec = sdk_trainjob_spec(runtime_file("torchtune-llama3.2-1b"))
     spec["initializer"]["model"]["storageUri"] = "file:///src/model"
     spec["initializer"]["dataset"]["storageUri"] = "file:///src/dataset"
     spec["trainer"]["args"] = list(spec["trainer"].get("args") or []) + [
@@ -296,7 +297,8 @@ def test_all_in_one_runs_a_torchtune_runtime_with_our_tune(tmp_path, tiny_model_
     result = engine("run", "--rm", "--read-only", "--tmpfs", "/tmp", "-u", "65532:65532",
                     "-v", f"{ws}:/workspace", "-v", f"{model.parent}:/src:ro",
                     IMAGES["kubetune"], "local", "--workdir", "/workspace/run",
-                    "--runtime", "/opt/kubetune/runtimes/base/torchtune-llama3.2-1b.yaml",
+                    "--runtime",
+                    "/opt/kubetune/runtimes/overlays/dropin/torchtune-llama3.2-1b.yaml",
                     "--trainjob", "/workspace/job.yaml", timeout=1500)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
