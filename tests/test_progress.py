@@ -169,16 +169,20 @@ def test_run_report_has_curves_and_a_page(reported_run):
     pvc, result, _ = reported_run
     image = Image.open(pvc.output / "kubetune-curves.png")
     image.verify()  # CRCs and structure
-    image = Image.open(pvc.output / "kubetune-curves.png").convert("RGB")
-    width, height = image.size
-    assert width >= 400 and height >= 300
-    blue_columns = {x for x in range(width) for y in range(height // 2)
-                    if image.getpixel((x, y)) == (31, 119, 180)}
-    orange_columns = {x for x in range(width) for y in range(height // 2, height)
-                      if image.getpixel((x, y)) == (230, 110, 20)}
-    # Each curve spans its panel from the first to the last step.
-    assert max(blue_columns) - min(blue_columns) > width / 2
-    assert max(orange_columns) - min(orange_columns) > width / 2
+    image = Image.open(pvc.output / "kubetune-curves.png")
+    assert image.format == "PNG" and image.size == (800, 800)
+    # The figure the PNG was drawn from, built from the run's own metrics.
+    from kubetune.trainer.metric_logging import curves, run_report
+
+    fig = curves.figure(run_report.loss_steps(pvc.output))
+    axes = fig.get_axes()
+    assert [ax.get_ylabel() for ax in axes] == ["loss", "learning rate", "tokens/s per device"]
+    assert axes[-1].get_xlabel() == "step"
+    raw, smooth = axes[0].get_lines()[:2]
+    assert list(raw.get_xdata()) == [1, 2, 3] and len(smooth.get_xdata()) == 3
+    assert [float(y) for y in raw.get_ydata()] == [r["loss"] for r in
+                                                   run_report.loss_steps(pvc.output)]
+    assert len(axes[0].get_yticks()) >= 3 and len(axes[-1].get_xticks()) >= 3
     page = (pvc.output / "kubetune-report.md").read_text()
     summary = pvc.summary()
     assert "**completed**" in page and "![loss and learning rate by step](kubetune-curves.png)" \
@@ -238,19 +242,28 @@ def test_json_log_mode_for_an_initializer(tmp_path, tiny_dataset_dir):
     assert any("fetched 1 files" in r["message"] for r in records)
 
 
-def test_png_plot_draws_a_rising_curve_up_the_panel(tmp_path):
+def test_curves_have_a_smoothed_loss_and_eval_loss_when_the_run_has_one(tmp_path):
     from PIL import Image
 
-    from kubetune.trainer.metric_logging.png_plot import BLUE, Series, line_plots
+    from kubetune.trainer.metric_logging import curves
 
-    path = tmp_path / "plot.png"
-    line_plots(path, [Series("loss", list(range(10)), [float(i) for i in range(10)], BLUE)])
-    image = Image.open(path).convert("RGB")
-    blue = [(x, y) for x in range(image.width) for y in range(image.height)
-            if image.getpixel((x, y)) == BLUE]
-    left = [y for x, y in blue if x < image.width / 4]
-    right = [y for x, y in blue if x > image.width / 2]
-    assert left and right and min(left) > max(right)  # image y grows downwards
+    noisy = [{"step": i, "loss": 3.0 - 0.02 * i + (0.5 if i % 2 else -0.5), "lr": 1e-4,
+              "tokens_per_second": 900.0 + i} for i in range(1, 101)]
+    evals = [{"step": 50, "val_loss": 2.2}, {"step": 100, "val_loss": 1.4}]
+    fig = curves.figure(noisy, evals)
+    loss = fig.get_axes()[0]
+    raw, smooth, evaluated = loss.get_lines()
+    raw_y, smooth_y = list(raw.get_ydata()), list(smooth.get_ydata())
+    # The smoothed line follows the trend without the +-0.5 zigzag.
+    assert max(abs(a - b) for a, b in zip(smooth_y[10:], smooth_y[11:])) < 0.2
+    assert max(abs(a - b) for a, b in zip(raw_y, raw_y[1:])) > 0.9
+    assert smooth_y[-1] < smooth_y[10]
+    assert list(evaluated.get_xdata()) == [50, 100] and list(evaluated.get_ydata()) == [2.2, 1.4]
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == \
+        ["train", "train (smoothed)", "eval"]
+    path = tmp_path / "curves.png"
+    curves.save(path, noisy, evals)
+    assert Image.open(path).size == (800, 800)
 
 
 def test_an_initializer_reports_bytes_and_percent_done(server, tmp_path, tiny_dataset_dir):
