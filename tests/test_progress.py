@@ -19,7 +19,7 @@ from tests.support.trainer import SHORT, make_pvc, tune_run
 TRAIN_ARGS = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
               "dataset=torchtune.datasets.instruct_dataset", "epochs=1", "dtype=fp32", *SHORT]
 STEP_LINE = re.compile(
-    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d train: step (\d+)/3 \((\d+)%\) \| epoch 1/1 \| "
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ train: step (\d+)/3 \((\d+)%\) \| epoch 1/1 \| "
     r"loss \d+\.\d{4} \| lr \d\.\d\de[-+]\d\d \| \d+ tok/s \| eta (\d+:\d\d:\d\d|\?)$")
 WARNING = "TrainJob status: cannot report progress"
 
@@ -190,6 +190,47 @@ def test_run_report_has_curves_and_a_page(reported_run):
     assert f"loss: {summary['first_loss']:.4f} (step 1) -> {summary['last_loss']:.4f} (step 3)" \
         in page
     assert "LoRA rank" in page and "tokens/s" in page
+
+
+@pytest.mark.slow
+def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
+                                                      tiny_dataset_dir):
+    """stdout on a pty, as a person's terminal: tqdm's bar (rate, ETA, loss) redrawn in
+    place with carriage returns, and none of the per-step lines a pod's log gets."""
+    import pty
+    import subprocess
+    import sys
+
+    from tests.support.cli import REPO
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    main, child_end = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *TRAIN_ARGS[:3],
+         *pvc.runtime_args(), *TRAIN_ARGS[3:]],
+        env=pvc.env(COLUMNS="160"), cwd=REPO, stdout=child_end, stderr=subprocess.PIPE)
+    os.close(child_end)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: every writer of the pty is gone
+            break
+        if not chunk:
+            break
+        screen += chunk
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=600) == 0, stderr[-3000:]
+    os.close(main)
+    text = screen.decode("utf-8", "replace")
+    assert " train: step " not in text and " train: step " not in stderr
+    # Each redraw starts with a carriage return; the last shows the whole run.
+    frames = [f.strip() for f in text.replace("\n", "\r").split("\r") if "train:" in f]
+    assert len(frames) >= 3, text
+    last = frames[-1]
+    assert re.search(r"train: 100%.*\| 3/3 \[\d\d:\d\d<00:00, +[\d.]+(s/step|step/s), "
+                     r"epoch 1/1, loss \d+\.\d{4}, lr \d\.\d\de-\d\d, \d+ tok/s\]", last), last
+    assert pvc.summary()["steps"] == 3
 
 
 @pytest.mark.slow

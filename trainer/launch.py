@@ -29,7 +29,7 @@ from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NA
                                 TRAINER_CONFIG_NAME)
 from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
-from kubetune.logs import wrap_foreign_line
+from kubetune.logs import json_mode, wrap_foreign_line
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.checkpointing.checkpoint_model import SPECIAL_TOKENS_FILE
@@ -55,14 +55,32 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     child.update(OFFLINE_ENV)
     child[env.STOP_FILE] = str(stop_file)
     child[env.PYTHONUNBUFFERED] = "1"
-    if not sys.stdout.isatty():
-        child[env.TQDM_DISABLE] = "1"  # progress comes from our metric logger instead
+    # torchtune's own bars are off either way: our metric logger draws the one bar (in a
+    # terminal, on the fd handed down) or prints a line per step.
+    child[env.TQDM_DISABLE] = "1"
+    child.pop(env.PROGRESS_FD, None)
+    if _terminal_fd() is not None:
+        child[env.PROGRESS_FD] = str(_terminal_fd())
     if plan_.cfg.device == "cpu" and plan_.topology.nproc_per_node > 1 \
             and env.OMP_NUM_THREADS not in child:
         # Share the cores between the processes instead of oversubscribing them.
         child[env.OMP_NUM_THREADS] = str(max(1, (os.cpu_count() or 1)
                                            // plan_.topology.nproc_per_node))
     return child
+
+
+def _terminal_fd() -> int | None:
+    """Our stdout, when it is a terminal a person watches and lines are not asked for
+    (JSON mode). The recipe draws its bar there directly: a bar redraws with carriage
+    returns, which the line-by-line redacting pipe would hold back until the epoch ends.
+    Only numbers the metric logger computes go that way; everything else still passes
+    through redact."""
+    try:
+        if sys.stdout.isatty() and not json_mode():
+            return sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
 
 
 def die_with_parent() -> None:
@@ -315,7 +333,8 @@ def _run_recipe(plan_: RunPlan, command: list[str]) -> _RecipeRun:
     # Both of the recipe's streams pass through redact: it prints configs and URLs too.
     child = subprocess.Popen(command, env=_child_env(plan_, stop_file), stderr=subprocess.PIPE,
                              stdout=subprocess.PIPE, start_new_session=True,
-                             preexec_fn=die_with_parent)
+                             preexec_fn=die_with_parent,
+                             pass_fds=() if _terminal_fd() is None else (_terminal_fd(),))
     with _Supervisor(child, stop_file, plan_.grace_period_s) as supervisor:
         readers = [threading.Thread(target=_stream, args=(child.stderr, sys.stderr, tail),
                                     daemon=True),

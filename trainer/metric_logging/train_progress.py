@@ -1,5 +1,7 @@
-"""Progress of a running recipe, from rank 0's metric logger: one pod-log line per logged
-step (step/total, %, ETA, loss, lr, tokens/s, a timestamp) and the TrainJob status.
+"""Progress of a running recipe, from rank 0's metric logger: in a terminal, one live
+tqdm bar (step/total, rate, ETA, loss, lr, tokens/s) redrawn each step; otherwise (a pod's
+log, a pipe, JSON mode) one line per logged step (step/total, %, ETA, loss, lr, tokens/s,
+a timestamp). And the TrainJob status either way.
 
 Total steps come from the recipe after its setup (epochs x optimizer steps per epoch,
 ``max_steps_per_epoch`` included), handed over by ``kubetune.trainer.recipe_process.bootstrap``.
@@ -43,8 +45,13 @@ class TrainProgress:
         # pays for warm-up, so it is not part of the rate).
         self._origin: tuple[int, float] | None = None
         self.json = logs.json_mode(environ)
+        self.quiet = logs.quiet_mode(environ)  # -q: the status still goes, no lines or bar
         self.reporter = StatusReporter.from_env(environ, source="trainer") \
             if passed_env.is_primary(environ) else None
+        # The launcher hands its terminal down only to a process that may draw on it.
+        self._bar_fd = passed_env.progress_fd(environ) \
+            if passed_env.is_primary(environ) and not self.json else None
+        self._bar: Any = None
 
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self.total_steps, self.total_epochs = total_steps, total_epochs
@@ -74,11 +81,43 @@ class TrainProgress:
             self._origin = (step, now)
         percent, eta = self.percent(step), self.eta_s(step, now)
         try:
-            print(self.line(record, percent, eta), file=sys.stdout, flush=True)
+            if self.quiet:
+                pass
+            elif self._bar_fd is not None:
+                self._draw(record)
+            else:
+                print(self.line(record, percent, eta), file=sys.stdout, flush=True)
         except (OSError, ValueError):
-            pass  # a closed stdout must not stop training
+            pass  # a closed stdout (or terminal) must not stop training
         if self.reporter is not None:
             self.reporter.update(percent, eta, self.status_metrics(record))
+
+    def _draw(self, record: Mapping[str, Any]) -> None:
+        """The live bar: tqdm measures the rate and ETA; the postfix carries the numbers."""
+        # tqdm.std's class, not tqdm.tqdm: the recipe process swaps that one for a class
+        # that never draws (torchtune's own bars stay off).
+        from tqdm.std import tqdm
+
+        step = int(record["step"])
+        if self._bar is None:
+            stream = open(self._bar_fd, "w", closefd=False, encoding="utf-8")
+            self._bar = tqdm(total=self.total_steps, initial=step - 1, desc="train",
+                             unit="step", file=stream, dynamic_ncols=True, leave=True,
+                             disable=False)
+        self._bar.set_postfix_str(self.postfix(record), refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def postfix(self, record: Mapping[str, Any]) -> str:
+        parts = [f"loss {float(record['loss']):.4f}"]
+        if "epoch" in record:
+            epoch = int(record["epoch"]) + 1
+            parts.insert(0, f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
+                         else f"epoch {epoch}")
+        if "lr" in record:
+            parts.append(f"lr {float(record['lr']):.2e}")
+        if "tokens_per_second" in record:
+            parts.append(f"{float(record['tokens_per_second']):.0f} tok/s")
+        return ", ".join(parts)
 
     def status_metrics(self, record: Mapping[str, Any]) -> dict[str, object]:
         metrics: dict[str, object] = {"loss": f"{float(record['loss']):.6g}"}
@@ -122,6 +161,12 @@ class TrainProgress:
 
     def close(self) -> None:
         """The recipe is done: whatever is pending goes with the launcher's final report."""
+        if self._bar is not None:
+            try:
+                self._bar.close()
+            except (OSError, ValueError):
+                pass
+            self._bar = None
         if self.reporter is not None:
             self.reporter.close()
 

@@ -41,6 +41,12 @@ def progress_bars_off() -> bool:
     return _environ(None).get(env.TQDM_DISABLE) == "1"
 
 
+def progress_fd(environ: Mapping[str, str] | None = None) -> int | None:
+    """The launcher's terminal, passed down for the live progress bar; None: no terminal."""
+    value = _environ(environ).get(env.PROGRESS_FD)
+    return int(value) if value and value.isdigit() else None
+
+
 def stop_file() -> str | None:
     """The file whose existence asks the recipe to stop at the next step."""
     return _environ(None).get(env.STOP_FILE)
