@@ -158,6 +158,17 @@ def test_pod_log_has_one_line_per_step_and_no_config_dump(reported_run):
     assert [int(m.group(2)) for m in matches] == [33, 66, 99]
     assert matches[0].group(3) == "?" and matches[2].group(3) != "?"
     log = result.stdout + result.stderr
+    # llama3_2's config warms up for 100 steps; this run has 3: said once, before step 1.
+    warmup = [line for line in log.splitlines() if "warm-up" in line]
+    assert len(warmup) == 1 and re.search(
+        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ trainer WARNING the learning-rate warm-up "
+        r"\(lr_scheduler.num_warmup_steps=100\) covers all 3 steps of this run \(it peaks at 3% "
+        r"of optimizer.lr=", warmup[0]), warmup
+    assert warmup[0][:20] <= lines[0][:20]  # UTC timestamps: no later than step 1
+    # The closing line in numbers a person reads (summary.json keeps every digit).
+    [done] = [line for line in log.splitlines() if " trainer INFO done: " in line]
+    assert re.search(r"done: 3 steps in \d+\.\d s, loss \d+\.\d{4} -> \d+\.\d{4}, \d+ tokens/s, "
+                     r"checkpoint ", done), done
     assert "with resolved config" not in log and "Skipping import of cpp extensions" not in log
     assert "'set_vital' is deprecated" not in log
 
@@ -207,7 +218,7 @@ def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
     main, child_end = pty.openpty()
     child = subprocess.Popen(
         [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *TRAIN_ARGS[:3],
-         *pvc.runtime_args(), *TRAIN_ARGS[3:]],
+         *pvc.runtime_args(), *TRAIN_ARGS[3:], "lr_scheduler.num_warmup_steps=1"],
         env=pvc.env(COLUMNS="160"), cwd=REPO, stdout=child_end, stderr=subprocess.PIPE)
     os.close(child_end)
     screen = b""
@@ -224,12 +235,13 @@ def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
     os.close(main)
     text = screen.decode("utf-8", "replace")
     assert " train: step " not in text and " train: step " not in stderr
+    assert "warm-up" not in stderr  # one step of warm-up, three of training
     # Each redraw starts with a carriage return; the last shows the whole run.
     frames = [f.strip() for f in text.replace("\n", "\r").split("\r") if "train:" in f]
     assert len(frames) >= 3, text
     last = frames[-1]
     assert re.search(r"train: 100%.*\| 3/3 \[\d\d:\d\d<00:00, +[\d.]+(s/step|step/s), "
-                     r"epoch 1/1, loss \d+\.\d{4}, lr \d\.\d\de-\d\d, \d+ tok/s\]", last), last
+                     r"epoch 1/1, loss \d+\.\d{4}, lr \d\.\d\de[-+]\d\d, \d+ tok/s\]", last), last
     assert pvc.summary()["steps"] == 3
 
 

@@ -419,7 +419,10 @@ def _finish(plan_: RunPlan, summary: dict) -> None:
     # Written last: the exporter trusts only an output_dir that has this marker.
     write_atomic(output_dir / COMPLETION_MARKER_NAME, marker.encode())
     train_progress.report_finished(summary)
-    log.info("done: %s steps, loss %s -> %s, %s tokens/s, checkpoint %s", summary["steps"],
-             summary["first_loss"], summary["last_loss"],
+    # Rounded for people (summary.json keeps every digit).
+    loss = lambda value: "?" if value is None else f"{value:.4f}"  # noqa: E731
+    log.info("done: %s steps in %.1f s, loss %s -> %s, %s tokens/s, checkpoint %s",
+             summary["steps"], summary["wall_time_s"], loss(summary["first_loss"]),
+             loss(summary["last_loss"]),
              f"{summary['tokens_per_second']:.0f}" if summary["tokens_per_second"] else "?",
              output_dir / str(summary["checkpoint"]))

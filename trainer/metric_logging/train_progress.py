@@ -9,9 +9,12 @@ Total steps come from the recipe after its setup (epochs x optimizer steps per e
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any, Mapping
+
+from omegaconf import OmegaConf
 
 from kubetune import logs
 from kubetune.remote.trainjob_status import StatusReporter
@@ -169,6 +172,29 @@ class TrainProgress:
             self._bar = None
         if self.reporter is not None:
             self.reporter.close()
+
+
+def warmup_note(total_steps: int | None, warmup_steps: Any, lr: Any) -> str | None:
+    """One line when the learning-rate warm-up does not end before the run does: the
+    learning rate never reaches the configured value, and the loss barely moves."""
+    if not total_steps or not isinstance(warmup_steps, int) or warmup_steps < total_steps:
+        return None
+    peak = f" (it peaks at {total_steps / warmup_steps:.0%} of optimizer.lr={lr})" \
+        if isinstance(lr, (int, float)) else ""
+    return (f"the learning-rate warm-up (lr_scheduler.num_warmup_steps={warmup_steps}) covers "
+            f"all {total_steps} steps of this run{peak}: set lr_scheduler.num_warmup_steps "
+            f"below {total_steps} or train for more steps")
+
+
+def warn_about_warmup(recipe: Any, cfg: Any) -> None:
+    """Before the first step (rank 0): a warm-up the run never leaves."""
+    if not passed_env.is_primary():
+        return
+    select = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
+    note = warmup_note(recipe_plan(recipe)[0], select("lr_scheduler.num_warmup_steps"),
+                       select("optimizer.lr"))
+    if note is not None:
+        logging.getLogger("trainer").warning(note)
 
 
 def hand_plan_to_logger(recipe: Any) -> None:
