@@ -105,9 +105,9 @@ TRAIN_OVERRIDES = "KUBETUNE_TRAIN_OVERRIDES"
 GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline
 SAVE_EVERY_N_STEPS = "KUBETUNE_SAVE_EVERY_N_STEPS"  # step-level resumable saves (0: per epoch)
 STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the next step
-# launcher -> rank 0: the file descriptor of the launcher's terminal, for the live
+# launcher -> rank 0: the path of the launcher's terminal (/dev/pts/N), for the live
 # progress bar (unset without a terminal, or in JSON mode: per-step lines instead).
-PROGRESS_FD = "KUBETUNE_PROGRESS_FD"
+PROGRESS_TTY = "KUBETUNE_PROGRESS_TTY"
 TEST_KILL_AT = "KUBETUNE_TEST_KILL_AT"  # tests only: SIGKILL at the N-th checkpoint write
 # Tests only (kubetune.trainer.recipe_process.fallbacks; inert unless set): register a dynamo
 # backend of this name that raises, and make a forward above this micro-batch raise

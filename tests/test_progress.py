@@ -215,7 +215,13 @@ def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
     from tests.support.cli import REPO
 
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    import fcntl
+    import struct
+    import termios
+
     main, child_end = pty.openpty()
+    # A person's terminal has a size (a fresh pty says 0x0).
+    fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
     child = subprocess.Popen(
         [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *TRAIN_ARGS[:3],
          *pvc.runtime_args(), *TRAIN_ARGS[3:], "lr_scheduler.num_warmup_steps=1"],

@@ -58,9 +58,9 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     # torchtune's own bars are off either way: our metric logger draws the one bar (in a
     # terminal, on the fd handed down) or prints a line per step.
     child[env.TQDM_DISABLE] = "1"
-    child.pop(env.PROGRESS_FD, None)
-    if _terminal_fd() is not None:
-        child[env.PROGRESS_FD] = str(_terminal_fd())
+    child.pop(env.PROGRESS_TTY, None)
+    if _terminal() is not None:
+        child[env.PROGRESS_TTY] = _terminal()
     if plan_.cfg.device == "cpu" and plan_.topology.nproc_per_node > 1 \
             and env.OMP_NUM_THREADS not in child:
         # Share the cores between the processes instead of oversubscribing them.
@@ -69,15 +69,16 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     return child
 
 
-def _terminal_fd() -> int | None:
-    """Our stdout, when it is a terminal a person watches and lines are not asked for
-    (JSON mode). The recipe draws its bar there directly: a bar redraws with carriage
-    returns, which the line-by-line redacting pipe would hold back until the epoch ends.
-    Only numbers the metric logger computes go that way; everything else still passes
-    through redact."""
+def _terminal() -> str | None:
+    """The path of our stdout, when it is a terminal a person watches and lines are not
+    asked for (JSON mode). The recipe draws its bar there directly: a bar redraws with
+    carriage returns, which the line-by-line redacting pipe would hold back until the epoch
+    ends. Only numbers the metric logger computes go that way; everything else still passes
+    through redact. A path, not a descriptor: torchrun closes inherited descriptors when it
+    starts its workers."""
     try:
         if sys.stdout.isatty() and not json_mode():
-            return sys.stdout.fileno()
+            return os.ttyname(sys.stdout.fileno())
     except (AttributeError, ValueError, OSError):
         pass
     return None
@@ -333,8 +334,7 @@ def _run_recipe(plan_: RunPlan, command: list[str]) -> _RecipeRun:
     # Both of the recipe's streams pass through redact: it prints configs and URLs too.
     child = subprocess.Popen(command, env=_child_env(plan_, stop_file), stderr=subprocess.PIPE,
                              stdout=subprocess.PIPE, start_new_session=True,
-                             preexec_fn=die_with_parent,
-                             pass_fds=() if _terminal_fd() is None else (_terminal_fd(),))
+                             preexec_fn=die_with_parent)
     with _Supervisor(child, stop_file, plan_.grace_period_s) as supervisor:
         readers = [threading.Thread(target=_stream, args=(child.stderr, sys.stderr, tail),
                                     daemon=True),

@@ -10,6 +10,7 @@ Total steps come from the recipe after its setup (epochs x optimizer steps per e
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Any, Mapping
@@ -52,7 +53,7 @@ class TrainProgress:
         self.reporter = StatusReporter.from_env(environ, source="trainer") \
             if passed_env.is_primary(environ) else None
         # The launcher hands its terminal down only to a process that may draw on it.
-        self._bar_fd = passed_env.progress_fd(environ) \
+        self._tty = passed_env.progress_tty(environ) \
             if passed_env.is_primary(environ) and not self.json else None
         self._bar: Any = None
 
@@ -86,12 +87,14 @@ class TrainProgress:
         try:
             if self.quiet:
                 pass
-            elif self._bar_fd is not None:
+            elif self._tty is not None:
                 self._draw(record)
             else:
                 print(self.line(record, percent, eta), file=sys.stdout, flush=True)
         except (OSError, ValueError):
-            pass  # a closed stdout (or terminal) must not stop training
+            if self._tty is not None and self._bar is None:
+                self._tty = None  # a terminal we cannot open: lines, from the next step
+            # a closed stdout (or terminal) must not stop training
         if self.reporter is not None:
             self.reporter.update(percent, eta, self.status_metrics(record))
 
@@ -103,10 +106,15 @@ class TrainProgress:
 
         step = int(record["step"])
         if self._bar is None:
-            stream = open(self._bar_fd, "w", closefd=False, encoding="utf-8")
+            # O_NOCTTY: the recipe leads its own session, and a terminal it opened would
+            # become its controlling one, hung up (for the user's shell too) when it exits.
+            fd = os.open(self._tty, os.O_WRONLY | os.O_NOCTTY)
+            stream = os.fdopen(fd, "w", encoding="utf-8")
+            # A terminal that reports no size yet (0 columns) would get an empty bar.
+            sized = os.get_terminal_size(fd).columns > 0
             self._bar = tqdm(total=self.total_steps, initial=step - 1, desc="train",
-                             unit="step", file=stream, dynamic_ncols=True, leave=True,
-                             disable=False)
+                             unit="step", file=stream, dynamic_ncols=sized,
+                             ncols=None if sized else 100, leave=True, disable=False)
         self._bar.set_postfix_str(self.postfix(record), refresh=False)
         self._bar.update(step - self._bar.n)
 
@@ -167,7 +175,8 @@ class TrainProgress:
         if self._bar is not None:
             try:
                 self._bar.close()
-            except (OSError, ValueError):
+                self._bar.fp.close()
+            except (OSError, ValueError, AttributeError):
                 pass
             self._bar = None
         if self.reporter is not None:

@@ -41,10 +41,9 @@ def progress_bars_off() -> bool:
     return _environ(None).get(env.TQDM_DISABLE) == "1"
 
 
-def progress_fd(environ: Mapping[str, str] | None = None) -> int | None:
+def progress_tty(environ: Mapping[str, str] | None = None) -> str | None:
     """The launcher's terminal, passed down for the live progress bar; None: no terminal."""
-    value = _environ(environ).get(env.PROGRESS_FD)
-    return int(value) if value and value.isdigit() else None
+    return _environ(environ).get(env.PROGRESS_TTY) or None
 
 
 def stop_file() -> str | None:
