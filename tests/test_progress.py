@@ -342,3 +342,24 @@ def test_an_initializer_reports_bytes_and_percent_done(server, tmp_path, tiny_da
     assert metrics["phase"] == "dataset-initializer"
     assert metrics["transfer_percent"] == "100.0"
     assert int(metrics["transfer_total_bytes"]) == int(metrics["transfer_bytes"]) >= size
+
+
+def test_a_terminal_that_cannot_be_opened_gets_the_step_lines(tmp_path, capsys):
+    from kubetune.trainer.metric_logging.train_progress import TrainProgress
+
+    progress = TrainProgress({"KUBETUNE_PROGRESS_TTY": str(tmp_path / "gone" / "pts-9")})
+    progress.set_plan(2, 1)
+    for step in (1, 2):
+        progress.on_step({"step": step, "epoch": 0, "loss": 2.0 / step, "lr": 1e-4})
+    progress.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(" train: step " in line for line in lines), lines
+    assert "loss 1.0000" in lines[1]
+
+
+def test_quiet_prints_no_progress(capsys):
+    from kubetune.trainer.metric_logging.train_progress import TrainProgress
+
+    progress = TrainProgress({"KUBETUNE_LOG_LEVEL": "warning"})
+    progress.on_step({"step": 1, "loss": 2.0})
+    assert capsys.readouterr().out == ""

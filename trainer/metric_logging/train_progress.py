@@ -84,19 +84,24 @@ class TrainProgress:
         if self._origin is None:
             self._origin = (step, now)
         percent, eta = self.percent(step), self.eta_s(step, now)
-        try:
-            if self.quiet:
-                pass
-            elif self._tty is not None:
-                self._draw(record)
-            else:
-                print(self.line(record, percent, eta), file=sys.stdout, flush=True)
-        except (OSError, ValueError):
-            if self._tty is not None and self._bar is None:
-                self._tty = None  # a terminal we cannot open: lines, from the next step
-            # a closed stdout (or terminal) must not stop training
+        if not self.quiet:
+            self._show(record, percent, eta)
         if self.reporter is not None:
             self.reporter.update(percent, eta, self.status_metrics(record))
+
+    def _show(self, record: Mapping[str, Any], percent: int | None, eta: float | None) -> None:
+        if self._tty is not None:
+            try:
+                self._draw(record)
+                return
+            except (OSError, ValueError):
+                if self._bar is not None:
+                    return  # the terminal went away mid-run: nobody is watching
+                self._tty = None  # a terminal we cannot open: lines instead, from this one
+        try:
+            print(self.line(record, percent, eta), file=sys.stdout, flush=True)
+        except (OSError, ValueError):
+            pass  # a closed stdout must not stop training
 
     def _draw(self, record: Mapping[str, Any]) -> None:
         """The live bar: tqdm measures the rate and ETA; the postfix carries the numbers."""
