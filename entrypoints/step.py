@@ -13,7 +13,7 @@ import sys
 import traceback
 from typing import Callable, TypeVar
 
-from kubetune import logs
+from kubetune import __version__, logs
 from kubetune.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, KubetuneError
 from kubetune.redact import redact, redact_std_streams
 from kubetune.termination import report_failure
@@ -25,7 +25,15 @@ F = TypeVar("F", bound=Callable)
 def run_step(step: str, func: Callable[[], int | None]) -> int:
     """Run ``func`` as step ``step``; map failures to a one-line report and an exit code."""
     redact_std_streams()  # before logging binds sys.stderr
+    problem = logs.settings_problem()
+    if problem is not None:
+        report_failure(f"{step}: {problem}")
+        return EXIT_BAD_INPUT
     log = logs.setup(step)
+    # For a bug report (-v): what ran, and which of our variables were set (names only:
+    # values may be secrets). The whole environment is scanned, as just below.
+    log.debug("kubetune %s, python %s; set: %s", __version__, sys.version.split()[0],
+              ", ".join(sorted(n for n in os.environ if n.startswith("KUBETUNE_"))) or "none")
     # The whole environment, not one value: which KUBETUNE_* names no part of us reads.
     for line in unknown_names(os.environ):
         log.warning(line)

@@ -9,6 +9,19 @@ from __future__ import annotations
 
 import sys
 
+# Our flags of `tune run`, taken out before torchtune or torchrun see the arguments.
+KUBETUNE_RUN_FLAGS = {
+    "--kubetune-dry-run": "print the recipe, the merged config and the torchrun command "
+                          "kubetune would run; run nothing",
+}
+
+
+def run_help() -> str:
+    """What `tune run --help` adds below torchtune's own help."""
+    lines = ["", "kubetune (this `tune` runs `tune run` through kubetune's launcher):"]
+    lines += [f"  {flag:<22}{text}" for flag, text in KUBETUNE_RUN_FLAGS.items()]
+    return "\n".join(lines)
+
 
 def torchtune_cli(argv: list[str]) -> None:
     """Hand the call to torchtune's CLI unchanged, in this process, as torchtune's own
@@ -27,6 +40,14 @@ def torchtune_cli(argv: list[str]) -> None:
     from torchtune._cli.tune import main as torchtune_main
 
     sys.argv = ["tune", *argv]
+    if argv[:1] == ["run"] and {"-h", "--help"} & set(argv[1:2]):
+        # torchtune's help for `run` exits from argparse; ours follows it.
+        try:
+            torchtune_main()
+        except SystemExit as done:
+            sys.stdout.flush()
+            print(run_help())
+            sys.exit(done.code)
     sys.exit(torchtune_main())
 
 

@@ -132,7 +132,9 @@ def export(request: ExportRequest) -> dict:
             fmt, base, dataset, metrics, adapter_sub, merged_sub, training.method,
             config=training.config(),
             model_dir=request.model_dir, curves=carried.get("curves"),
-            report=carried.get("report")))
+            report=carried.get("report"), destination=request.destination,
+            target_modules=(artifact.adapter_config(training, base).get("target_modules")
+                            if training.is_peft else None)))
         result = export_manifest.build(
             tree, fmt=fmt, base_model=base, dataset=dataset,
             training_config=training.config_text(), metrics=metrics,

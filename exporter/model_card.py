@@ -12,7 +12,8 @@ from typing import Mapping
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from kubetune import env
+from kubetune import env, storage_uri
+from kubetune.workspace.model_files import original_repo_id
 
 # The run's settings a reader compares runs by (keys of the merged torchtune config).
 HYPERPARAMETERS = (
@@ -21,15 +22,66 @@ HYPERPARAMETERS = (
     ("optimizer.lr", "learning rate"), ("optimizer._component_", "optimizer"),
     ("lr_scheduler.num_warmup_steps", "warmup steps"), ("model.lora_rank", "LoRA rank"),
     ("model.lora_alpha", "LoRA alpha"), ("model.lora_dropout", "LoRA dropout"),
-    ("model.lora_attn_modules", "LoRA attention modules"),
-    ("model.apply_lora_to_mlp", "LoRA on MLP"), ("model.use_dora", "DoRA"),
+    ("model.use_dora", "DoRA"),
     ("model.quantize_base", "QLoRA (NF4 base)"), ("tokenizer.max_seq_len", "max sequence length"),
     ("dataset.packed", "packed"), ("dtype", "dtype"), ("seed", "seed"),
 )
 
 
+METHODS = {"full": "full fine-tune", "lora": "LoRA", "dora": "DoRA", "qlora": "QLoRA"}
+
+
 def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def title(base_name: str | None, model_dir: Path | None, destination: str | None,
+          method: str) -> str:
+    """What the card is called: the base model's repo id (as the hub source or the
+    initializer's ``original_repo_id`` names it), else the export's own name; never a path."""
+    repo = hub_id(base_name) or hub_id(original_repo_id(model_dir) if model_dir else None)
+    label = METHODS.get(method, method)
+    if repo:
+        return f"{repo.split('/')[-1]} ({label} fine-tune of {repo})"
+    where = storage_uri.export_destination(destination) if destination else None
+    if isinstance(where, storage_uri.HubUri):
+        name = where.repo_id.split("/")[-1]
+    elif isinstance(where, storage_uri.S3Uri):
+        name = where.prefix.rstrip("/").split("/")[-1] or where.bucket
+    elif isinstance(where, storage_uri.FileUri):
+        name = where.path.name
+    else:
+        name = "model"
+    return f"{name} ({label} fine-tune)"
+
+
+def load_lines(destination: str | None, adapter_dir: str | None, merged_dir: str | None,
+               base_name: str) -> list[str]:
+    """The "Load it" snippet for where the export went: a hub repo loads by id, a local tree
+    by its path, an S3 export is copied down first (transformers cannot read s3://)."""
+    where = storage_uri.export_destination(destination) if destination else None
+    pre: list[str] = []
+    if isinstance(where, storage_uri.HubUri):
+        ref = where.repo_id
+    elif isinstance(where, storage_uri.S3Uri):
+        ref = "./" + (where.prefix.rstrip("/").split("/")[-1] or where.bucket)
+        pre = [f"# first: aws s3 sync {where.raw.rstrip('/')} {ref}"]
+    elif isinstance(where, storage_uri.FileUri):
+        ref = str(where.path)
+    else:
+        ref = "."
+    lines = ["```python"] + pre
+    if adapter_dir is not None:
+        sub = f', subfolder="{adapter_dir}"' if adapter_dir else ""
+        lines += ["from peft import PeftModel",
+                  "from transformers import AutoModelForCausalLM",
+                  f"base = AutoModelForCausalLM.from_pretrained({json.dumps(base_name)})",
+                  f"model = PeftModel.from_pretrained(base, {json.dumps(ref)}{sub})"]
+    else:
+        sub = f', subfolder="{merged_dir}"' if merged_dir else ""
+        lines += ["from transformers import AutoModelForCausalLM",
+                  f"model = AutoModelForCausalLM.from_pretrained({json.dumps(ref)}{sub})"]
+    return lines + ["```"]
 
 
 def hub_id(name: str | None) -> str | None:
@@ -89,7 +141,10 @@ def card_data(fmt: str, base: dict, dataset: dict, adapter_dir: str | None, meth
 def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str | None,
            merged_dir: str | None, method: str, config: Mapping | None = None,
            model_dir: Path | None = None, curves: str | None = None,
-           report: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+           report: str | None = None, environ: Mapping[str, str] | None = None,
+           destination: str | None = None, target_modules: list[str] | None = None) -> str:
+    """``destination``: the export URI (the load snippet names it); ``target_modules``: the
+    adapter's modules in Hugging Face names, as ``adapter_config.json`` lists them."""
     config = config or {}
     # Where the card says it ran: Kubernetes' variable and `kubetune local`'s (on_kubeflow).
     environ = os.environ if environ is None else environ
@@ -97,13 +152,16 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
     revision = base.get("revision")
     where = " on Kubeflow Trainer" if on_kubeflow(environ) else ""
     lines = [
-        f"# Fine-tuned {name}", "",
-        f"Exported by kubetune ({fmt}) from a torchtune run{where}.", "",
+        f"# {title(base.get('name'), model_dir, destination, method)}", "",
+        f"Fine-tuned with kubetune from a torchtune run{where}; exported as {fmt}.", "",
+        f"- method: {METHODS.get(method, method)}",
         f"- base model: `{name}`" + (f" at revision `{revision}`" if revision else ""),
         f"- base model source: `{base.get('source')}`",
         f"- dataset: `{dataset.get('source')}`"
         + (f" at revision `{dataset['revision']}`" if dataset.get("revision") else ""),
     ]
+    if target_modules:
+        lines.append("- target modules: " + ", ".join(f"`{m}`" for m in target_modules))
     for key, label in (("steps", "steps"), ("first_loss", "first loss"),
                        ("last_loss", "final loss")):
         if metrics.get(key) is not None:
@@ -122,17 +180,8 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
     if report:
         lines += ["", f"The run's own report: [{report}]({report})."]
     lines += ["", "`manifest.json` lists the sha256 of every file and the full training "
-              "config.", "", "## Load it", "", "```python"]
-    if adapter_dir is not None:
-        sub = f', subfolder="{adapter_dir}"' if adapter_dir else ""
-        lines += ["from peft import PeftModel",
-                  "from transformers import AutoModelForCausalLM",
-                  f"base = AutoModelForCausalLM.from_pretrained({json.dumps(name)})",
-                  f'model = PeftModel.from_pretrained(base, "<this export>"{sub})']
-    else:
-        sub = f', subfolder="{merged_dir}"' if merged_dir else ""
-        lines += ["from transformers import AutoModelForCausalLM",
-                  f'model = AutoModelForCausalLM.from_pretrained("<this export>"{sub})']
-    lines += ["```", ""]
+              "config.", "", "## Load it", ""]
+    lines += load_lines(destination, adapter_dir, merged_dir, name)
+    lines += [""]
     data = card_data(fmt, base, dataset, adapter_dir, method, model_dir)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))

@@ -108,6 +108,9 @@ TRAIN_OVERRIDES = "KUBETUNE_TRAIN_OVERRIDES"
 GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline
 SAVE_EVERY_N_STEPS = "KUBETUNE_SAVE_EVERY_N_STEPS"  # step-level resumable saves (0: per epoch)
 STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the next step
+# launcher -> rank 0: the path of the launcher's terminal (/dev/pts/N), for the live
+# progress bar (unset without a terminal, or in JSON mode: per-step lines instead).
+PROGRESS_TTY = "KUBETUNE_PROGRESS_TTY"
 TEST_KILL_AT = "KUBETUNE_TEST_KILL_AT"  # tests only: SIGKILL at the N-th checkpoint write
 # Tests only (kubetune.trainer.recipe_process.fallbacks; inert unless set): register a dynamo
 # backend of this name that raises, and make a forward above this micro-batch raise
@@ -123,7 +126,7 @@ TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"  # projected token FILE p
 
 # Pod logs.
 LOG_FORMAT = "KUBETUNE_LOG_FORMAT"  # text (default) or json: one JSON object per line
-LOG_LEVEL = "KUBETUNE_LOG_LEVEL"  # info (default) or debug: torchtune's config dump, noise
+LOG_LEVEL = "KUBETUNE_LOG_LEVEL"  # info (default), debug (config dump, noise), warning, error
 # Set by `kubetune local` for its steps: the run is not on Kubeflow Trainer.
 LOCAL_RUN = "KUBETUNE_LOCAL_RUN"
 

@@ -13,7 +13,9 @@ from typing import Any, Mapping
 from kubetune import env
 from kubetune.redact import redact
 
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+# One zone everywhere, text and JSON alike: UTC, ISO 8601 with its "Z" (a pod's local time
+# is whatever its image says, and logs from several nodes must line up).
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # Loggers of libraries whose known warnings say nothing a user can act on, at every import:
 # torchao's "Skipping import of cpp extensions" (its C++ kernels are built for another torch:
 # we pin torchao 0.15.0 for torchtune 0.6.1, and the Python paths torchtune uses work
@@ -31,6 +33,31 @@ def _word(name: str, default: str, environ: Mapping[str, str] | None) -> str:
     # word that is not a known one means the default (never a failure to log).
     environ = os.environ if environ is None else environ
     return (environ.get(name) or default).strip().lower()
+
+
+FORMATS = ("text", "json")
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR}
+
+
+def settings_problem(environ: Mapping[str, str] | None = None) -> str | None:
+    """The one line for a ``KUBETUNE_LOG_FORMAT`` / ``KUBETUNE_LOG_LEVEL`` value we do not
+    know, or None. Checked where a command starts (the CLI, ``run_step``); a process below
+    one (the recipe) reads the words leniently."""
+    for name, known in ((env.LOG_FORMAT, FORMATS), (env.LOG_LEVEL, tuple(LEVELS))):
+        word = _word(name, known[0] if name == env.LOG_FORMAT else "info", environ)
+        if word not in known:
+            return f"{name}={word!r} is not one of {', '.join(known)}"
+    return None
+
+
+def log_level(environ: Mapping[str, str] | None = None) -> int:
+    return LEVELS.get(_word(env.LOG_LEVEL, "info", environ), logging.INFO)
+
+
+def quiet_mode(environ: Mapping[str, str] | None = None) -> bool:
+    """Warnings and errors only (``-q``, ``KUBETUNE_LOG_LEVEL=warning``): no progress."""
+    return log_level(environ) > logging.INFO
 
 
 def json_mode(environ: Mapping[str, str] | None = None) -> bool:
@@ -53,14 +80,13 @@ def quiet_libraries(environ: Mapping[str, str] | None = None) -> None:
 
 
 def timestamp(when: float | None = None) -> str:
-    return time.strftime(TIME_FORMAT, time.localtime(when))
+    return time.strftime(TIME_FORMAT, time.gmtime(when))
 
 
 def json_line(component: str, level: str, message: str, fields: Mapping[str, Any] | None = None,
               when: float | None = None) -> str:
     """One log line as a JSON object: time, level, component, message, then ``fields``."""
-    # UTC with its zone: a log pipeline must not guess the pod's local time.
-    utc = time.strftime(TIME_FORMAT, time.gmtime(when)) + "Z"
+    utc = timestamp(when)
     record: dict[str, Any] = {"time": utc, "level": level, "component": component,
                               "message": redact(message)}
     for key, value in (fields or {}).items():
@@ -77,6 +103,8 @@ def wrap_foreign_line(component: str, line: str) -> str:
 
 
 class _RedactingFormatter(logging.Formatter):
+    converter = time.gmtime  # TIME_FORMAT's "Z"
+
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
 
@@ -105,8 +133,7 @@ def setup(step: str, level: int | None = None) -> logging.Logger:
             f"%(asctime)s {step} %(levelname)s %(message)s", datefmt=TIME_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level if level is not None else
-                  logging.DEBUG if debug_mode() else logging.INFO)
+    root.setLevel(level if level is not None else log_level())
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     quiet_libraries()

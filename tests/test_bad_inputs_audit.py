@@ -243,7 +243,7 @@ ROWS = [
     # -- paths: a file where a directory belongs, a read-only volume ---------------------
     Row("local-workdir-is-a-file", ["local"],
         lambda ctx: {"KUBETUNE_LOCAL_DIR": str(ctx.tmp / "a-file")},
-        ("Invalid value for '--workdir'", "is a file"), code=USAGE, step="local",
+        ("invalid value in KUBETUNE_LOCAL_DIR", "is a file"), code=USAGE, step="local",
         setup=lambda ctx: (ctx.tmp / "a-file").write_text("")),
     Row("install-tune-bin-dir-under-a-file", ["install-tune", "--bin-dir"],
         lambda ctx: {}, ("a-file/bin", "not a directory"), step="install-tune",
@@ -280,8 +280,9 @@ def test_a_mistake_is_one_line_naming_its_culprit(row: Row, request, tmp_path, m
     assert "\n" not in logged
     for fragment in row.fragments:
         assert fragment in logged, (fragment, logged)
-    if row.code == USAGE:  # click's own report, which the termination log repeats
+    if row.code == USAGE:  # the usage line, then the one error line the log repeats
         assert "Usage:" in result.stderr and logged.startswith(f"{row.step}: "), report
+        assert error_lines(result) == [f"error: {logged}"], report
         return
     lines = error_lines(result)
     assert len(lines) == 1 and lines[0] == f"error: {logged}", report

@@ -161,3 +161,48 @@ def test_commands_table_matches_the_group():
     ctx = click.Context(main)
     for name in COMMANDS:
         assert isinstance(main.get_command(ctx, name), click.Command)
+
+
+def test_bare_kubetune_shows_help_and_succeeds():
+    result = kubetune(env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Usage: ") and "init-model" in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("args, env, code, line", [
+    # A bad value from a variable names the variable the user set, not the option it feeds.
+    (["train"], {"KUBETUNE_EPOCHS": "abc"}, 2,
+     "error: trainer: invalid value in KUBETUNE_EPOCHS: 'abc' is not a valid integer."),
+    (["train", "--epochs", "abc"], {}, 2, "error: trainer: Invalid value for '--epochs'"),
+    (["init-model"], {"KUBETUNE_LOG_LEVEL": "loud"}, 65,
+     "error: kubetune: KUBETUNE_LOG_LEVEL='loud' is not one of debug, info, warning, error"),
+    (["train"], {"KUBETUNE_LOG_FORMAT": "xml"}, 65,
+     "error: kubetune: KUBETUNE_LOG_FORMAT='xml' is not one of text, json"),
+    (["-q", "-v", "train"], {}, 2, "error: kubetune: -q and -v contradict each other"),
+])
+def test_usage_and_setting_errors_are_one_error_line(tmp_path, args, env, code, line):
+    term = tmp_path / "termination-log"
+    result = kubetune(*args, env=clean_env(KUBETUNE_TERMINATION_LOG=str(term), **env))
+    assert result.returncode == code, result.stderr
+    errors = [x for x in result.stderr.splitlines() if x.lower().startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith(line), result.stderr
+    assert result.stderr.splitlines()[-1] == errors[0]  # the last line, where one looks
+    assert term.read_text().strip() == errors[0][len("error: "):]
+
+
+def test_quiet_and_verbose_set_the_level_of_every_step(tmp_path, tiny_dataset_dir):
+    def fetch(*flags):
+        return kubetune(*flags, "init-dataset", env=clean_env(
+            STORAGE_URI=f"file://{tiny_dataset_dir}",
+            OUTPUT_PATH=str(tmp_path / f"dataset{len(flags) and flags[0]}"),
+            KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
+
+    normal, quiet, verbose = fetch(), fetch("-q"), fetch("-v")
+    assert normal.returncode == quiet.returncode == verbose.returncode == 0, quiet.stderr
+    assert " INFO " in normal.stderr and " DEBUG " not in normal.stderr
+    assert quiet.stderr.strip() == "" and quiet.stdout.strip() == ""
+    assert " DEBUG " in verbose.stderr
+    # One zone: UTC, ISO 8601 with its Z.
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ dataset-initializer INFO ",
+                    normal.stderr.splitlines()[0]), normal.stderr

@@ -48,8 +48,19 @@ def test_model_card_metadata_as_huggingface_hub_parses_it(trained_run, tmp_path)
     summary = json.loads((trained_run.output_dir / "summary.json").read_text())
     assert f"- final loss: {summary['last_loss']:.4f}" in card.text
     assert "| LoRA rank | `8` |" in card.text and "| learning rate | `0.003` |" in card.text
+    # A card a person would publish: named by the base model, in the names PEFT uses, loadable
+    # from where the export went.
+    assert card.text.strip().splitlines()[0] == "# tiny-llama3 (LoRA fine-tune of kubetune/tiny-llama3)"
+    adapter = json.loads((dest / "adapter_config.json").read_text())
+    modules = ", ".join(f"`{m}`" for m in adapter["target_modules"])
+    assert f"- target modules: {modules}" in card.text
+    assert "output_proj" not in card.text and "lora_attn_modules" not in card.text
+    assert "- method: LoRA" in card.text
+    assert "<this export>" not in card.text
+    assert f'PeftModel.from_pretrained(base, "{dest}")' in card.text
+    assert 'from_pretrained("kubetune/tiny-llama3")' in card.text
     assert "![loss and learning rate by step](kubetune-curves.png)" in card.text
-    assert "from a torchtune run on Kubeflow Trainer." in card.text
+    assert "from a torchtune run on Kubeflow Trainer;" in card.text
 
     # The run report travels with the export, listed in its manifest like every file.
     assert (dest / "kubetune-curves.png").read_bytes() == \
@@ -80,7 +91,27 @@ def test_a_local_run_claims_no_kubeflow_and_the_exporter_reports_its_files(train
     assert metrics["transfer_files"] == str(len(files))
     card = ModelCard.load(dest / "README.md")
     assert "Kubeflow" not in card.text
+    # The base is a path: the card is named by the export, never by a path.
+    assert card.text.strip().splitlines()[0] == "# export (LoRA fine-tune)"
     assert card.data.base_model is None  # a path, not a hub id
     assert card.data.license is None  # the tiny base declares none
     # The local pipeline's own export says the same.
     assert "Kubeflow" not in (trained_run.workspace / "export" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("destination, loads", [
+    ("hf://acme/tiny-llama3-lora", 'PeftModel.from_pretrained(base, "acme/tiny-llama3-lora")'),
+    ("s3://models/runs/tiny-lora/", "# first: aws s3 sync s3://models/runs/tiny-lora ./tiny-lora"),
+    ("/exports/tiny-lora", 'PeftModel.from_pretrained(base, "/exports/tiny-lora")'),
+])
+def test_the_load_snippet_names_where_the_export_went(destination, loads):
+    from kubetune.exporter import model_card
+
+    text = model_card.render("adapter", {"name": "/pvc/model", "source": "file:///pvc/model"},
+                             {"source": "file:///pvc/data"}, {"steps": 3, "last_loss": 0.46931},
+                             "", None, "lora", destination=destination,
+                             target_modules=["q_proj", "v_proj"], environ={})
+    assert loads in text
+    assert "- target modules: `q_proj`, `v_proj`" in text and "- final loss: 0.4693" in text
+    assert text.split("\n# ", 1)[1].startswith("tiny-lora (LoRA fine-tune)") or \
+        destination.startswith("hf://")

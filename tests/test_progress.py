@@ -19,7 +19,7 @@ from tests.support.trainer import SHORT, make_pvc, tune_run
 TRAIN_ARGS = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
               "dataset=torchtune.datasets.instruct_dataset", "epochs=1", "dtype=fp32", *SHORT]
 STEP_LINE = re.compile(
-    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d train: step (\d+)/3 \((\d+)%\) \| epoch 1/1 \| "
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ train: step (\d+)/3 \((\d+)%\) \| epoch 1/1 \| "
     r"loss \d+\.\d{4} \| lr \d\.\d\de[-+]\d\d \| \d+ tok/s \| eta (\d+:\d\d:\d\d|\?)$")
 WARNING = "TrainJob status: cannot report progress"
 
@@ -158,6 +158,17 @@ def test_pod_log_has_one_line_per_step_and_no_config_dump(reported_run):
     assert [int(m.group(2)) for m in matches] == [33, 66, 99]
     assert matches[0].group(3) == "?" and matches[2].group(3) != "?"
     log = result.stdout + result.stderr
+    # llama3_2's config warms up for 100 steps; this run has 3: said once, before step 1.
+    warmup = [line for line in log.splitlines() if "warm-up" in line]
+    assert len(warmup) == 1 and re.search(
+        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ trainer WARNING the learning-rate warm-up "
+        r"\(lr_scheduler.num_warmup_steps=100\) covers all 3 steps of this run \(it peaks at 3% "
+        r"of optimizer.lr=", warmup[0]), warmup
+    assert warmup[0][:20] <= lines[0][:20]  # UTC timestamps: no later than step 1
+    # The closing line in numbers a person reads (summary.json keeps every digit).
+    [done] = [line for line in log.splitlines() if " trainer INFO done: " in line]
+    assert re.search(r"done: 3 steps in \d+\.\d s, loss \d+\.\d{4} -> \d+\.\d{4}, \d+ tokens/s, "
+                     r"checkpoint ", done), done
     assert "with resolved config" not in log and "Skipping import of cpp extensions" not in log
     assert "'set_vital' is deprecated" not in log
 
@@ -169,16 +180,20 @@ def test_run_report_has_curves_and_a_page(reported_run):
     pvc, result, _ = reported_run
     image = Image.open(pvc.output / "kubetune-curves.png")
     image.verify()  # CRCs and structure
-    image = Image.open(pvc.output / "kubetune-curves.png").convert("RGB")
-    width, height = image.size
-    assert width >= 400 and height >= 300
-    blue_columns = {x for x in range(width) for y in range(height // 2)
-                    if image.getpixel((x, y)) == (31, 119, 180)}
-    orange_columns = {x for x in range(width) for y in range(height // 2, height)
-                      if image.getpixel((x, y)) == (230, 110, 20)}
-    # Each curve spans its panel from the first to the last step.
-    assert max(blue_columns) - min(blue_columns) > width / 2
-    assert max(orange_columns) - min(orange_columns) > width / 2
+    image = Image.open(pvc.output / "kubetune-curves.png")
+    assert image.format == "PNG" and image.size == (800, 800)
+    # The figure the PNG was drawn from, built from the run's own metrics.
+    from kubetune.trainer.metric_logging import curves, run_report
+
+    fig = curves.figure(run_report.loss_steps(pvc.output))
+    axes = fig.get_axes()
+    assert [ax.get_ylabel() for ax in axes] == ["loss", "learning rate", "tokens/s per device"]
+    assert axes[-1].get_xlabel() == "step"
+    raw, smooth = axes[0].get_lines()[:2]
+    assert list(raw.get_xdata()) == [1, 2, 3] and len(smooth.get_xdata()) == 3
+    assert [float(y) for y in raw.get_ydata()] == [r["loss"] for r in
+                                                   run_report.loss_steps(pvc.output)]
+    assert len(axes[0].get_yticks()) >= 3 and len(axes[-1].get_xticks()) >= 3
     page = (pvc.output / "kubetune-report.md").read_text()
     summary = pvc.summary()
     assert "**completed**" in page and "![loss and learning rate by step](kubetune-curves.png)" \
@@ -186,6 +201,54 @@ def test_run_report_has_curves_and_a_page(reported_run):
     assert f"loss: {summary['first_loss']:.4f} (step 1) -> {summary['last_loss']:.4f} (step 3)" \
         in page
     assert "LoRA rank" in page and "tokens/s" in page
+
+
+@pytest.mark.slow
+def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
+                                                      tiny_dataset_dir):
+    """stdout on a pty, as a person's terminal: tqdm's bar (rate, ETA, loss) redrawn in
+    place with carriage returns, and none of the per-step lines a pod's log gets."""
+    import pty
+    import subprocess
+    import sys
+
+    from tests.support.cli import REPO
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    import fcntl
+    import struct
+    import termios
+
+    main, child_end = pty.openpty()
+    # A person's terminal has a size (a fresh pty says 0x0).
+    fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *TRAIN_ARGS[:3],
+         *pvc.runtime_args(), *TRAIN_ARGS[3:], "lr_scheduler.num_warmup_steps=1"],
+        env=pvc.env(COLUMNS="160"), cwd=REPO, stdout=child_end, stderr=subprocess.PIPE)
+    os.close(child_end)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: every writer of the pty is gone
+            break
+        if not chunk:
+            break
+        screen += chunk
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=600) == 0, stderr[-3000:]
+    os.close(main)
+    text = screen.decode("utf-8", "replace")
+    assert " train: step " not in text and " train: step " not in stderr
+    assert "warm-up" not in stderr  # one step of warm-up, three of training
+    # Each redraw starts with a carriage return; the last shows the whole run.
+    frames = [f.strip() for f in text.replace("\n", "\r").split("\r") if "train:" in f]
+    assert len(frames) >= 3, text
+    last = frames[-1]
+    assert re.search(r"train: 100%.*\| 3/3 \[\d\d:\d\d<00:00, +[\d.]+(s/step|step/s), "
+                     r"epoch 1/1, loss \d+\.\d{4}, lr \d\.\d\de[-+]\d\d, \d+ tok/s\]", last), last
+    assert pvc.summary()["steps"] == 3
 
 
 @pytest.mark.slow
@@ -238,19 +301,28 @@ def test_json_log_mode_for_an_initializer(tmp_path, tiny_dataset_dir):
     assert any("fetched 1 files" in r["message"] for r in records)
 
 
-def test_png_plot_draws_a_rising_curve_up_the_panel(tmp_path):
+def test_curves_have_a_smoothed_loss_and_eval_loss_when_the_run_has_one(tmp_path):
     from PIL import Image
 
-    from kubetune.trainer.metric_logging.png_plot import BLUE, Series, line_plots
+    from kubetune.trainer.metric_logging import curves
 
-    path = tmp_path / "plot.png"
-    line_plots(path, [Series("loss", list(range(10)), [float(i) for i in range(10)], BLUE)])
-    image = Image.open(path).convert("RGB")
-    blue = [(x, y) for x in range(image.width) for y in range(image.height)
-            if image.getpixel((x, y)) == BLUE]
-    left = [y for x, y in blue if x < image.width / 4]
-    right = [y for x, y in blue if x > image.width / 2]
-    assert left and right and min(left) > max(right)  # image y grows downwards
+    noisy = [{"step": i, "loss": 3.0 - 0.02 * i + (0.5 if i % 2 else -0.5), "lr": 1e-4,
+              "tokens_per_second": 900.0 + i} for i in range(1, 101)]
+    evals = [{"step": 50, "val_loss": 2.2}, {"step": 100, "val_loss": 1.4}]
+    fig = curves.figure(noisy, evals)
+    loss = fig.get_axes()[0]
+    raw, smooth, evaluated = loss.get_lines()
+    raw_y, smooth_y = list(raw.get_ydata()), list(smooth.get_ydata())
+    # The smoothed line follows the trend without the +-0.5 zigzag.
+    assert max(abs(a - b) for a, b in zip(smooth_y[10:], smooth_y[11:])) < 0.2
+    assert max(abs(a - b) for a, b in zip(raw_y, raw_y[1:])) > 0.9
+    assert smooth_y[-1] < smooth_y[10]
+    assert list(evaluated.get_xdata()) == [50, 100] and list(evaluated.get_ydata()) == [2.2, 1.4]
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == \
+        ["train", "train (smoothed)", "eval"]
+    path = tmp_path / "curves.png"
+    curves.save(path, noisy, evals)
+    assert Image.open(path).size == (800, 800)
 
 
 def test_an_initializer_reports_bytes_and_percent_done(server, tmp_path, tiny_dataset_dir):
@@ -270,3 +342,24 @@ def test_an_initializer_reports_bytes_and_percent_done(server, tmp_path, tiny_da
     assert metrics["phase"] == "dataset-initializer"
     assert metrics["transfer_percent"] == "100.0"
     assert int(metrics["transfer_total_bytes"]) == int(metrics["transfer_bytes"]) >= size
+
+
+def test_a_terminal_that_cannot_be_opened_gets_the_step_lines(tmp_path, capsys):
+    from kubetune.trainer.metric_logging.train_progress import TrainProgress
+
+    progress = TrainProgress({"KUBETUNE_PROGRESS_TTY": str(tmp_path / "gone" / "pts-9")})
+    progress.set_plan(2, 1)
+    for step in (1, 2):
+        progress.on_step({"step": step, "epoch": 0, "loss": 2.0 / step, "lr": 1e-4})
+    progress.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(" train: step " in line for line in lines), lines
+    assert "loss 1.0000" in lines[1]
+
+
+def test_quiet_prints_no_progress(capsys):
+    from kubetune.trainer.metric_logging.train_progress import TrainProgress
+
+    progress = TrainProgress({"KUBETUNE_LOG_LEVEL": "warning"})
+    progress.on_step({"step": 1, "loss": 2.0})
+    assert capsys.readouterr().out == ""

@@ -120,3 +120,27 @@ def test_a_warmup_for_a_config_without_a_scheduler_gets_one(tmp_path, tiny_model
     assert scheduler == {"_component_": "torchtune.training.lr_schedulers."
                                         "get_cosine_schedule_with_warmup",
                          "num_warmup_steps": 2}
+
+
+def test_a_torchrun_flag_is_known_from_torchrun_itself(tmp_path, tiny_model_dir,
+                                                       tiny_dataset_dir):
+    """--virtual-local-rank takes no value in torchrun's own parser; a hand-kept list that
+    lacked it took the recipe's name for its value."""
+    from tests.support.trainer import make_pvc, tune_run
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    result = tune_run(pvc, "--virtual-local-rank", "--nproc_per_node", "1",
+                      "lora_finetune_single_device", "--config",
+                      "llama3_2/1B_lora_single_device", *pvc.runtime_args(),
+                      "dataset=torchtune.datasets.instruct_dataset",
+                      "--kubetune-dry-run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recipe: lora_finetune_single_device" in result.stdout
+
+
+def test_tune_run_help_shows_our_flags_beside_torchtunes():
+    result = subprocess.run([sys.executable, "-m", "kubetune.entrypoints.tune", "run", "--help"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--config" in result.stdout and "--nproc_per_node" in result.stdout  # torchtune's
+    assert "--kubetune-dry-run" in result.stdout.split("--config", 1)[1]

@@ -29,7 +29,7 @@ from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NA
                                 TRAINER_CONFIG_NAME)
 from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
-from kubetune.logs import wrap_foreign_line
+from kubetune.logs import json_mode, wrap_foreign_line
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.checkpointing.checkpoint_model import SPECIAL_TOKENS_FILE
@@ -55,14 +55,33 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     child.update(OFFLINE_ENV)
     child[env.STOP_FILE] = str(stop_file)
     child[env.PYTHONUNBUFFERED] = "1"
-    if not sys.stdout.isatty():
-        child[env.TQDM_DISABLE] = "1"  # progress comes from our metric logger instead
+    # torchtune's own bars are off either way: our metric logger draws the one bar (in a
+    # terminal, on the fd handed down) or prints a line per step.
+    child[env.TQDM_DISABLE] = "1"
+    child.pop(env.PROGRESS_TTY, None)
+    if _terminal() is not None:
+        child[env.PROGRESS_TTY] = _terminal()
     if plan_.cfg.device == "cpu" and plan_.topology.nproc_per_node > 1 \
             and env.OMP_NUM_THREADS not in child:
         # Share the cores between the processes instead of oversubscribing them.
         child[env.OMP_NUM_THREADS] = str(max(1, (os.cpu_count() or 1)
                                            // plan_.topology.nproc_per_node))
     return child
+
+
+def _terminal() -> str | None:
+    """The path of our stdout, when it is a terminal a person watches and lines are not
+    asked for (JSON mode). The recipe draws its bar there directly: a bar redraws with
+    carriage returns, which the line-by-line redacting pipe would hold back until the epoch
+    ends. Only numbers the metric logger computes go that way; everything else still passes
+    through redact. A path, not a descriptor: torchrun closes inherited descriptors when it
+    starts its workers."""
+    try:
+        if sys.stdout.isatty() and not json_mode():
+            return os.ttyname(sys.stdout.fileno())
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
 
 
 def die_with_parent() -> None:
@@ -400,7 +419,10 @@ def _finish(plan_: RunPlan, summary: dict) -> None:
     # Written last: the exporter trusts only an output_dir that has this marker.
     write_atomic(output_dir / COMPLETION_MARKER_NAME, marker.encode())
     train_progress.report_finished(summary)
-    log.info("done: %s steps, loss %s -> %s, %s tokens/s, checkpoint %s", summary["steps"],
-             summary["first_loss"], summary["last_loss"],
+    # Rounded for people (summary.json keeps every digit).
+    loss = lambda value: "?" if value is None else f"{value:.4f}"  # noqa: E731
+    log.info("done: %s steps in %.1f s, loss %s -> %s, %s tokens/s, checkpoint %s",
+             summary["steps"], summary["wall_time_s"], loss(summary["first_loss"]),
+             loss(summary["last_loss"]),
              f"{summary['tokens_per_second']:.0f}" if summary["tokens_per_second"] else "?",
              output_dir / str(summary["checkpoint"]))

@@ -1,4 +1,4 @@
 """What a run tells people and programs: torchtune's metric logger writing JSON lines
 (``metric_logger``), one progress line per step and the TrainJob status (``train_progress``),
 ``summary.json`` (``summary``), and the run report with its curves (``run_report``, drawn by
-``png_plot``)."""
+``curves`` with matplotlib)."""

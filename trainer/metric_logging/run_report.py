@@ -1,5 +1,5 @@
 """The run report in the output dir: ``kubetune-report.md`` (what ran, on what, how fast,
-how it ended) and ``kubetune-curves.png`` (loss and learning rate by step).
+how it ended) and ``kubetune-curves.png`` (loss, learning rate and tokens/s by step).
 
 Written by rank 0 after every checkpoint (the run so far) and by the launcher at the end
 (with ``summary.json``'s numbers); the exporter carries both into the export. Each file
@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from kubetune.atomic_write import atomic_path, write_atomic
 
-from kubetune.trainer.metric_logging.png_plot import BLUE, ORANGE, Series, line_plots
+from kubetune.trainer.metric_logging import curves
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
@@ -29,16 +29,15 @@ def loss_steps(output_dir: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def eval_records(output_dir: Path) -> list[dict]:
+    """The records of an eval pass (a recipe that validates logs them without "loss")."""
+    return [r for r in read_metrics(output_dir) if any(k in r for k in curves.EVAL_KEYS)]
+
+
 def write_curves(output_dir: Path, steps: list[dict]) -> Path:
     path = Path(output_dir) / CURVES_NAME
-    xs = [r["step"] for r in steps]
-    panels = [Series("loss", xs, [r["loss"] for r in steps], BLUE)]
-    if any("lr" in r for r in steps):
-        lr = [r for r in steps if "lr" in r]
-        panels.append(Series("learning rate", [r["step"] for r in lr], [r["lr"] for r in lr],
-                             ORANGE))
     with atomic_path(path) as tmp:
-        line_plots(tmp, panels)
+        curves.save(tmp, steps, eval_records(output_dir))
     return path
 
 

@@ -1,5 +1,7 @@
-"""Progress of a running recipe, from rank 0's metric logger: one pod-log line per logged
-step (step/total, %, ETA, loss, lr, tokens/s, a timestamp) and the TrainJob status.
+"""Progress of a running recipe, from rank 0's metric logger: in a terminal, one live
+tqdm bar (step/total, rate, ETA, loss, lr, tokens/s) redrawn each step; otherwise (a pod's
+log, a pipe, JSON mode) one line per logged step (step/total, %, ETA, loss, lr, tokens/s,
+a timestamp). And the TrainJob status either way.
 
 Total steps come from the recipe after its setup (epochs x optimizer steps per epoch,
 ``max_steps_per_epoch`` included), handed over by ``kubetune.trainer.recipe_process.bootstrap``.
@@ -7,9 +9,13 @@ Total steps come from the recipe after its setup (epochs x optimizer steps per e
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
 from typing import Any, Mapping
+
+from omegaconf import OmegaConf
 
 from kubetune import logs
 from kubetune.remote.trainjob_status import StatusReporter
@@ -43,8 +49,13 @@ class TrainProgress:
         # pays for warm-up, so it is not part of the rate).
         self._origin: tuple[int, float] | None = None
         self.json = logs.json_mode(environ)
+        self.quiet = logs.quiet_mode(environ)  # -q: the status still goes, no lines or bar
         self.reporter = StatusReporter.from_env(environ, source="trainer") \
             if passed_env.is_primary(environ) else None
+        # The launcher hands its terminal down only to a process that may draw on it.
+        self._tty = passed_env.progress_tty(environ) \
+            if passed_env.is_primary(environ) and not self.json else None
+        self._bar: Any = None
 
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self.total_steps, self.total_epochs = total_steps, total_epochs
@@ -73,12 +84,56 @@ class TrainProgress:
         if self._origin is None:
             self._origin = (step, now)
         percent, eta = self.percent(step), self.eta_s(step, now)
+        if not self.quiet:
+            self._show(record, percent, eta)
+        if self.reporter is not None:
+            self.reporter.update(percent, eta, self.status_metrics(record))
+
+    def _show(self, record: Mapping[str, Any], percent: int | None, eta: float | None) -> None:
+        if self._tty is not None:
+            try:
+                self._draw(record)
+                return
+            except (OSError, ValueError):
+                if self._bar is not None:
+                    return  # the terminal went away mid-run: nobody is watching
+                self._tty = None  # a terminal we cannot open: lines instead, from this one
         try:
             print(self.line(record, percent, eta), file=sys.stdout, flush=True)
         except (OSError, ValueError):
             pass  # a closed stdout must not stop training
-        if self.reporter is not None:
-            self.reporter.update(percent, eta, self.status_metrics(record))
+
+    def _draw(self, record: Mapping[str, Any]) -> None:
+        """The live bar: tqdm measures the rate and ETA; the postfix carries the numbers."""
+        # tqdm.std's class, not tqdm.tqdm: the recipe process swaps that one for a class
+        # that never draws (torchtune's own bars stay off).
+        from tqdm.std import tqdm
+
+        step = int(record["step"])
+        if self._bar is None:
+            # O_NOCTTY: the recipe leads its own session, and a terminal it opened would
+            # become its controlling one, hung up (for the user's shell too) when it exits.
+            fd = os.open(self._tty, os.O_WRONLY | os.O_NOCTTY)
+            stream = os.fdopen(fd, "w", encoding="utf-8")
+            # A terminal that reports no size yet (0 columns) would get an empty bar.
+            sized = os.get_terminal_size(fd).columns > 0
+            self._bar = tqdm(total=self.total_steps, initial=step - 1, desc="train",
+                             unit="step", file=stream, dynamic_ncols=sized,
+                             ncols=None if sized else 100, leave=True, disable=False)
+        self._bar.set_postfix_str(self.postfix(record), refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def postfix(self, record: Mapping[str, Any]) -> str:
+        parts = [f"loss {float(record['loss']):.4f}"]
+        if "epoch" in record:
+            epoch = int(record["epoch"]) + 1
+            parts.insert(0, f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
+                         else f"epoch {epoch}")
+        if "lr" in record:
+            parts.append(f"lr {float(record['lr']):.2e}")
+        if "tokens_per_second" in record:
+            parts.append(f"{float(record['tokens_per_second']):.0f} tok/s")
+        return ", ".join(parts)
 
     def status_metrics(self, record: Mapping[str, Any]) -> dict[str, object]:
         metrics: dict[str, object] = {"loss": f"{float(record['loss']):.6g}"}
@@ -122,8 +177,38 @@ class TrainProgress:
 
     def close(self) -> None:
         """The recipe is done: whatever is pending goes with the launcher's final report."""
+        if self._bar is not None:
+            try:
+                self._bar.close()
+                self._bar.fp.close()
+            except (OSError, ValueError, AttributeError):
+                pass
+            self._bar = None
         if self.reporter is not None:
             self.reporter.close()
+
+
+def warmup_note(total_steps: int | None, warmup_steps: Any, lr: Any) -> str | None:
+    """One line when the learning-rate warm-up does not end before the run does: the
+    learning rate never reaches the configured value, and the loss barely moves."""
+    if not total_steps or not isinstance(warmup_steps, int) or warmup_steps < total_steps:
+        return None
+    peak = f" (it peaks at {total_steps / warmup_steps:.0%} of optimizer.lr={lr})" \
+        if isinstance(lr, (int, float)) else ""
+    return (f"the learning-rate warm-up (lr_scheduler.num_warmup_steps={warmup_steps}) covers "
+            f"all {total_steps} steps of this run{peak}: set lr_scheduler.num_warmup_steps "
+            f"below {total_steps} or train for more steps")
+
+
+def warn_about_warmup(recipe: Any, cfg: Any) -> None:
+    """Before the first step (rank 0): a warm-up the run never leaves."""
+    if not passed_env.is_primary():
+        return
+    select = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
+    note = warmup_note(recipe_plan(recipe)[0], select("lr_scheduler.num_warmup_steps"),
+                       select("optimizer.lr"))
+    if note is not None:
+        logging.getLogger("trainer").warning(note)
 
 
 def hand_plan_to_logger(recipe: Any) -> None:

@@ -15,11 +15,13 @@ import inspect
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
 from omegaconf import OmegaConf
 
+from kubetune import logs
 from kubetune.trainer.recipe_process import cpu_adapt, fallbacks, passed_env, recipe_noise
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.data import truncation
@@ -62,6 +64,9 @@ def install(cls: type, guard: Guard, count_cut_samples: bool = False) -> None:
         result = original_setup(self, *args, **kwargs)
         guard.after_setup(self)
         train_progress.hand_plan_to_logger(self)
+        cfg = kwargs.get("cfg", args[0] if args else None)  # recipe_main: setup(cfg=cfg)
+        if cfg is not None:
+            train_progress.warn_about_warmup(self, cfg)
         return result
 
     cls.setup = setup
@@ -177,10 +182,12 @@ def _log_to_stderr() -> None:
     """Our own lines from inside the recipe process (checkpoints vouched for, resume
     position), formatted as the launcher's; torchtune's loggers are left as they are."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s trainer %(levelname)s %(message)s",
-                                           datefmt="%Y-%m-%dT%H:%M:%S"))
+    formatter = logging.Formatter("%(asctime)s trainer %(levelname)s %(message)s",
+                                  datefmt=logs.TIME_FORMAT)
+    formatter.converter = time.gmtime  # UTC, as every line of ours
+    handler.setFormatter(formatter)
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(max(logging.INFO, logs.log_level()))
     log.propagate = False
 
 

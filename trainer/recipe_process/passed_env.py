@@ -41,6 +41,11 @@ def progress_bars_off() -> bool:
     return _environ(None).get(env.TQDM_DISABLE) == "1"
 
 
+def progress_tty(environ: Mapping[str, str] | None = None) -> str | None:
+    """The launcher's terminal, passed down for the live progress bar; None: no terminal."""
+    return _environ(environ).get(env.PROGRESS_TTY) or None
+
+
 def stop_file() -> str | None:
     """The file whose existence asks the recipe to stop at the next step."""
     return _environ(None).get(env.STOP_FILE)

@@ -6,13 +6,20 @@ key=value ...``; torchrun options come before the recipe, config overrides after
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from kubetune.errors import BadInputError
 
-# torchrun options that take no value.
-_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--module", "-m",
-                   "--run-path", "--run_path"}
+
+@functools.lru_cache(maxsize=1)
+def torchrun_flags() -> frozenset[str]:
+    """torchrun's options that take no value, every spelling, as torchrun's own parser
+    declares them: a flag a new torch adds cannot take the recipe's name for its value."""
+    from torch.distributed.run import get_args_parser
+
+    return frozenset(spelling for action in get_args_parser()._actions
+                     if action.nargs == 0 for spelling in action.option_strings)
 
 
 @dataclass
@@ -41,7 +48,7 @@ def parse_tune_run(argv: list[str]) -> TuneRunRequest:
     while i < len(argv) and argv[i].startswith("-"):
         arg = argv[i]
         torchrun_args.append(arg)
-        if "=" not in arg and arg not in _TORCHRUN_FLAGS:
+        if "=" not in arg and arg not in torchrun_flags():
             if i + 1 >= len(argv):
                 raise BadInputError(f"tune run: option {arg} needs a value")
             torchrun_args.append(argv[i + 1])

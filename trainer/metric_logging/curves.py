@@ -1,0 +1,82 @@
+"""``kubetune-curves.png``: loss (raw points and a smoothed line, eval loss when the run
+logged one), learning rate and tokens/s by step, drawn with matplotlib's Agg backend (no
+display in a pod)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: a pod has no display
+from matplotlib.figure import Figure  # noqa: E402
+
+# Keys a recipe's eval pass logs under (torchtune names it by recipe and version).
+EVAL_KEYS = ("val_loss", "eval_loss", "validation_loss")
+SIZE_INCHES = (8.0, 8.0)
+DPI = 100
+
+
+def smoothed(values: Sequence[float], weight: float | None = None) -> list[float]:
+    """An exponential moving average with TensorBoard's bias correction, so the line
+    starts at the first point. The weight grows with the number of points: a 10-step run
+    is barely smoothed, a 1000-step one a lot."""
+    if weight is None:
+        weight = min(0.9, max(0.0, 1 - 20 / max(len(values), 1)))
+    out, avg = [], 0.0
+    for i, value in enumerate(values, start=1):
+        avg = weight * avg + (1 - weight) * value
+        out.append(avg / (1 - weight ** i) if weight else value)
+    return out
+
+
+def _eval_points(records: Sequence[dict]) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for record in records:
+        key = next((k for k in EVAL_KEYS if k in record), None)
+        if key is not None:
+            xs.append(record["step"])
+            ys.append(float(record[key]))
+    return xs, ys
+
+
+def figure(steps: Sequence[dict], eval_records: Sequence[dict] = ()) -> Figure:
+    """The figure: one panel per curve the run has, sharing the step axis."""
+    panels = ["loss"]
+    if any("lr" in r for r in steps):
+        panels.append("lr")
+    if any("tokens_per_second" in r for r in steps):
+        panels.append("tokens_per_second")
+    fig = Figure(figsize=SIZE_INCHES, dpi=DPI, layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, panel in zip(axes, panels):
+        points = [r for r in steps if panel in r]
+        xs = [r["step"] for r in points]
+        ys = [float(r[panel]) for r in points]
+        ax.grid(True, alpha=0.3)
+        if panel == "loss":
+            ax.set_title("Loss")
+            ax.set_ylabel("loss")
+            ax.plot(xs, ys, "o", color="tab:blue", alpha=0.35, markersize=3, label="train")
+            ax.plot(xs, smoothed(ys), "-", color="tab:blue", label="train (smoothed)")
+            eval_xs, eval_ys = _eval_points(eval_records)
+            if eval_xs:
+                ax.plot(eval_xs, eval_ys, "s-", color="tab:red", markersize=4, label="eval")
+            ax.legend(loc="upper right")
+        elif panel == "lr":
+            ax.set_title("Learning rate")
+            ax.set_ylabel("learning rate")
+            ax.plot(xs, ys, "-", color="tab:orange")
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+        else:
+            ax.set_title("Throughput")
+            ax.set_ylabel("tokens/s per device")
+            ax.plot(xs, ys, "-", color="tab:green")
+    axes[-1].set_xlabel("step")
+    axes[-1].xaxis.get_major_locator().set_params(integer=True)
+    return fig
+
+
+def save(path: Path, steps: Sequence[dict], eval_records: Sequence[dict] = ()) -> None:
+    figure(steps, eval_records).savefig(path, format="png")
