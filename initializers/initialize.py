@@ -56,11 +56,15 @@ def initialize(request: InitRequest) -> dict:
     if manifest.satisfies(output, identity):
         log.info("%s already holds %s: nothing to download", output, request.uri.raw)
         return manifest.read(output)
+    # Filling replaces what the output holds: refuse before anything is fetched when that
+    # would take a user's files (or a file at OUTPUT_PATH) with it.
+    staging.refuse_foreign(output, "OUTPUT_PATH")
     _check_output_writable(output)
     with staging.lock(output):
         if manifest.satisfies(output, identity):  # the run we waited for did it
             log.info("%s already holds %s: nothing to download", output, request.uri.raw)
             return manifest.read(output)
+        staging.refuse_foreign(output, "OUTPUT_PATH")
         return _fill(request, output, identity)
 
 

@@ -198,6 +198,15 @@ ROWS = [
     Row("export-volume-full", ["export"], export_env(), ("no space left on the volume of",
                                                          "EXPORT_URI"),
         step="exporter", needs_trained=True, needs_tmpfs="16k"),
+    # -- the output holds what is not ours: refused, kept as it was ------------------------
+    Row("output-path-is-a-file", ["init-model"], model_env(),
+        ("OUTPUT_PATH", "is a file", "target"),
+        setup=lambda ctx: (ctx.out.parent.mkdir(parents=True), ctx.out.write_text("mine"))),
+    Row("output-path-holds-a-user-s-files", ["init-dataset"],
+        lambda ctx: {"STORAGE_URI": str(ctx.model), "OUTPUT_PATH": str(ctx.out)},
+        ("OUTPUT_PATH", "did not write", "notes.txt"), step="dataset-initializer",
+        setup=lambda ctx: (ctx.out.mkdir(parents=True),
+                           (ctx.out / "notes.txt").write_text("mine"))),
     # -- the CLI: click's usage errors keep exit 2, and reach the termination log ----------
     Row("cli-unknown-option", ["init-model", "--no-such-option"], model_env(),
         ("model-initializer: No such option", "--no-such-option"), code=USAGE),
@@ -225,6 +234,10 @@ def _nothing_a_rerun_trusts(ctx: Ctx, row: Row) -> None:
     manifests = [p for p in scratch.rglob("*")
                  if p.name.startswith(MANIFEST) or p.name == EXPORT_MANIFEST]
     assert manifests == [], f"{row.id}: a manifest was left for a re-run to trust: {manifests}"
+    if row.id.startswith("output-path-"):
+        assert {p.name for p in scratch.rglob("*") if not p.name.startswith(".kubetune")} \
+            <= {"target", "notes.txt"}
+        assert ((ctx.out / "notes.txt") if ctx.out.is_dir() else ctx.out).read_text() == "mine"
     if row.step == "exporter":
         # The build tree is removed: nothing of the export is left beside the destination.
         left = list(scratch.iterdir()) if scratch.exists() else []
