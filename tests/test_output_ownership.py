@@ -1,12 +1,14 @@
-"""An initializer never loses a user's data (issue 22).
+"""An initializer never loses, nor shares, a user's data (issue 22).
 
 What a user would check: files of their own beside the output survive (the step refuses,
-naming them); a file at OUTPUT_PATH is not replaced by a directory.
+naming them); a file at OUTPUT_PATH is not replaced by a directory; an output filled from
+``file://`` is a copy (editing it leaves the source alone).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -39,6 +41,41 @@ def one_line_65(result, out: Path) -> str:
     assert "Traceback" not in result.stderr
     assert (out.parent / "termination-log").read_text().strip() == line.removeprefix("error: ")
     return line
+
+
+@pytest.mark.parametrize("kind", ["model", "dataset"])
+@pytest.mark.parametrize("form", ["path", "file://"])
+def test_an_output_from_a_local_source_shares_no_inode_with_it(
+        kind, form, tmp_path, tiny_model_dir, tiny_dataset_dir):
+    source = Path(shutil.copytree(tiny_model_dir if kind == "model" else tiny_dataset_dir,
+                                  tmp_path / "src"))
+    before = tree(source)
+    out = tmp_path / "ws" / kind
+    result = init(kind, f"file://{source}" if form == "file://" else source, out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    listed = [e["path"] for e in json.loads((out / MANIFEST).read_text())["files"]
+              if (source / e["path"]).is_file()]
+    assert listed
+    for rel in listed:
+        assert os.stat(out / rel).st_ino != os.stat(source / rel).st_ino, rel
+        with open(out / rel, "r+b") as handle:  # a user (or a step) edits the output
+            handle.write(b"edited")
+    assert tree(source) == before
+
+
+def test_a_changed_request_never_links_a_file_a_source_shares(tmp_path, model_copy):
+    """An output an older version filled by hard links from the source: the next result,
+    which starts from the earlier files, must not carry the shared inode on."""
+    out = tmp_path / "ws" / "model"
+    first = init("model", model_copy, out, IGNORE_PATTERNS="tokenizer.json")
+    assert first.returncode == 0, first.stderr[-2000:]
+    (out / "model.safetensors").unlink()
+    os.link(model_copy / "model.safetensors", out / "model.safetensors")  # the old way
+    changed = init("model", model_copy, out)
+    assert changed.returncode == 0, changed.stderr[-2000:]
+    assert "from an earlier request" in changed.stderr  # the earlier files were reused
+    for rel in ("model.safetensors", "config.json"):
+        assert os.stat(out / rel).st_ino != os.stat(model_copy / rel).st_ino, rel
 
 
 def test_a_user_s_files_in_an_empty_looking_output_are_kept_and_named(tmp_path, tiny_model_dir):
