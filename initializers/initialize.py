@@ -65,7 +65,13 @@ def initialize(request: InitRequest) -> dict:
             log.info("%s already holds %s: nothing to download", output, request.uri.raw)
             return manifest.read(output)
         staging.refuse_foreign(output, "OUTPUT_PATH")
-        return _fill(request, output, identity)
+        try:
+            return _fill(request, output, identity)
+        except BadInputError:
+            # Fixing the input means a new request: nothing staged is worth keeping. A
+            # transient failure keeps it: the restart resumes the download from it.
+            staging.discard(output)
+            raise
 
 
 def _fill(request: InitRequest, output: Path, identity: dict) -> dict:

@@ -43,26 +43,42 @@ PART_STATE_SUFFIX = ".part-state"
 log = logging.getLogger("initializer")
 
 
+def lock_path(output_path: Path) -> Path:
+    return output_path.parent / f"{STAGING_PREFIX}{output_path.name}.lock"
+
+
 @contextlib.contextmanager
 def lock(output_path: Path) -> Iterator[None]:
     """Hold the one lock on ``output_path``'s staging area for as long as the block runs.
 
     A restarted pod can start while the old one is still terminating; both writing one
     staging tree would interleave files. The second waits, then usually finds the first's
-    completed manifest. The lock dies with its process, so a killed pod never leaves it held.
+    completed manifest. The lock dies with its process, so a killed pod never leaves it held;
+    a clean exit removes the file too (while still holding it: a waiter that then gets the
+    removed file's lock sees it is no longer the one at the path, and locks the new one).
     """
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    path = output_path.parent / f"{STAGING_PREFIX}{output_path.name}.lock"
-    with open(path, "a") as handle:
+    path = lock_path(output_path)
+    while True:
+        handle = open(path, "a")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             log.info("another initializer is filling %s: waiting for it", output_path)
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(handle.fileno()).st_ino:
+            break
+        handle.close()  # the holder before us removed it: lock the file at the path now
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 # A volume's own entries, never ours to remove.
@@ -133,6 +149,14 @@ def refuse_foreign(output_path: Path, what: str, manifest_name: str = MANIFEST_N
         raise BadInputError(f"{what} {output_path} holds files kubetune did not write "
                             f"({name_a_few(foreign)}): move them away or name an empty "
                             "directory (kubetune replaces only what it wrote there)")
+
+
+def discard(output_path: Path) -> None:
+    """Remove the staging a run that failed cleanly leaves, unless a swap into the output
+    was under way (its journal is there: the next run finishes it)."""
+    staged = staging_dir_for(output_path)
+    if staged.is_dir() and not _journal(output_path).exists():
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def _mount_points() -> set[str]:

@@ -234,9 +234,13 @@ def _nothing_a_rerun_trusts(ctx: Ctx, row: Row) -> None:
     manifests = [p for p in scratch.rglob("*")
                  if p.name.startswith(MANIFEST) or p.name == EXPORT_MANIFEST]
     assert manifests == [], f"{row.id}: a manifest was left for a re-run to trust: {manifests}"
+    if row.code != 75:
+        # A clean failure takes its staging and lock with it (only a transient one keeps
+        # staging, for the restart to resume from).
+        left = [p for p in scratch.rglob(".kubetune-staging*")] if scratch.exists() else []
+        assert left == [], f"{row.id}: left {left}"
     if row.id.startswith("output-path-"):
-        assert {p.name for p in scratch.rglob("*") if not p.name.startswith(".kubetune")} \
-            <= {"target", "notes.txt"}
+        assert {p.name for p in scratch.rglob("*")} <= {"target", "notes.txt"}
         assert ((ctx.out / "notes.txt") if ctx.out.is_dir() else ctx.out).read_text() == "mine"
     if row.step == "exporter":
         # The build tree is removed: nothing of the export is left beside the destination.

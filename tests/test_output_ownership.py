@@ -2,7 +2,8 @@
 
 What a user would check: files of their own beside the output survive (the step refuses,
 naming them); a file at OUTPUT_PATH is not replaced by a directory; an output filled from
-``file://`` is a copy (editing it leaves the source alone).
+``file://`` is a copy (editing it leaves the source alone); and nothing of ours is left
+beside the output after a run that succeeded or failed with one line.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def ours_beside(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob(".kubetune-staging*")
-                  if p.suffix != ".lock")
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob(".kubetune-staging*"))
 
 
 def one_line_65(result, out: Path) -> str:
@@ -126,3 +126,27 @@ def test_a_file_at_output_path_is_refused_and_kept(kind, tmp_path, tiny_model_di
         assert f"OUTPUT_PATH {out} is a file" in line
         assert out.read_text() == "not a directory"
     assert ours_beside(tmp_path) == []
+
+
+def test_nothing_of_ours_is_left_after_success_nor_after_a_one_line_failure(
+        tmp_path, model_copy):
+    ok = init("model", model_copy, tmp_path / "ok" / "model")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["model"]
+    # A failure found after the download (a model without config.json): staged, then refused.
+    (model_copy / "config.json").unlink()
+    bad = init("model", model_copy, tmp_path / "bad" / "model")
+    line = one_line_65(bad, tmp_path / "bad" / "model")
+    assert "config.json" in line
+    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == ["termination-log"]
+
+
+def test_a_killed_run_s_leftovers_are_cleaned_by_the_next(tmp_path, model_copy):
+    out = tmp_path / "model"
+    staged = tmp_path / ".kubetune-staging-model"
+    staged.mkdir()
+    (staged / "config.json.part").write_bytes(b"{")
+    (tmp_path / ".kubetune-staging-model.lock").write_text("")
+    result = init("model", model_copy, out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model-src"]
