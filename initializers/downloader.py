@@ -30,7 +30,7 @@ DEFAULT_WORKERS = 8
 
 
 def workers() -> int:
-    return max(1, env_int(env.DOWNLOAD_WORKERS, DEFAULT_WORKERS))
+    return env_int(env.DOWNLOAD_WORKERS, DEFAULT_WORKERS, minimum=1)
 
 
 def disk_full(path: Path, needed: int | None = None) -> BadInputError:

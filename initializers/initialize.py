@@ -11,7 +11,8 @@ from pathlib import Path
 from kubetune import env, staging, storage_uri
 from kubetune.initializers import manifest, reuse, verify_dataset, verify_model, weights
 from kubetune.initializers.downloader import Downloader, check_space, disk_full
-from kubetune.initializers.progress import Progress
+from kubetune.initializers.downloader import workers as downloader_workers
+from kubetune.initializers.progress import Progress, interval_from_env
 from kubetune.initializers.request import InitRequest
 from kubetune.initializers.storage_uri import source_class
 from kubetune.errors import BadInputError
@@ -75,6 +76,9 @@ def initialize(request: InitRequest) -> dict:
 
 
 def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
+    # The numbers the download runs with, checked before the first request.
+    downloader_workers()
+    interval_from_env()
     source = source_class(request.uri.scheme)(request)
     files = source.list_files()
     if not files:

@@ -32,14 +32,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def interval_from_env() -> float:
+    """Seconds between progress lines; 0 or less would spin and flood the log: refused."""
+    return env_float(env.PROGRESS_INTERVAL_S, DEFAULT_INTERVAL_S, above=0)
+
+
 class Progress:
     """Counts bytes per file from many threads and logs a summary line periodically."""
 
     def __init__(self, files: int, total_bytes: int, interval_s: float | None = None) -> None:
         self.files = files
         self.total_bytes = total_bytes
-        self.interval_s = interval_s if interval_s is not None else env_float(
-            env.PROGRESS_INTERVAL_S, DEFAULT_INTERVAL_S, minimum=0)
+        self.interval_s = interval_s if interval_s is not None else interval_from_env()
         self._lock = threading.Lock()
         self._bytes: dict[str, int] = {}
         self._done = 0

@@ -95,8 +95,8 @@ class S3Source:
         where = storage_uri.s3(request.uri, env.STORAGE_URI)
         self.bucket, self.prefix = where.bucket, where.prefix
         self.errors = S3Errors(self.bucket, self.prefix)
-        self.part_size = max(1, env_int(env.S3_PART_SIZE_MB, DEFAULT_PART_MB)) * 1024 * 1024
-        self.part_workers = max(1, env_int(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS))
+        self.part_size = env_int(env.S3_PART_SIZE_MB, DEFAULT_PART_MB, minimum=1) * 1024 * 1024
+        self.part_workers = env_int(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS, minimum=1)
         self._part_pool: ThreadPoolExecutor | None = None
         # Keys of the objects to fetch in ranged parts; None until `plan` (then: all large).
         self._split: set[str] | None = None
