@@ -77,6 +77,12 @@ ROWS = [
         via="train", env={"KUBETUNE_TRAIN_OVERRIDES": "dataset.new_system_prompt='Be brief"}),
     Row("KUBETUNE_TRAIN_OVERRIDES typo", [], "unknown key epochz", via="train",
         env={"KUBETUNE_TRAIN_OVERRIDES": "epochz=2"}),
+    # Sizes that make no sense for the model (the tiny model's v_proj is 64x32).
+    Row("model.lora_rank above the model's width", ["model.lora_rank=64"],
+        "model.lora_rank=64 is larger than the model allows: v_proj is 64x32"),
+    Row("--lora-rank 4096", ["--lora-rank", "4096"], "set model.lora_rank <= 32", via="train"),
+    Row("LORA_CONFIG r=33", [], "model.lora_rank=33 is larger than the model allows",
+        via="train", env={"LORA_CONFIG": '{"r": 33}'}),
     Row("--epoch 2", ["--epoch", "2"], "Did you mean '--epochs'?", via="train", code=2),
     Row("--batch-size abc", ["--batch-size", "abc"], "'abc' is not a valid integer",
         via="train", code=2),

@@ -28,7 +28,8 @@ from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE
 from kubetune.trainer.config.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
                                    resolve_recipe)
 from kubetune.trainer.request.tune_command import TuneRunRequest
-from kubetune.trainer.config.validate import check_choices, check_nf4, check_tokenizer, check_values
+from kubetune.trainer.config.validate import (check_choices, check_nf4, check_tokenizer,
+                                              check_values, lora_rank_excess)
 
 log = logging.getLogger("trainer")
 
@@ -286,6 +287,12 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
+    if method != "full":
+        excess = lora_rank_excess(cfg.model, checkpoint.architecture.dims)
+        if excess and "model.lora_rank" in user_keys:
+            raise BadInputError(excess)
+        if excess:  # the config's default, sized for bigger models: the user chose nothing
+            notes.append(f"{excess} (the rank is config {request.config}'s default)")
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
     _checkpointer_section(cfg, checkpoint)
