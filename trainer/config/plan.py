@@ -18,7 +18,7 @@ from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace
 from kubetune.trainer.config import config_keys
-from kubetune.trainer.data import dataset_check, dataset_location
+from kubetune.trainer.data import dataset_check, dataset_location, step_count
 from kubetune.trainer.performance import hardware, speed
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.checkpointing import resume
@@ -252,6 +252,11 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     check_values(cfg)
+    if found is not None:
+        no_step = step_count.check_makes_a_step(cfg, found.total_rows, found.rows_exact,
+                                                topo.world_size)
+        if no_step:
+            raise BadInputError(no_step)
     fingerprint, resumed = _resume(cfg, notes)
     return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
                    distributed=distributed, topology=topo, method=method,

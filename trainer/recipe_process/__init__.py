@@ -1,6 +1,7 @@
 """What runs inside the recipe process(es) around torchtune's unmodified recipe:
 ``bootstrap`` (what the launcher starts instead of the recipe script), ``cpu_adapt`` (gloo
 and no CUDA calls on CPU), ``step_guard`` (stop on SIGTERM with a resumable save, exact
-resume), ``fallbacks`` (torch.compile that fails -> eager; out of memory at the first step ->
+resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step or non-finite
+weights: nothing is saved, one line, exit 65), ``fallbacks`` (torch.compile that fails -> eager; out of memory at the first step ->
 a smaller micro-batch, same effective batch) and ``recipe_noise`` (torchtune's dumps kept
 at debug)."""
