@@ -102,3 +102,15 @@ def test_divergence_keeps_the_last_finite_checkpoint(tiny_model_dir, tiny_datase
     assert weights and all(finite(path) for path in weights)
     record = json.loads((output / "kubetune-resume.json").read_text())
     assert (output / record["checkpoint"]).is_dir()
+
+    # A restart says whether it continues that checkpoint or starts over, never silently.
+    args = ["--batch-size", "4", "--max-steps", "6", "--warmup-steps", "2",
+            "--save-every-n-steps", "1", "--dry-run"]
+    same = train(tiny_model_dir, tiny_dataset_dir, tmp_path, *args, "optimizer.lr=1e30")
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert f"note: resuming from {output / record['checkpoint']}" in same.stdout
+    lower = train(tiny_model_dir, tiny_dataset_dir, tmp_path, *args, "optimizer.lr=3e-3")
+    assert lower.returncode == 0, lower.stderr[-2000:]
+    [line] = [l for l in lower.stdout.splitlines() if "resuming from" in l]
+    assert line.startswith(f"note: not resuming from {output / record['checkpoint']}")
+    assert "optimizer.lr: 1e+30 -> 0.003" in line and "starting over" in line

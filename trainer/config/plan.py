@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from kubetune import env
 from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import BadInputError
-from kubetune.workspace import Workspace
+from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
+from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys
 from kubetune.trainer.data import dataset_check, dataset_location, step_count
 from kubetune.trainer.performance import hardware, speed
@@ -28,6 +29,7 @@ from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE
 from kubetune.trainer.config.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
                                    resolve_recipe)
 from kubetune.trainer.request.tune_command import TuneRunRequest
+from kubetune.trainer.config.saved_config import without_credentials
 from kubetune.trainer.config.validate import (check_choices, check_nf4, check_tokenizer,
                                               check_values, lora_rank_excess)
 
@@ -330,12 +332,26 @@ def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Top
         gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
 
 
+def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
+    """Why a restart does not continue the checkpoint it finds: never silently."""
+    saved = parse_config(read_config_text(Path(cfg.output_dir), TRAINER_CONFIG_NAME))
+    changes = resume.config_changes(saved, without_credentials(cfg)) if saved else ""
+    where = Path(cfg.output_dir) / (earlier.checkpoint or earlier.epoch_dir)
+    return (f"not resuming from {where} ({earlier.epochs_run} epoch(s) + {earlier.steps_in_epoch} step(s), global step "
+            f"{earlier.global_step}): the config changed since it was saved"
+            f"{f' ({changes})' if changes else ''}; starting over (the same config as then "
+            "would resume)")
+
+
 def _resume(cfg: DictConfig, notes: list[str]):
     """The config's fingerprint, and the earlier run of the same config to resume, if any."""
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg)
     cfg.kubetune.fingerprint = fingerprint
+    earlier = resume.read_record(Path(cfg.output_dir))
     resumed = resume.apply(cfg, Path(cfg.output_dir))
+    if resumed is None and earlier is not None and earlier.fingerprint != fingerprint:
+        notes.append(_not_resumed(earlier, cfg))
     if resumed is not None:
         cfg.kubetune.resume_steps_in_epoch = resumed.steps_in_epoch
         notes.append(f"resuming from {Path(cfg.output_dir) / resumed.epoch_dir}: "
