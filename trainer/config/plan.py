@@ -337,8 +337,9 @@ def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
     saved = parse_config(read_config_text(Path(cfg.output_dir), TRAINER_CONFIG_NAME))
     changes = resume.config_changes(saved, without_credentials(cfg)) if saved else ""
     where = Path(cfg.output_dir) / (earlier.checkpoint or earlier.epoch_dir)
-    return (f"not resuming from {where} ({earlier.epochs_run} epoch(s) + {earlier.steps_in_epoch} step(s), global step "
-            f"{earlier.global_step}): the config changed since it was saved"
+    return (f"not resuming from {where} ({earlier.epochs_run} epoch(s) + "
+            f"{earlier.steps_in_epoch} step(s), global step {earlier.global_step}): the "
+            "config changed since it was saved"
             f"{f' ({changes})' if changes else ''}; starting over (the same config as then "
             "would resume)")
 
