@@ -17,7 +17,7 @@ import sys
 import threading
 
 from kubetune.errors import EXIT_TRANSIENT
-from kubetune.termination import report_failure
+from kubetune.termination import report_failure, write_termination_log
 
 # `kubetune <command>` -> the step name its lines carry (entrypoints/step.py's names).
 _STEP_OF_COMMAND = {"init-model": "model-initializer", "init-dataset": "dataset-initializer",
@@ -37,7 +37,11 @@ def _step_from_argv(argv: list[str]) -> str:
 
 
 def _on_sigterm(signum: int, frame) -> None:
-    report_failure(f"{_step}: stopped by SIGTERM before it finished: a restart runs it again")
+    line = f"{_step}: stopped by SIGTERM before it finished: a restart runs it again"
+    try:
+        report_failure(line)
+    except Exception:  # stderr busy in the frame we interrupted: the log is what counts
+        write_termination_log(line)
     os._exit(EXIT_TRANSIENT)  # at once, as the default action would: no cleanup to wait on
 
 
