@@ -30,26 +30,25 @@ def run_export(output_dir: str, model_dir: str, dataset_dir: str,
 @output_dir_option
 @model_dir_option
 @dataset_dir_option
-@click.option("--export-uri", envvar=env.EXPORT_URI, default=None,
-              help=f"Destination: /abs/path, file:///abs/path, s3://bucket/prefix or "
-                   f"hf://org/repo [env: {env.EXPORT_URI}; default: $KUBETUNE_WORKSPACE/export, "
-                   "else /workspace/export]")
-@click.option("--export-format", envvar=env.EXPORT_FORMAT, default=None,
+@click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
+              show_default="$KUBETUNE_WORKSPACE/export, else /workspace/export",
+              help="Destination: /abs/path, file:///abs/path, s3://bucket/prefix or "
+                   "hf://org/repo")
+@click.option("--export-format", envvar=env.EXPORT_FORMAT, default=None, show_envvar=True,
               type=click.Choice(["adapter", "merged", "both"]),
-              help=f"What to export [env: {env.EXPORT_FORMAT}; default: adapter for "
-                   "LoRA/DoRA/QLoRA runs, merged for full fine-tunes]")
-@click.option("--export-revision", envvar=env.EXPORT_REVISION, default=None,
-              help=f"hf:// only: the branch to commit to, created if absent "
-                   f"[env: {env.EXPORT_REVISION}; default: main]")
+              show_default="adapter for LoRA/DoRA/QLoRA runs, merged for full fine-tunes",
+              help="What to export")
+@click.option("--export-revision", envvar=env.EXPORT_REVISION, default=None, show_envvar=True,
+              show_default="main", help="hf:// only: the branch to commit to, created if absent")
 @click.option("--verify-logits/--no-verify-logits", envvar=env.EXPORT_VERIFY_LOGITS,
-              default=True, show_default=True,
+              default=True, show_default=True, show_envvar=True,
               help="Check that base + adapter reproduces the merged model's logits before "
-                   f"publishing [env: {env.EXPORT_VERIFY_LOGITS}=1|0]")
+                   "publishing (the variable takes 1 or 0)")
 @click.option("--verify-max-bytes", envvar=env.EXPORT_VERIFY_MAX_BYTES, default=None,
-              type=click.IntRange(min=0),
+              type=click.IntRange(min=0), show_envvar=True,
+              show_default="a quarter of the memory available",
               help="Skip the logits check when the base model's weights, as float32, exceed "
-                   f"this many bytes [env: {env.EXPORT_VERIFY_MAX_BYTES}; default: a quarter "
-                   "of the memory available]")
+                   "this many bytes")
 @step_command("exporter")
 def export_command(**options) -> None:
     """Export the trained model from the trainer's output directory."""

@@ -37,23 +37,23 @@ def _options(kind: str):
     def decorate(func):
         for option in reversed([
             click.option("--storage-uri", envvar=env.STORAGE_URI, required=True,
+                         show_envvar=True,
                          help="Where to fetch from: /abs/path, file:///abs/path, "
-                              "hf://org/name[/sub/path], s3://bucket/prefix "
-                              f"[env: {env.STORAGE_URI}]"),
+                              "hf://org/name[/sub/path], s3://bucket/prefix"),
             click.option("--output-path", envvar=env.OUTPUT_PATH, default=None,
-                         help=f"Directory to fill [env: {env.OUTPUT_PATH}; default: "
-                              f"$KUBETUNE_WORKSPACE/{kind}, else /workspace/{kind}]"),
+                         show_envvar=True,
+                         show_default=f"$KUBETUNE_WORKSPACE/{kind}, else /workspace/{kind}",
+                         help="Directory to fill"),
             click.option("--allow-patterns", envvar=env.ALLOW_PATTERNS, default=None,
-                         help="Comma-separated globs; only matching files are fetched "
-                              f"[env: {env.ALLOW_PATTERNS}]"),
+                         show_envvar=True,
+                         help="Comma-separated globs; only matching files are fetched"),
             click.option("--ignore-patterns", envvar=env.IGNORE_PATTERNS, default=None,
-                         help=f"Comma-separated globs to skip [env: {env.IGNORE_PATTERNS}]"),
-            click.option("--revision", envvar=env.REVISION, default=None,
-                         help=f"Branch, tag or commit to fetch [env: {env.REVISION}]"),
+                         show_envvar=True, help="Comma-separated globs to skip"),
+            click.option("--revision", envvar=env.REVISION, default=None, show_envvar=True,
+                         help="Branch, tag or commit to fetch"),
             click.option("--access-token", envvar=env.ACCESS_TOKEN, default=None,
-                         show_envvar=False,
-                         help=f"Token for private sources; prefer the env var "
-                              f"[env: {env.ACCESS_TOKEN}]"),
+                         show_envvar=True,
+                         help="Token for private sources; prefer the env var"),
         ]):
             func = option(func)
         return func

@@ -140,31 +140,27 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 @click.command("local", context_settings={"ignore_unknown_options": True})
 @click.option("--workdir", envvar=env.LOCAL_DIR, default="kubetune-local",
               type=click.Path(path_type=Path, file_okay=False), show_default=True,
-              help="Directory for the stand-in PVC (workspace/), sources and logs "
-                   f"[env: {env.LOCAL_DIR}]")
-@click.option("--model", "model_uri", envvar=env.LOCAL_MODEL, default=None,
-              help="Model STORAGE_URI (default: the embedded tiny Llama-3) "
-                   f"[env: {env.LOCAL_MODEL}]")
+              show_envvar=True,
+              help="Directory for the stand-in PVC (workspace/), sources and logs")
+@click.option("--model", "model_uri", envvar=env.LOCAL_MODEL, default=None, show_envvar=True,
+              help="Model STORAGE_URI (default: the embedded tiny Llama-3)")
 @click.option("--dataset", "dataset_uri", envvar=env.LOCAL_DATASET, default=None,
-              help="Dataset STORAGE_URI (default: the embedded addition dataset) "
-                   f"[env: {env.LOCAL_DATASET}]")
+              show_envvar=True,
+              help="Dataset STORAGE_URI (default: the embedded addition dataset)")
 @click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
-              type=click.Choice(sorted(METHODS)), help=f"Fine-tuning method [env: {env.METHOD}]")
-@click.option("--export-uri", envvar=env.EXPORT_URI, default=None,
-              help=f"Export destination (default: workspace/export) [env: {env.EXPORT_URI}]")
+              show_envvar=True, type=click.Choice(sorted(METHODS)), help="Fine-tuning method")
+@click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
+              help="Export destination (default: workspace/export)")
 @click.option("--runtime", "runtime_path", envvar=env.LOCAL_RUNTIME, default=None,
-              type=click.Path(path_type=Path),
+              type=click.Path(path_type=Path), show_envvar=True,
               help="Run this ClusterTrainingRuntime YAML instead of the built-in pipeline: "
-                   "its replicatedJobs in dependsOn order, as the controller merges them "
-                   f"[env: {env.LOCAL_RUNTIME}]")
+                   "its replicatedJobs in dependsOn order, as the controller merges them")
 @click.option("--trainjob", "trainjob_path", envvar=env.LOCAL_TRAINJOB, default=None,
-              type=click.Path(path_type=Path),
+              type=click.Path(path_type=Path), show_envvar=True,
               help="TrainJob YAML whose overrides (initializer STORAGE_URIs, trainer "
-                   "command/args/env/numNodes/resourcesPerNode) apply to --runtime "
-                   f"[env: {env.LOCAL_TRAINJOB}]")
-@click.option("--print-jobset", is_flag=True, envvar=env.LOCAL_PRINT_JOBSET,
-              help="With --runtime: print the merged JobSet as YAML and run nothing "
-                   f"[env: {env.LOCAL_PRINT_JOBSET}]")
+                   "command/args/env/numNodes/resourcesPerNode) apply to --runtime")
+@click.option("--print-jobset", is_flag=True, envvar=env.LOCAL_PRINT_JOBSET, show_envvar=True,
+              help="With --runtime: print the merged JobSet as YAML and run nothing")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
           trainjob_path, print_jobset, train_args) -> None:

@@ -19,7 +19,7 @@ def dir_option(flag: str, envvar: str, attr: str, help_text: str):
         flag, envvar=envvar, default=_default(attr), type=click.Path(path_type=str),
         show_default=f"$KUBETUNE_WORKSPACE/{attr.removesuffix('_dir')}, else /workspace/"
                      f"{attr.removesuffix('_dir')}",
-        help=f"{help_text} [env: {envvar}]",
+        show_envvar=True, help=help_text,
     )
 
 

@@ -28,6 +28,7 @@ def run_step(step: str, func: Callable[[], int | None]) -> int:
     redact_std_streams()  # before logging binds sys.stderr
     early_sigterm.install(step)  # names the step; a step with its own handling replaces it
     log = logs.setup(step)
+    # The whole environment, not one value: which KUBETUNE_* names no part of us reads.
     for line in unknown_names(os.environ):
         log.warning(line)
     try:

@@ -38,13 +38,13 @@ def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "
 
 
 def _opt(flag: str, name: str, help_text: str, **kwargs):
-    return click.option(flag, envvar=name, default=None, show_envvar=False,
-                        help=f"{help_text} [env: {name}]", **kwargs)
+    return click.option(flag, envvar=name, default=None, show_envvar=True, help=help_text,
+                        **kwargs)
 
 
 def _switch(flag: str, name: str, help_text: str, default_text: str = "the recipe's"):
-    return click.option(f"--{flag}/--no-{flag}", envvar=name, default=None,
-                        help=f"{help_text} (default: {default_text}) [env: {name}]")
+    return click.option(f"--{flag}/--no-{flag}", envvar=name, default=None, show_envvar=True,
+                        help=f"{help_text} (default: {default_text})")
 
 
 class _TrainCommand(click.Command):
@@ -70,7 +70,7 @@ class _TrainCommand(click.Command):
 @dataset_dir_option
 @output_dir_option
 @click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
-              type=click.Choice(METHOD_NAMES), help=f"Fine-tuning method [env: {env.METHOD}]")
+              show_envvar=True, type=click.Choice(METHOD_NAMES), help="Fine-tuning method")
 @_opt("--epochs", env.EPOCHS, "Epochs (default: the recipe's)", type=int)
 @_opt("--max-steps", env.MAX_STEPS, "Maximum optimizer steps per epoch", type=int)
 @_opt("--batch-size", env.BATCH_SIZE, "Per-device batch size", type=int)
@@ -100,8 +100,8 @@ class _TrainCommand(click.Command):
       'LoRA settings as PEFT-style JSON, e.g. {"r": 8, "lora_alpha": 16, "target_modules": '
       '["q_proj", "v_proj"]}; the --lora-* options win over it')
 @click.option("--train-overrides", "train_overrides_text", envvar=env.TRAIN_OVERRIDES,
-              default=None, help="Space-separated key=value overrides, applied before "
-              f"OVERRIDES [env: {env.TRAIN_OVERRIDES}]")
+              default=None, show_envvar=True,
+              help="Space-separated key=value overrides, applied before OVERRIDES")
 @_opt("--dataset-type", env.DATASET_TYPE, "instruct or chat",
       type=click.Choice(sorted(DATASET_TYPES)))
 @_opt("--column-map", env.COLUMN_MAP, "Role to column, e.g. input=question,output=answer")

@@ -10,7 +10,6 @@ ever replaced: a destination holding anything else is refused before the export 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 

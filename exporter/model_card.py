@@ -91,6 +91,7 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
            model_dir: Path | None = None, curves: str | None = None,
            report: str | None = None, environ: Mapping[str, str] | None = None) -> str:
     config = config or {}
+    # Where the card says it ran: Kubernetes' variable and `kubetune local`'s (on_kubeflow).
     environ = os.environ if environ is None else environ
     name = base.get("name") or "the base model"
     revision = base.get("revision")

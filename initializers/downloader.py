@@ -19,19 +19,12 @@ from kubetune import staging
 from kubetune.initializers import checksums
 from kubetune.initializers.progress import Cancelled, Progress
 from kubetune.initializers.safe_paths import safe_join
+from kubetune.initializers.settings import InitializerSettings
 from kubetune.initializers.sources.base import RemoteFile
-from kubetune import env, retry
-from kubetune.env_numbers import env_int
+from kubetune import retry
 from kubetune.errors import BadInputError, KubetuneError
 
 log = logging.getLogger("initializer")
-
-DEFAULT_WORKERS = 8
-
-
-def workers() -> int:
-    return env_int(env.DOWNLOAD_WORKERS, DEFAULT_WORKERS, minimum=1)
-
 
 def disk_full(path: Path, needed: int | None = None) -> BadInputError:
     free = shutil.disk_usage(path).free
@@ -78,8 +71,10 @@ def _default_classify(exc: BaseException) -> retry.TransientFailure | None:
 
 
 class Downloader:
-    def __init__(self, source, staged: Path, progress: Progress) -> None:
+    def __init__(self, source, staged: Path, progress: Progress,
+                 settings: InitializerSettings | None = None) -> None:
         self.source = source
+        self.settings = settings or InitializerSettings()
         self.staged = staged
         self.progress = progress
         self.with_progress = _accepts_progress(source.fetch)
@@ -156,7 +151,7 @@ class Downloader:
     def fetch_all(self, files: list[RemoteFile]) -> list[tuple[str, int, str]]:
         # Largest first: a big file started last would leave one stream running alone.
         ordered = sorted(files, key=lambda f: -(f.size or 0))
-        budget = workers()
+        budget = self.settings.download_workers
         count = min(budget, len(files))
         plan = getattr(self.source, "plan", None)
         if plan is not None:

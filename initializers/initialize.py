@@ -11,9 +11,9 @@ from pathlib import Path
 from kubetune import env, staging, storage_uri
 from kubetune.initializers import manifest, reuse, verify_dataset, verify_model, weights
 from kubetune.initializers.downloader import Downloader, check_space, disk_full
-from kubetune.initializers.downloader import workers as downloader_workers
-from kubetune.initializers.progress import Progress, interval_from_env
+from kubetune.initializers.progress import Progress
 from kubetune.initializers.request import InitRequest
+from kubetune.initializers.settings import InitializerSettings
 from kubetune.initializers.storage_uri import source_class
 from kubetune.errors import BadInputError
 from kubetune.file_hash import sha256_of
@@ -77,8 +77,8 @@ def initialize(request: InitRequest) -> dict:
 
 def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     # The numbers the download runs with, checked before the first request.
-    downloader_workers()
-    interval_from_env()
+    settings = InitializerSettings()
+    settings.download_workers, settings.progress_interval_s  # noqa: B018 (parsed, cached)
     source = source_class(request.uri.scheme)(request)
     files = source.list_files()
     if not files:
@@ -98,8 +98,8 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     staging.prune(staged, {f.path for f in files})
     reuse.seed_from_output(output, staged, files)
     check_space(staged, files)
-    with Progress(len(files), total) as progress:
-        recorded = Downloader(source, staged, progress).fetch_all(files)
+    with Progress(len(files), total, settings.progress_interval_s) as progress:
+        recorded = Downloader(source, staged, progress, settings).fetch_all(files)
         log.info(progress.summary())
 
     try:

@@ -6,14 +6,11 @@ import logging
 import threading
 import time
 
-from kubetune import env, logs
-from kubetune.env_numbers import env_float
+from kubetune import logs
+from kubetune.initializers.settings import InitializerSettings
 from kubetune.remote.trainjob_status import StatusReporter, transfer_metrics
 
 log = logging.getLogger("progress")
-
-DEFAULT_INTERVAL_S = 5.0
-
 
 class Cancelled(Exception):
     """Raised into a transfer when another file failed for good: stop early."""
@@ -32,18 +29,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def interval_from_env() -> float:
-    """Seconds between progress lines; 0 or less would spin and flood the log: refused."""
-    return env_float(env.PROGRESS_INTERVAL_S, DEFAULT_INTERVAL_S, above=0)
-
-
 class Progress:
     """Counts bytes per file from many threads and logs a summary line periodically."""
 
     def __init__(self, files: int, total_bytes: int, interval_s: float | None = None) -> None:
         self.files = files
         self.total_bytes = total_bytes
-        self.interval_s = interval_s if interval_s is not None else interval_from_env()
+        self.interval_s = interval_s if interval_s is not None else \
+            InitializerSettings().progress_interval_s
         self._lock = threading.Lock()
         self._bytes: dict[str, int] = {}
         self._done = 0

@@ -15,7 +15,7 @@ from pathlib import Path
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.redact import register_secret
-from kubetune.remote import endpoint_values
+from kubetune.remote import endpoint_values, settings
 
 FILE_SUFFIX = "_FILE"
 
@@ -34,6 +34,7 @@ def _one_line(value: str, where: str) -> str | None:
 
 def secret(*names: str) -> str | None:
     """The first of ``names`` set inline, or through ``<NAME>_FILE``; None if none is."""
+    # Secrets are read here alone (each registered for redaction before any use).
     for name in names:
         value = os.environ.get(name)
         if value:
@@ -52,8 +53,8 @@ def secret(*names: str) -> str | None:
 def hf_token() -> str | None:
     """Kubeflow's ACCESS_TOKEN first, then Hugging Face's own HF_TOKEN."""
     token = secret(env.ACCESS_TOKEN, env.HF_TOKEN)
-    if token is None and os.environ.get(env.HF_TOKEN_PATH):
-        path = os.environ[env.HF_TOKEN_PATH]
+    path = os.environ.get(env.HF_TOKEN_PATH)
+    if token is None and path:
         try:
             value = Path(path).read_text()
         except OSError:
@@ -71,18 +72,11 @@ class S3Credentials:
     role_arn: str | None = None
 
 
-def _first_set(*names: str) -> tuple[str, str] | None:
-    """The first of ``names`` with a value, as (name, value)."""
-    return next(((name, os.environ[name]) for name in names if os.environ.get(name)), None)
-
-
 def s3_credentials() -> S3Credentials:
     """Kubeflow's S3 variables; unset keys fall back to boto3's standard chain. Each value
     is checked here, where it is read: one line naming the variable, not a library's
     exception (or a request signed with an empty secret)."""
-    endpoint = _first_set(env.S3_ENDPOINT, env.AWS_ENDPOINT_URL)
-    region = _first_set(env.S3_REGION, env.AWS_DEFAULT_REGION)
-    role = _first_set(env.S3_ROLE_ARN)
+    endpoint, region, role = settings.s3_endpoint(), settings.s3_region(), settings.s3_role_arn()
     key_id, secret_key = secret(env.S3_ACCESS_KEY_ID), secret(env.S3_SECRET_ACCESS_KEY)
     if (key_id is None) != (secret_key is None):
         given, missing = ((env.S3_ACCESS_KEY_ID, env.S3_SECRET_ACCESS_KEY) if key_id else
@@ -92,10 +86,10 @@ def s3_credentials() -> S3Credentials:
         raise BadInputError(f"{given} is set but {missing} is not: set both (or their "
                             f"{FILE_SUFFIX} variants), or neither for the standard AWS chain")
     return S3Credentials(
-        endpoint_url=endpoint_values.endpoint_url(endpoint[1], endpoint[0]) if endpoint
-        else None,
-        region=endpoint_values.region(region[1], region[0]) if region else None,
+        endpoint_url=endpoint_values.endpoint_url(endpoint.value, endpoint.variable)
+        if endpoint else None,
+        region=endpoint_values.region(region.value, region.variable) if region else None,
         access_key_id=key_id,
         secret_access_key=secret_key,
-        role_arn=endpoint_values.role_arn(role[1], role[0]) if role else None,
+        role_arn=endpoint_values.role_arn(role.value, role.variable) if role else None,
     )

@@ -1,7 +1,10 @@
 """Every environment variable kubetune reads, in one place.
 
 Names that Kubeflow Trainer or its SDK set are spelled exactly as upstream sets them;
-names of our own carry the ``KUBETUNE_`` prefix.
+names of our own carry the ``KUBETUNE_`` prefix. The values are read in one settings place
+per concern (``kubetune.remote.settings``, ``kubetune.initializers.settings``,
+``kubetune.trainer.request.settings``, ``kubetune.trainer.recipe_process.passed_env``,
+the workspace, credentials, logs) or as a click option's ``envvar``.
 """
 
 # Workspace (the PVC the controller mounts at /workspace).
@@ -133,7 +136,7 @@ RETRY_MAX_ATTEMPTS = "KUBETUNE_RETRY_MAX_ATTEMPTS"
 RETRY_BASE_DELAY_S = "KUBETUNE_RETRY_BASE_DELAY_S"
 RETRY_MAX_DELAY_S = "KUBETUNE_RETRY_MAX_DELAY_S"
 RETRY_TOTAL_S = "KUBETUNE_RETRY_TOTAL_S"
-# Initializers' progress lines: seconds between two (kubetune.initializers.progress).
+# Initializers' progress lines: seconds between two (read in kubetune.initializers.settings).
 PROGRESS_INTERVAL_S = "KUBETUNE_PROGRESS_INTERVAL_S"
 
 # Secrets' other spellings (boto3's and huggingface_hub's own), masked in everything we
@@ -144,8 +147,8 @@ AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub's own name)
 
-# torchrun sets these in each recipe process (kubetune.trainer.recipe_process.bootstrap, step_guard,
-# truncation, train_progress: only rank 0 reports).
+# torchrun sets these in each recipe process (read in kubetune.trainer.recipe_process.passed_env:
+# only rank 0 reports).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 # The launcher sets these for the recipe processes; the libraries inside read them.

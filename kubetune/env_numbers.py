@@ -16,6 +16,7 @@ from kubetune.errors import BadInputError
 
 
 def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+    # The settings modules pass their own mapping; this process's environment otherwise.
     value = (os.environ if environ is None else environ).get(name)
     return value.strip() if value is not None and value.strip() else None
 

@@ -21,15 +21,20 @@ def current_step() -> str | None:
     return _step
 
 
-def json_mode(environ: Mapping[str, str] | None = None) -> bool:
+def _word(name: str, default: str, environ: Mapping[str, str] | None) -> str:
+    # Read at each use: the launcher's and the recipe's processes log the same way, and a
+    # word that is not a known one means the default (never a failure to log).
     environ = os.environ if environ is None else environ
-    return (environ.get(env.LOG_FORMAT) or "text").strip().lower() == "json"
+    return (environ.get(name) or default).strip().lower()
+
+
+def json_mode(environ: Mapping[str, str] | None = None) -> bool:
+    return _word(env.LOG_FORMAT, "text", environ) == "json"
 
 
 def debug_mode(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the user asked for the noise too (torchtune's config dump, known warnings)."""
-    environ = os.environ if environ is None else environ
-    return (environ.get(env.LOG_LEVEL) or "info").strip().lower() == "debug"
+    return _word(env.LOG_LEVEL, "info", environ) == "debug"
 
 
 def timestamp(when: float | None = None) -> str:

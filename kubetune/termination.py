@@ -10,6 +10,8 @@ from kubetune.redact import redact
 
 
 def termination_log_path() -> str:
+    # Read at the moment of failure, not at start: a settings object parsed earlier might
+    # be what failed.
     return os.environ.get(env.TERMINATION_LOG) or env.DEFAULT_TERMINATION_LOG
 
 

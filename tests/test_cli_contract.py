@@ -35,7 +35,7 @@ def test_help_names_every_option_and_its_env_var(name):
             continue
         assert param.opts[0] in help_text
         if param.envvar:
-            assert f"env: {param.envvar}" in help_text, f"{name} {param.opts[0]}"
+            assert f"env var: {param.envvar}" in help_text, f"{name} {param.opts[0]}"
 
 
 def test_every_option_of_the_steps_has_an_env_var():

@@ -31,12 +31,7 @@ def safetensors_bytes(payload: bytes, name: str = "w") -> bytes:
 
 @pytest.fixture(scope="module")
 def store(s3, tiny_model_dir, tiny_dataset_dir):
-    client = s3.client()
-    client.create_bucket(Bucket="models")
-    for path in sorted(tiny_model_dir.rglob("*")):
-        if path.is_file():
-            key = path.relative_to(tiny_model_dir).as_posix()
-            client.upload_file(str(path), "models", f"tiny/{key}")
+    client = s3.upload_tree(tiny_model_dir, "models", "tiny")
     # A sibling whose name starts like the prefix: must not be pulled in.
     client.put_object(Bucket="models", Key="tiny-2/config.json", Body=b"{}")
     config = (tiny_model_dir / "config.json").read_bytes()

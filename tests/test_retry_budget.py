@@ -28,12 +28,7 @@ def hub(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def store(s3, tiny_model_dir):
-    client = s3.client()
-    client.create_bucket(Bucket="budget")
-    for path in sorted(tiny_model_dir.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), "budget",
-                               f"tiny/{path.relative_to(tiny_model_dir).as_posix()}")
+    s3.upload_tree(tiny_model_dir, "budget", "tiny")
     proxy = FaultProxy(s3.endpoint)
     yield proxy
     proxy.stop()

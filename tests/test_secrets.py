@@ -105,12 +105,7 @@ class Scene:
 def scene(tmp_path_factory, s3, tiny_model_dir, tiny_dataset_dir):
     hub = HubServer(token=TOKEN).start()
     hub.add_repo("org/private", local_tree(tiny_model_dir), private=True)
-    client = s3.client()
-    client.create_bucket(Bucket="secret-models")
-    for path in sorted(tiny_model_dir.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), "secret-models",
-                               f"tiny/{path.relative_to(tiny_model_dir).as_posix()}")
+    client = s3.upload_tree(tiny_model_dir, "secret-models", "tiny")
     client.upload_file(str(tiny_dataset_dir / "data" / "train.parquet"), "secret-models",
                        "data/train.parquet")
     client.create_bucket(Bucket="secret-export")

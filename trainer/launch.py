@@ -46,6 +46,8 @@ OFFLINE_ENV = {env.HF_HUB_OFFLINE: "1", env.HF_DATASETS_OFFLINE: "1", env.TRANSF
 
 
 def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
+    # The recipe's environment is ours minus the secrets (what torchrun and the libraries
+    # inside read, and passed_env's values, travel through it).
     # The recipe runs offline: it needs no credential, and a URL's user and password
     # (HF_ENDPOINT, ENDPOINT) would sit in its environment for any library to print.
     child = {k: without_userinfo(v) for k, v in os.environ.items() if k not in SECRET_VARIABLES
@@ -56,7 +58,7 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     if not sys.stdout.isatty():
         child[env.TQDM_DISABLE] = "1"  # progress comes from our metric logger instead
     if plan_.cfg.device == "cpu" and plan_.topology.nproc_per_node > 1 \
-            and env.OMP_NUM_THREADS not in os.environ:
+            and env.OMP_NUM_THREADS not in child:
         # Share the cores between the processes instead of oversubscribing them.
         child[env.OMP_NUM_THREADS] = str(max(1, (os.cpu_count() or 1)
                                            // plan_.topology.nproc_per_node))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kubetune.initializers.filters import keep
 from kubetune.initializers.request import InitRequest
-from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
+from kubetune.initializers.sources.base import ProgressCallback, RemoteFile, mounted_path
 from kubetune.errors import BadInputError
 
 CHUNK = 1024 * 1024
@@ -24,9 +24,7 @@ CHUNK = 1024 * 1024
 class TarSource:
     def __init__(self, request: InitRequest) -> None:
         self.request = request
-        self.archive = Path(request.uri.location)
-        if not self.archive.is_file():
-            raise BadInputError(f"archive {self.archive} does not exist")
+        self.archive = mounted_path(request, "archive", Path.is_file)
         try:
             with tarfile.open(self.archive) as tar:
                 self.members = {m.name: m for m in tar.getmembers()}

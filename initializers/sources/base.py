@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from kubetune.errors import BadInputError
 from kubetune.initializers.request import InitRequest
 
 # Called with the number of bytes just written; it raises to cancel a transfer early
@@ -26,6 +27,16 @@ class RemoteFile:
     multipart_etag: str | None = None
     part_sizes: tuple[int, ...] | None = None
     key: str | None = None  # where the source finds it, when that differs from ``path``
+
+
+def mounted_path(request: InitRequest, what: str,
+                 present: Callable[[Path], bool] = Path.exists) -> Path:
+    """The path ``request``'s URI names on a mounted volume (``file://``, a plugin's
+    ``tar://``); one line naming ``what`` when it is not there (``present`` says)."""
+    path = Path(request.uri.location)
+    if not present(path):
+        raise BadInputError(f"{what} {path} does not exist")
+    return path
 
 
 class Source(Protocol):

@@ -8,16 +8,14 @@ from pathlib import Path
 from kubetune.initializers.copy_file import copy_file
 from kubetune.initializers.filters import keep
 from kubetune.initializers.request import InitRequest
-from kubetune.initializers.sources.base import RemoteFile
+from kubetune.initializers.sources.base import RemoteFile, mounted_path
 from kubetune.errors import BadInputError
 
 
 class LocalSource:
     def __init__(self, request: InitRequest) -> None:
         self.request = request
-        self.root = Path(request.uri.location)
-        if not self.root.exists():
-            raise BadInputError(f"{request.kind} source {self.root} does not exist")
+        self.root = mounted_path(request, f"{request.kind} source")
         if not os.access(self.root, os.R_OK):
             raise BadInputError(f"{request.kind} source {self.root} is not readable")
 

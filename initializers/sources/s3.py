@@ -36,19 +36,17 @@ from kubetune.initializers.checksums import ChecksumMismatch, Hasher, Verified, 
 from kubetune.initializers.filters import keep
 from kubetune.initializers.request import InitRequest
 from kubetune.initializers.sources.base import ProgressCallback, RemoteFile
+from kubetune.initializers.settings import InitializerSettings
 from kubetune.initializers.sources.s3_part_state import PartState
 from kubetune.staging import part_state_path
 from kubetune.initializers.stream_write import write_stream
 from kubetune import env, retry, storage_uri
-from kubetune.env_numbers import env_int
 from kubetune.errors import BadInputError
 from kubetune.remote import s3 as remote_s3
 from kubetune.remote.s3_errors import S3Errors
 from kubetune.retry import TransientFailure
 
 CHUNK = 1024 * 1024
-DEFAULT_PART_MB = 16
-DEFAULT_PART_WORKERS = 8
 MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 MULTIPART_ETAG = re.compile(r"^[0-9a-f]{32}-([0-9]+)$")
 # What a store that does not implement a request parameter answers (bad request, method
@@ -95,8 +93,9 @@ class S3Source:
         where = storage_uri.s3(request.uri, env.STORAGE_URI)
         self.bucket, self.prefix = where.bucket, where.prefix
         self.errors = S3Errors(self.bucket, self.prefix)
-        self.part_size = env_int(env.S3_PART_SIZE_MB, DEFAULT_PART_MB, minimum=1) * 1024 * 1024
-        self.part_workers = env_int(env.S3_PART_WORKERS, DEFAULT_PART_WORKERS, minimum=1)
+        settings = InitializerSettings()
+        self.part_size = settings.s3_part_size
+        self.part_workers = settings.s3_part_workers
         self._part_pool: ThreadPoolExecutor | None = None
         # Keys of the objects to fetch in ranged parts; None until `plan` (then: all large).
         self._split: set[str] | None = None

@@ -15,19 +15,19 @@ from kubetune import env
 os.environ.setdefault(env.HF_HUB_DISABLE_PROGRESS_BARS, "1")
 os.environ.setdefault(env.HF_HUB_DISABLE_TELEMETRY, "1")
 
-from kubetune.remote import endpoint_values  # noqa: E402
+from kubetune.remote import endpoint_values, settings  # noqa: E402
 
 # huggingface_hub parses HF_ENDPOINT as it is imported (urllib's ValueError for a bad port
 # would be a traceback, with a piece of a password in it): checked before.
-if os.environ.get(env.HF_ENDPOINT):
-    endpoint_values.endpoint_url(os.environ[env.HF_ENDPOINT], env.HF_ENDPOINT)
+_mirror = settings.hub_endpoint()
+if _mirror:
+    endpoint_values.endpoint_url(_mirror.value, _mirror.variable)
 
 import httpx2  # noqa: E402
 from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.utils import get_session  # noqa: E402
 
 from kubetune import credentials  # noqa: E402
-from kubetune.env_numbers import env_float  # noqa: E402
 
 # One INFO line per request would bury the progress lines.
 for _noisy in ("httpx", "httpx2", "huggingface_hub"):
@@ -39,8 +39,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 def endpoint() -> str:
     """The hub's base URL, without a trailing slash; a malformed ``HF_ENDPOINT`` is one
     line (httpx would refuse it on every attempt, retried as if the hub were down)."""
-    value = os.environ.get(env.HF_ENDPOINT)
-    return endpoint_values.endpoint_url(value, env.HF_ENDPOINT) if value else DEFAULT_ENDPOINT
+    named = settings.hub_endpoint()
+    return endpoint_values.endpoint_url(named.value, named.variable) if named else DEFAULT_ENDPOINT
 
 
 def token(given: str | None = None) -> str | None:
@@ -49,7 +49,7 @@ def token(given: str | None = None) -> str | None:
 
 
 def http_timeout() -> httpx2.Timeout:
-    seconds = env_float(env.HTTP_TIMEOUT_S, 60.0, minimum=1)
+    seconds = settings.http_timeout_s()
     return httpx2.Timeout(seconds, connect=min(seconds, 30.0))
 
 

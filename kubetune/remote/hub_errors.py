@@ -4,8 +4,6 @@ initializers' messages (`HubErrors`); the exporter words its own refusals."""
 
 from __future__ import annotations
 
-import os
-
 import httpx2
 from huggingface_hub.errors import (
     GatedRepoError,
@@ -18,13 +16,14 @@ from huggingface_hub.errors import (
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.redact import strip_userinfo
+from kubetune.remote import settings
 from kubetune.retry import TransientFailure
 from kubetune.unknown_host import unknown_host_error
 
 
 def unknown_hub_host(exc: BaseException, endpoint: str) -> BadInputError | None:
     """One line for a hub host name that does not exist, naming where it came from."""
-    variable = env.HF_ENDPOINT if os.environ.get(env.HF_ENDPOINT) else None
+    variable = env.HF_ENDPOINT if settings.hub_endpoint() else None
     return unknown_host_error(exc, endpoint, variable,
                               f"the default hub {endpoint}: set {env.HF_ENDPOINT} to a mirror "
                               "the cluster can reach")

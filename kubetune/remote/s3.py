@@ -12,9 +12,9 @@ from __future__ import annotations
 import boto3
 from botocore.config import Config
 
-from kubetune import credentials, env, retry
-from kubetune.env_numbers import env_float
+from kubetune import credentials, retry
 from kubetune.redact import register_secret
+from kubetune.remote import settings
 from kubetune.remote.s3_errors import role_classify
 
 SINGLE_ATTEMPT = {"total_max_attempts": 1, "mode": "standard"}
@@ -45,7 +45,7 @@ def client(session_name: str, **config):
     """An S3 client for the store the environment names, as ``session_name`` (the
     AssumeRole session: which step it was). ``config``: more botocore `Config` options."""
     creds = credentials.s3_credentials()
-    timeout = env_float(env.HTTP_TIMEOUT_S, 60.0, minimum=1)
+    timeout = settings.http_timeout_s()
     options = {"connect_timeout": min(timeout, 30.0), "read_timeout": timeout, **config}
     return _session(creds, session_name).client(
         "s3", endpoint_url=creds.endpoint_url, config=Config(retries=SINGLE_ATTEMPT, **options))

@@ -4,8 +4,6 @@ initializers' messages (`S3Errors`); the exporter words its own from the same ta
 
 from __future__ import annotations
 
-import os
-
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -23,6 +21,7 @@ from urllib3.exceptions import ProtocolError, ReadTimeoutError as Urllib3ReadTim
 
 from kubetune import env
 from kubetune.errors import BadInputError, TransientError
+from kubetune.remote import settings
 from kubetune.retry import TransientFailure
 from kubetune.unknown_host import unknown_host_error
 
@@ -44,9 +43,9 @@ NO_CREDENTIALS_MESSAGE = ("no S3 credentials: set ACCESS_KEY_ID and SECRET_ACCES
 
 def unknown_s3_host(exc: BaseException) -> BadInputError | None:
     """One line for an S3 host name that does not exist, naming the variable it came from."""
-    for variable in (env.S3_ENDPOINT, env.AWS_ENDPOINT_URL):
-        if os.environ.get(variable):
-            return unknown_host_error(exc, os.environ[variable], variable, "")
+    endpoint = settings.s3_endpoint()
+    if endpoint:
+        return unknown_host_error(exc, endpoint.value, endpoint.variable, "")
     return unknown_host_error(exc, None, None, f"AWS's endpoint for the region: set "
                                                f"{env.S3_ENDPOINT} for another store")
 

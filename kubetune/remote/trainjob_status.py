@@ -98,6 +98,7 @@ class StatusReporter:
     def from_env(cls, environ: Mapping[str, str] | None = None, source: str = "trainer",
                  warn: bool = True) -> "StatusReporter | None":
         """A reporter when the controller injected the endpoint; else None (no reporting)."""
+        # The one reader of the three variables the controller injects for the status.
         environ = os.environ if environ is None else environ
         url = environ.get(env.TRAINER_SERVER_URL)
         if not url:

@@ -50,6 +50,7 @@ class Workspace:
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> "Workspace":
+        # The one reader of the workspace's variables (every step's paths come from here).
         environ = os.environ if environ is None else environ
         root = Path(environ.get(env.WORKSPACE) or DEFAULT_ROOT)
 

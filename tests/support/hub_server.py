@@ -261,16 +261,7 @@ def _make_handler(hub: HubServer):
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             return sha
 
-        # Dispatch.
-        def do_HEAD(self) -> None:
-            self._dispatch()
-
-        def do_GET(self) -> None:
-            self._dispatch()
-
-        def do_POST(self) -> None:
-            self._dispatch()
-
+        # Dispatch: every method the hub client sends.
         def _dispatch(self) -> None:
             split = urlsplit(self.path)
             path = split.path
@@ -293,6 +284,8 @@ def _make_handler(hub: HubServer):
                     self._resolve(path.lstrip("/"), fault)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+        do_HEAD = do_GET = do_POST = _dispatch
 
         def _api(self, rest: str, query: dict) -> None:
             kind, _, rest = rest.partition("/")

@@ -31,6 +31,17 @@ class S3Server:
                             aws_access_key_id=self.access_key_id,
                             aws_secret_access_key=self.secret_access_key)
 
+    def upload_tree(self, root: Path, bucket: str, prefix: str):
+        """A new ``bucket`` holding every file under ``root`` as ``prefix/<its relative
+        path>``; returns the client."""
+        client = self.client()
+        client.create_bucket(Bucket=bucket)
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                key = f"{prefix}/{path.relative_to(root).as_posix()}"
+                client.upload_file(str(path), bucket, key)
+        return client
+
     def env(self) -> dict[str, str]:
         """The variables Kubeflow Trainer sets on an initializer for S3."""
         return {"ENDPOINT": self.endpoint, "ACCESS_KEY_ID": self.access_key_id,

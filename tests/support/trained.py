@@ -13,12 +13,12 @@ the merged model at float32 tolerances would fail there, and only there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.support.cli import clean_env, kubetune
+from tests.support.trainer import Pvc
 
 TRAIN_ARGS = [
     "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train", "epochs=1",
@@ -28,29 +28,16 @@ TRAIN_ARGS = [
 ]
 
 
-@dataclass(frozen=True)
 class TrainedRun:
-    workdir: Path
+    """A finished `kubetune local` run in ``workdir``: its stand-in PVC and the model
+    source it started from."""
 
-    @property
-    def workspace(self) -> Path:
-        return self.workdir / "workspace"
-
-    @property
-    def output_dir(self) -> Path:
-        return self.workspace / "output"
-
-    @property
-    def model_dir(self) -> Path:
-        return self.workspace / "model"
-
-    @property
-    def dataset_dir(self) -> Path:
-        return self.workspace / "dataset"
-
-    @property
-    def base_source(self) -> Path:
-        return self.workdir / "sources" / "tiny-llama3"
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        pvc = Pvc(workdir / "workspace")
+        self.workspace, self.output_dir, self.model_dir, self.dataset_dir = (
+            pvc.root, pvc.output, pvc.model, pvc.dataset)
+        self.base_source = workdir / "sources" / "tiny-llama3"
 
     def env(self, **extra: str) -> dict[str, str]:
         """A pod's environment for the exporter over this run's workspace."""

@@ -6,34 +6,25 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from kubetune.workspace import Workspace
 from tests.support.cli import REPO, clean_env
 
 # What every trainer test keeps short: a few steps of a tiny model.
 SHORT = ["batch_size=4", "max_steps_per_epoch=3", "gradient_accumulation_steps=1"]
 
 
-@dataclass
 class Pvc:
-    root: Path
+    """A stand-in PVC at ``root``: each step's directory where the workspace contract
+    (`kubetune.workspace`) puts it."""
 
-    @property
-    def model(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def dataset(self) -> Path:
-        return self.root / "dataset"
-
-    @property
-    def output(self) -> Path:
-        return self.root / "output"
-
-    @property
-    def termination_log(self) -> Path:
-        return self.root / "termination-log"
+    def __init__(self, root: Path) -> None:
+        layout = Workspace.from_env({"KUBETUNE_WORKSPACE": str(root)})
+        self.root = layout.root
+        self.model, self.dataset, self.output = (layout.model_dir, layout.dataset_dir,
+                                                 layout.output_dir)
+        self.termination_log = root / "termination-log"
 
     def env(self, **extra: str) -> dict[str, str]:
         return clean_env(KUBETUNE_WORKSPACE=str(self.root),

@@ -53,32 +53,34 @@ class CheckpointModel:
         return int(self.architecture.dims.get("max_seq_len", 2048))
 
 
-def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Tokenizer:
+def _with_special_tokens(component: str, args: dict, model_dir: Path) -> Tokenizer:
+    """``component`` reading the special tokens from ``tokenizer.json`` where the
+    checkpoint ships one, else with those config.json names."""
     special = model_dir / "tokenizer.json"
+    if special.is_file():
+        return Tokenizer(component, {**args, "special_tokens_path": str(special)})
+    return Tokenizer(component, args, special_tokens_from_config(model_dir))
+
+
+def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Tokenizer:
     if family.startswith("llama"):
         path = model_dir / "original" / "tokenizer.model"
         if not path.is_file():
             raise BadInputError(f"tokenizer {path} is missing: a Llama-3 checkpoint ships "
                                 "original/tokenizer.model (do not ignore original/*)")
-        args = {"path": str(path), "max_seq_len": max_seq_len}
-        if special.is_file():
-            # torchtune otherwise assumes Llama-3's fixed ids (128000+).
-            args["special_tokens_path"] = str(special)
-            return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args)
-        return Tokenizer("torchtune.models.llama3.llama3_tokenizer", args,
-                         special_tokens_from_config(model_dir))
+        # Without the file's ids torchtune assumes Llama-3's fixed ones (128000+).
+        return _with_special_tokens("torchtune.models.llama3.llama3_tokenizer",
+                                    {"path": str(path), "max_seq_len": max_seq_len}, model_dir)
     if family == "qwen2":
         vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
         for f in (vocab, merges):
             if not f.is_file():
                 raise BadInputError(f"tokenizer file {f} is missing: a Qwen2 checkpoint ships "
                                     "vocab.json and merges.txt")
-        args = {"path": str(vocab), "merges_file": str(merges), "max_seq_len": max_seq_len}
-        if special.is_file():
-            args["special_tokens_path"] = str(special)
-            return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args)
-        return Tokenizer("torchtune.models.qwen2.qwen2_tokenizer", args,
-                         special_tokens_from_config(model_dir))
+        return _with_special_tokens(
+            "torchtune.models.qwen2.qwen2_tokenizer",
+            {"path": str(vocab), "merges_file": str(merges), "max_seq_len": max_seq_len},
+            model_dir)
     if family == "qwen3":
         return _qwen3_tokenizer(model_dir, max_seq_len)
     if family == "phi3":

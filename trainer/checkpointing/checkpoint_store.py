@@ -36,9 +36,9 @@ import signal
 import sys
 from pathlib import Path
 
-from kubetune import env
 from kubetune.atomic_write import fsync_path
 from kubetune.trainer.checkpointing import resume
+from kubetune.trainer.recipe_process import passed_env
 
 STAGING_NAME = ".kubetune-checkpoint-staging"
 _OLD_SUFFIX = ".kubetune-old"
@@ -145,8 +145,7 @@ class KillHook:
 
     @classmethod
     def from_env(cls) -> "KillHook":
-        value = os.environ.get(env.TEST_KILL_AT, "")
-        return cls(int(value) if value.isdigit() else None)
+        return cls(passed_env.test_kill_at())
 
     def point(self, what: str, partial: tuple[Path, bytes] | None = None) -> None:
         if not self.kill_at:

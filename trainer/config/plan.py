@@ -5,16 +5,12 @@ the machine. Every check a user's input can fail runs here, before anything star
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from kubetune import env
-from kubetune.env_numbers import env_float, env_int
 from kubetune.errors import BadInputError
 from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.trainer_output import parse_config, read_config_text
@@ -22,6 +18,7 @@ from kubetune.trainer.config import config_keys
 from kubetune.trainer.data import dataset_check, dataset_location, step_count
 from kubetune.trainer.performance import hardware, speed
 from kubetune.trainer.request import methods, topology
+from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
 from kubetune.trainer.checkpointing import resume
 from kubetune.model_family.architecture import HF_CHECKPOINTER
 from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
@@ -34,9 +31,6 @@ from kubetune.trainer.config.validate import (check_choices, check_nf4, check_to
                                               check_values, lora_rank_excess)
 
 log = logging.getLogger("trainer")
-
-DEFAULT_GRACE_PERIOD_S = 30.0
-
 
 @dataclass
 class RunPlan:
@@ -201,17 +195,17 @@ def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
             f"given ({', '.join(k for k in section if k != '_component_')})"]
 
 
-def _kubetune_section(cfg: DictConfig, environ: Mapping[str, str]) -> None:
+def _kubetune_section(cfg: DictConfig, settings: LauncherSettings) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
-        section.grace_period_s = env_float(env.GRACE_PERIOD_S, DEFAULT_GRACE_PERIOD_S, 0, environ)
+        section.grace_period_s = settings.grace_period_s
     if section.get("save_every_n_steps") is None:
-        section.save_every_n_steps = env_int(env.SAVE_EVERY_N_STEPS, 0, 0, environ)
+        section.save_every_n_steps = settings.save_every_n_steps
     cfg.kubetune = section
 
 
 def plan(request: TuneRunRequest, workspace: Workspace,
-         environ: Mapping[str, str] | None = None,
+         settings: LauncherSettings | None = None,
          resolved: topology.Topology | None = None) -> RunPlan:
     """The run ``request`` asks for; ``resolved``: the topology its recipe was chosen for
     (`kubetune train`), else the plan resolves it from the request and ``PET_*``.
@@ -220,7 +214,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     runs (device, dtype, topology), what the checkpoint says (model, tokenizer,
     checkpointer sections and the key checks), where the data is, the speed defaults,
     our own sections, and resuming an earlier run."""
-    environ = os.environ if environ is None else environ
+    settings = settings or LauncherSettings()
     recipe_path, supports_distributed = resolve_recipe(request.recipe)
     base, notes = _config_for(request.config)
     cfg = apply_overrides(base, request.overrides)
@@ -233,7 +227,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     method = methods.method_of(cfg.get("model"), request.recipe)
 
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
-                                   environ, resolved, notes)
+                                   settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
     cfg.log_peak_memory_stats = hw.device.startswith("cuda")
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
@@ -249,7 +243,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
         cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, environ)
+    _kubetune_section(cfg, settings)
     cfg.kubetune.count_cut_samples = not limit_chosen
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
@@ -267,7 +261,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
 
 
 def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distributed: bool,
-           method: str, environ: Mapping[str, str], resolved: topology.Topology | None,
+           method: str, settings: LauncherSettings, resolved: topology.Topology | None,
            notes: list[str]):
     """Device and dtype for this machine, and the topology the recipe runs on (one process
     for a single-device recipe)."""
@@ -276,7 +270,7 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
     cfg.device, cfg.dtype = hw.device, hw.dtype
 
     distributed = request.recipe.endswith("_distributed") or "distributed" in recipe_path.stem
-    topo = resolved if resolved is not None else topology.resolve(request, hw.device, environ)
+    topo = resolved if resolved is not None else topology.resolve(request, hw.device, settings)
     if distributed and not supports_distributed:
         raise BadInputError(f"recipe {request.recipe} cannot run distributed")
     notes += methods.check_recipe(request.recipe, method, topo)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kubetune.errors import BadInputError
 
@@ -45,21 +46,15 @@ class FileRows:
 
 def look(path: Path, sample_rows: int) -> FileRows:
     """Columns, the first ``sample_rows`` rows and the row count of one data file."""
-    kind = FORMAT_OF_SUFFIX.get(path.suffix)
+    reader = _READERS.get(FORMAT_OF_SUFFIX.get(path.suffix))
+    if reader is None:
+        return FileRows([], [], None, False)
     try:
-        if kind == "parquet":
-            return _parquet(path, sample_rows)
-        if kind == "arrow":
-            return _arrow(path, sample_rows)
-        if kind == "csv":
-            return _csv(path, sample_rows)
-        if kind == "json":
-            return _json(path, sample_rows)
+        return reader(path, sample_rows)
     except BadInputError:
         raise
     except Exception as exc:  # pyarrow and json raise many kinds
         raise BadInputError(f"dataset file {path} is unreadable: {exc}") from None
-    return FileRows([], [], None, False)
 
 
 def _parquet(path: Path, n: int) -> FileRows:
@@ -170,3 +165,8 @@ def _jsonl(path: Path, n: int) -> FileRows:
                 rows.append(json.loads(line))
     count, exact = _newlines(path)
     return FileRows(list(rows[0]) if rows else [], rows, count, exact)
+
+
+# A reader per format FORMAT_OF_SUFFIX names.
+_READERS: dict[str | None, Callable[[Path, int], FileRows]] = {
+    "parquet": _parquet, "arrow": _arrow, "csv": _csv, "json": _json}

@@ -12,11 +12,10 @@ result is unchanged), and every sample is tokenized once before training.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Any, Callable
 
-from kubetune import env
+from kubetune.trainer.recipe_process import passed_env
 
 
 class CutCounter:
@@ -46,10 +45,6 @@ class CutCounter:
         self.tokenizer.tokenize_messages = self._original
 
 
-def _is_primary() -> bool:
-    return os.environ.get(env.RANK, "0") == "0"
-
-
 def report(cut: int, seen: int, limit: int) -> str:
     return (f"train: {cut} of {seen} samples are longer than tokenizer.max_seq_len={limit} "
             "(the model's context or the packing length) and were cut to it; set "
@@ -63,7 +58,7 @@ def wrap_setup_data(original: Callable) -> Callable:
     def setup_data(self, *args, **kwargs):
         tokenizer = getattr(self, "_tokenizer", None)
         if tokenizer is None or not getattr(tokenizer, "max_seq_len", None) \
-                or not hasattr(tokenizer, "tokenize_messages") or not _is_primary():
+                or not hasattr(tokenizer, "tokenize_messages") or not passed_env.is_primary():
             return original(self, *args, **kwargs)
         counter = CutCounter(tokenizer)
         try:

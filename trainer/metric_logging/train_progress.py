@@ -7,13 +7,13 @@ Total steps come from the recipe after its setup (epochs x optimizer steps per e
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Mapping
 
-from kubetune import env, logs
+from kubetune import logs
 from kubetune.remote.trainjob_status import StatusReporter
+from kubetune.trainer.recipe_process import passed_env
 
 COMPONENT = "trainer"
 
@@ -37,7 +37,6 @@ class TrainProgress:
     """Fed one metrics record per logged step (rank 0 only: the recipes log there)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        environ = os.environ if environ is None else environ
         self.total_steps: int | None = None
         self.total_epochs: int | None = None
         # The first logged step and when: the rate after it gives the ETA (the first step
@@ -45,7 +44,7 @@ class TrainProgress:
         self._origin: tuple[int, float] | None = None
         self.json = logs.json_mode(environ)
         self.reporter = StatusReporter.from_env(environ, source="trainer") \
-            if environ.get(env.RANK, "0") == "0" else None
+            if passed_env.is_primary(environ) else None
 
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self.total_steps, self.total_epochs = total_steps, total_epochs

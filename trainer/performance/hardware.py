@@ -51,6 +51,8 @@ class Gpu:
 @lru_cache(maxsize=1)
 def visible_gpus() -> tuple[Gpu, ...]:
     """Each GPU this process may use (empty without CUDA)."""
+    # The container runtime's (or the user's) variable, for CUDA rather than for us: read
+    # where the GPUs are counted, once per process (lru_cache).
     visible = os.environ.get(env.CUDA_VISIBLE_DEVICES)
     if visible is not None and visible.strip() in ("", "-1"):
         return ()

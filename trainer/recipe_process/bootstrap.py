@@ -20,8 +20,8 @@ from types import ModuleType
 
 from omegaconf import OmegaConf
 
-from kubetune import env
-from kubetune.trainer.recipe_process import cpu_adapt, fallbacks, recipe_noise, run_sanity
+from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, passed_env, recipe_noise,
+                                             run_sanity)
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.data import truncation
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: trainer: the config asks for {cfg.device} but torch sees no CUDA "
               "device: run with device=cpu or check the GPU driver", file=sys.stderr)
         return 65
-    if os.environ.get(env.LOCAL_RANK) is not None:
+    if passed_env.under_torchrun():
         from kubetune.trainer.launch import die_with_parent
 
         die_with_parent()  # torchrun's workers go when torchrun goes
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     _log_to_stderr()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()
-    if os.environ.get(env.TQDM_DISABLE) == "1":
+    if passed_env.progress_bars_off():
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
     cls = recipe_class(module)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{type(refused).__name__}: {refused}", file=sys.stderr)
         _exit_now(run_sanity.EXIT_BAD_INPUT)
     except SystemExit as done:  # torchtune's config.parse ends every recipe with sys.exit
-        if os.environ.get(env.LOCAL_RANK) is not None:
+        if passed_env.under_torchrun():
             # A torchrun worker whose recipe finished (checkpoint saved, process group
             # destroyed): interpreter teardown can still abort in c10d/gloo's C++
             # destructors ("terminate called without an active exception"), which turns

@@ -45,11 +45,11 @@ import os
 from typing import Any
 
 from kubetune import env
+from kubetune.trainer.recipe_process import passed_env
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
 
-DEFAULT_COMPILE_BACKEND = "inductor"  # torchtune's, when TORCH_COMPILE_BACKEND is unset
 
 
 class NoFallbackError(RuntimeError):
@@ -161,7 +161,7 @@ def _probe_compile(recipe: Any, state: Fallbacks) -> None:
     import torch.distributed as dist
 
     device = getattr(recipe, "_device", torch.device("cpu"))
-    backend = os.environ.get(env.TORCH_COMPILE_BACKEND, DEFAULT_COMPILE_BACKEND)
+    backend = passed_env.compile_backend()
     cause = None
     try:
         probe = torch.compile(lambda x: torch.nn.functional.silu(x) * 2.0, backend=backend)
@@ -284,7 +284,7 @@ def _register_failing_backend_for_tests() -> None:
     """Test-only: ``KUBETUNE_TEST_FAILING_COMPILE_BACKEND=<name>`` registers a dynamo
     backend of that name that raises, so a CPU test (with TORCH_COMPILE_BACKEND=<name>)
     sees torch.compile fail at the first forward as a broken GPU toolchain would."""
-    name = os.environ.get(env.TEST_FAILING_COMPILE_BACKEND)
+    name = passed_env.test_failing_compile_backend()
     if not name:
         return
     import torch._dynamo
@@ -298,7 +298,7 @@ def _register_failing_backend_for_tests() -> None:
 def _inject_oom_for_tests(recipe: Any) -> None:
     """Test-only: ``KUBETUNE_TEST_OOM_ABOVE_BATCH=N`` makes every forward of a micro-batch
     larger than N raise ``torch.OutOfMemoryError``, as CUDA would on a smaller card."""
-    limit = os.environ.get(env.TEST_OOM_ABOVE_BATCH)
+    limit = passed_env.test_oom_above_batch()
     if not limit:
         return
     import torch

@@ -31,11 +31,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from kubetune import env
 from kubetune.errors import EXIT_TRANSIENT
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.recipe_process import run_sanity
 from kubetune.trainer.checkpointing.checkpoint_store import CheckpointStore
+from kubetune.trainer.recipe_process import passed_env
 
 log = logging.getLogger("trainer")
 
@@ -58,7 +58,7 @@ class Guard:
 
     def __init__(self, settings: dict, output_dir: str) -> None:
         self.output_dir = Path(output_dir)
-        self.stop_file = os.environ.get(env.STOP_FILE)
+        self.stop_file = passed_env.stop_file()
         self.save_every = int(settings.get("save_every_n_steps") or 0)
         self.fingerprint = str(settings.get("fingerprint") or "")
         self.resume_offset = int(settings.get("resume_steps_in_epoch") or 0)
@@ -69,7 +69,7 @@ class Guard:
         self.steps_in_epoch = 0
         self.forced_reason: str | None = None
         self._loss_checked: tuple | None = None
-        self.rank = int(os.environ.get(env.RANK, "0"))
+        self.rank = passed_env.rank()
         self.store = CheckpointStore(self.output_dir) if self.rank == 0 else None
 
     def install_signal_handler(self) -> None:

@@ -1,4 +1,5 @@
 """What the run asks for, before any file is read: the `tune run` command Kubeflow Trainer
 composes (``tune_command``), the nodes and processes it runs on (``topology``: torchrun
-options, else ``PET_*``), the torchtune recipe for method x topology (``methods``), and
-`kubetune train`'s options as the same request (``train_options``)."""
+options, else ``PET_*``), the torchtune recipe for method x topology (``methods``),
+`kubetune train`'s options as the same request (``train_options``), and what the launcher
+reads from its environment (``settings``: ``PET_*``, grace period, save cadence)."""

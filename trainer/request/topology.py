@@ -10,13 +10,12 @@ cores, and every process holds a whole model copy).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Mapping
 
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.trainer.performance import hardware
+from kubetune.trainer.request.settings import LauncherSettings
 from kubetune.trainer.request.tune_command import TuneRunRequest
 
 DEFAULT_PORT = 29500
@@ -65,10 +64,10 @@ def devices_per_node(device: str) -> int:
 
 
 def resolve(request: TuneRunRequest | None, device: str,
-            environ: Mapping[str, str] | None = None) -> Topology:
+            settings: LauncherSettings | None = None) -> Topology:
     """The topology of ``request``'s torchrun options, else ``PET_*`` (``request`` None:
     a run given no torchrun options, as `kubetune train`)."""
-    environ = os.environ if environ is None else environ
+    settings = settings or LauncherSettings()
 
     def option(name: str) -> str | None:
         return request.torchrun_option(name) if request is not None else None
@@ -78,8 +77,8 @@ def resolve(request: TuneRunRequest | None, device: str,
         error: a PET_* value is the torch plugin's, not the command's)."""
         if option(name):
             return option(name), name
-        if environ.get(variable):
-            return environ[variable], variable
+        if settings.pet(variable):
+            return settings.pet(variable), variable
         return default, name.lstrip("-")
 
     nnodes = _int(*pick("--nnodes", env.PET_NNODES, "1"))
@@ -93,11 +92,11 @@ def resolve(request: TuneRunRequest | None, device: str,
     if node_rank >= nnodes:
         raise BadInputError(f"{rank_from}={node_rank} is not below nnodes {nnodes}")
     endpoint = option("--rdzv_endpoint")
-    if endpoint is None and environ.get(env.PET_MASTER_ADDR):
-        port = environ.get(env.PET_MASTER_PORT) or str(DEFAULT_PORT)
+    if endpoint is None and settings.pet(env.PET_MASTER_ADDR):
+        port = settings.pet(env.PET_MASTER_PORT) or str(DEFAULT_PORT)
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise BadInputError(f"{env.PET_MASTER_PORT}={port!r} is not a port (1 to 65535)")
-        endpoint = f"{environ[env.PET_MASTER_ADDR]}:{port}"
+        endpoint = f"{settings.pet(env.PET_MASTER_ADDR)}:{port}"
     if nnodes > 1 and not endpoint:
         raise BadInputError(f"{nnodes} nodes need a rendezvous endpoint: pass "
                             f"--rdzv_endpoint=host:port or set {env.PET_MASTER_ADDR}")

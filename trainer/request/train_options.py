@@ -6,17 +6,16 @@ overrides a TrainJob's args would carry, and the recipe the method needs on the 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.workspace import Workspace, workspace
 from kubetune.trainer.request import topology
 from kubetune.trainer.request.methods import recipe_for
+from kubetune.trainer.request.settings import LauncherSettings
 from kubetune.trainer.config.plan import RunPlan, plan
 from kubetune.trainer.request.tune_command import TuneRunRequest
 
@@ -220,17 +219,17 @@ def _requested_device(args: list[str]) -> str:
 
 def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, output_dir: str,
                   overrides_text: str | None = None, overrides: tuple[str, ...] = (),
-                  environ: Mapping[str, str] | None = None) -> RunPlan:
+                  settings: LauncherSettings | None = None) -> RunPlan:
     """Plan fine-tuning the model in ``model_dir`` on ``dataset_dir`` into ``output_dir``:
     ``overrides_text`` (space-separated) applies after the options, ``overrides`` last.
 
     The topology is resolved here, once: it picks the recipe, and the plan runs on it."""
-    environ = os.environ if environ is None else environ
+    settings = settings or LauncherSettings()
     extra = split_overrides(overrides_text)
     user_args = [*train_overrides(options), *extra, *overrides]
     # `kubetune train` takes no torchrun options: the topology is the PET_* variables', for
     # the device the run asks for (a `device=cpu` override on a GPU host is one process).
-    topo = topology.resolve(None, _requested_device(user_args), environ)
+    topo = topology.resolve(None, _requested_device(user_args), settings)
     recipe, config, implied = recipe_for(options.method, topo)
     args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
             *user_args]
@@ -238,4 +237,4 @@ def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, outpu
     steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
                       output_dir=Path(output_dir), export_dir=shared.export_dir)
     request = TuneRunRequest(recipe=recipe, config=config, overrides=args)
-    return plan(request, steps, environ, topo)
+    return plan(request, steps, settings, topo)

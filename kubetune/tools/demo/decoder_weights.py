@@ -1,10 +1,49 @@
-"""Random weights, in Hugging Face names, for a Llama-style decoder (Llama, Qwen2).
+"""A Llama-style decoder's shape (Llama, Qwen2) and random weights in Hugging Face names.
 
 The draw order is part of the contract: the same arguments give the same bytes, so the
 tiny models are reproducible across runs and machines.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """The shape every tiny decoder has; a family's spec changes its defaults and adds
+    its own fields."""
+    hidden_size: int = 64
+    intermediate_size: int = 176
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 512
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def shape_json(self) -> dict:
+        """config.json's size keys, as every family spells them."""
+        return {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+        }
+
+    def random_weights(self, vocab: int, qkv_bias: bool = False) -> dict:
+        return random_decoder(
+            seed=self.seed, vocab=vocab, hidden=self.hidden_size,
+            intermediate=self.intermediate_size, layers=self.num_hidden_layers,
+            heads=self.num_attention_heads, kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, tied=self.tie_word_embeddings, qkv_bias=qkv_bias)
 
 
 def random_decoder(*, seed: int, vocab: int, hidden: int, intermediate: int, layers: int,

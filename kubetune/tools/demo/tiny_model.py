@@ -7,45 +7,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune.tools.demo import tiny_tokenizer
-from kubetune.tools.demo.decoder_weights import random_decoder
+from kubetune.tools.demo.decoder_weights import DecoderSpec
 
 
 @dataclass(frozen=True)
-class TinyModelSpec:
-    hidden_size: int = 64
-    intermediate_size: int = 176
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 512
-    rope_theta: float = 500000.0
-    rms_norm_eps: float = 1e-5
-    seed: int = 0
+class TinyModelSpec(DecoderSpec):
     repo_id: str = "kubetune/tiny-llama3"
     # Larger shapes (benchmarks): an embedding bigger than the byte tokenizer needs,
-    # Llama-3.2's tied output, and bf16 weights to halve the file.
+    # Llama-3.2's tied output (tie_word_embeddings), and bf16 weights to halve the file.
     vocab_size: int | None = None
-    tie_word_embeddings: bool = False
     torch_dtype: str = "float32"
 
     @property
     def vocab(self) -> int:
         return self.vocab_size or tiny_tokenizer.vocab_size()
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     def config_json(self) -> dict:
         ids = tiny_tokenizer.special_token_ids()
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
+            **self.shape_json(),
             "head_dim": self.head_dim,
             "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings,
@@ -72,11 +54,7 @@ class TinyModelSpec:
 def _random_state_dict(spec: TinyModelSpec) -> dict:
     import torch
 
-    tensors = random_decoder(
-        seed=spec.seed, vocab=spec.vocab, hidden=spec.hidden_size,
-        intermediate=spec.intermediate_size, layers=spec.num_hidden_layers,
-        heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim, tied=spec.tie_word_embeddings)
+    tensors = spec.random_weights(spec.vocab)
     dtype = torch.bfloat16 if spec.torch_dtype == "bfloat16" else torch.float32
     return {name: t.to(dtype) for name, t in tensors.items()}
 

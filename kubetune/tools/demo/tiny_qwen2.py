@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune.tools.demo.decoder_weights import random_decoder
-from kubetune.tools.demo.tiny_tokenizer import (NUM_BYTES, _byte_to_unicode, added_tokens,
-                                           added_tokens_decoder)
+from kubetune.tools.demo.decoder_weights import DecoderSpec
+from kubetune.tools.demo.tiny_tokenizer import (NUM_BYTES, _byte_to_unicode,
+                                                added_tokens_decoder, tokenizer_json)
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Qwen2's pre-tokenizer split (digits one at a time).
@@ -33,33 +33,20 @@ def vocab_size() -> int:
 
 
 @dataclass(frozen=True)
-class TinyQwen2Spec:
-    hidden_size: int = 64
+class TinyQwen2Spec(DecoderSpec):
+    # Qwen2's own defaults where they differ from Llama's; its embeddings are tied.
     intermediate_size: int = 160
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 512
     rope_theta: float = 1000000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
-    seed: int = 0
     repo_id: str = "kubetune/tiny-qwen2"
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     def config_json(self) -> dict:
         ids = special_token_ids()
         return {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
+            **self.shape_json(),
             "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings,
             "max_window_layers": self.num_hidden_layers,
@@ -78,14 +65,6 @@ class TinyQwen2Spec:
         }
 
 
-def _random_state_dict(spec: TinyQwen2Spec) -> dict:
-    return random_decoder(
-        seed=spec.seed, vocab=vocab_size(), hidden=spec.hidden_size,
-        intermediate=spec.intermediate_size, layers=spec.num_hidden_layers,
-        heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim, tied=spec.tie_word_embeddings, qkv_bias=True)
-
-
 def _write_tokenizer(model_dir: Path, max_length: int) -> None:
     write_bpe_tokenizer(model_dir, max_length, special_token_ids())
 
@@ -98,33 +77,19 @@ def write_bpe_tokenizer(model_dir: Path, max_length: int, ids: dict[str, int]) -
     (model_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     # No merges: every byte is its own token, exact in torchtune and in `tokenizers`.
     (model_dir / "merges.txt").write_text("#version: 0.2\n")
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added_tokens(ids),
-        "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": SPLIT_PATTERN},
-                 "behavior": "Isolated", "invert": False},
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                 "use_regex": False},
-            ],
-        },
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": False,
-                           "trim_offsets": False, "use_regex": False},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                    "use_regex": False},
-        "model": {
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                  "use_regex": False}
+    written = tokenizer_json(
+        ids, normalizer={"type": "NFC"}, split_pattern=SPLIT_PATTERN, trim_offsets=False,
+        post_processor=byte_level, decoder=byte_level,
+        model={
             "type": "BPE", "dropout": None, "unk_token": None,
             "continuing_subword_prefix": "", "end_of_word_suffix": "",
             "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
             "vocab": vocab, "merges": [],
         },
-    }
-    (model_dir / "tokenizer.json").write_text(json.dumps(tokenizer_json, indent=1))
+    )
+    (model_dir / "tokenizer.json").write_text(json.dumps(written, indent=1))
     tokenizer_config = {
         "bos_token": None,
         "eos_token": "<|im_end|>",
@@ -144,6 +109,6 @@ def write_tiny_qwen2(model_dir: Path, spec: TinyQwen2Spec = TinyQwen2Spec()) -> 
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(spec.config_json(), indent=2))
     _write_tokenizer(model_dir, spec.max_position_embeddings)
-    save_file(_random_state_dict(spec), str(model_dir / "model.safetensors"),
+    save_file(spec.random_weights(vocab_size(), qkv_bias=True), str(model_dir / "model.safetensors"),
               metadata={"format": "pt"})
     return model_dir

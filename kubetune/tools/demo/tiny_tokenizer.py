@@ -66,6 +66,32 @@ def added_tokens_decoder(ids: dict[str, int]) -> dict[str, dict]:
                      "single_word": False, "special": True} for t, i in ids.items()}
 
 
+def tokenizer_json(ids: dict[str, int], *, normalizer: dict | None, split_pattern: str,
+                   trim_offsets: bool, post_processor: dict, decoder: dict,
+                   model: dict) -> dict:
+    """``tokenizer.json`` of a byte-level tokenizer: split by ``split_pattern``, then each
+    byte its own character; the sections in the order Hugging Face writes them."""
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added_tokens(ids),
+        "normalizer": normalizer,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": split_pattern},
+                 "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": trim_offsets,
+                 "use_regex": False},
+            ],
+        },
+        "post_processor": post_processor,
+        "decoder": decoder,
+        "model": model,
+    }
+
+
 def special_token_ids() -> dict[str, int]:
     return {token: NUM_BYTES + i for i, token in enumerate(SPECIAL_TOKENS)}
 
@@ -85,22 +111,9 @@ def write_tokenizer(model_dir: Path, max_length: int) -> None:
     (original / "tokenizer.model").write_text("\n".join(lines) + "\n")
 
     bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added_tokens(ids),
-        "normalizer": None,
-        "pre_tokenizer": {
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": SPLIT_PATTERN},
-                 "behavior": "Isolated", "invert": False},
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                 "use_regex": False},
-            ],
-        },
-        "post_processor": {
+    written = tokenizer_json(
+        ids, normalizer=None, split_pattern=SPLIT_PATTERN, trim_offsets=True,
+        post_processor={
             "type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
                        {"Sequence": {"id": "A", "type_id": 0}}],
@@ -110,17 +123,17 @@ def write_tokenizer(model_dir: Path, max_length: int) -> None:
                      {"Sequence": {"id": "B", "type_id": 1}}],
             "special_tokens": {bos: {"id": bos, "ids": [ids[bos]], "tokens": [bos]}},
         },
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {
+        decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                 "use_regex": True},
+        model={
             "type": "BPE", "dropout": None, "unk_token": None,
             "continuing_subword_prefix": None, "end_of_word_suffix": None,
             "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
             "vocab": {byte_chars[b]: b for b in range(NUM_BYTES)},
             "merges": [],
         },
-    }
-    (model_dir / "tokenizer.json").write_text(json.dumps(tokenizer_json, indent=1))
+    )
+    (model_dir / "tokenizer.json").write_text(json.dumps(written, indent=1))
 
     tokenizer_config = {
         "bos_token": bos,

@@ -171,7 +171,8 @@ class LocalJobSet:
             elif field == "metadata.name":
                 resolved[name] = pod
             elif name in os.environ:
-                # Secrets and ConfigMaps do not exist here: the shell provides the value.
+                # Secrets and ConfigMaps do not exist here: the shell provides the value (a
+                # pod's environment is built here, not a setting of ours read).
                 resolved[name] = os.environ[name]
             elif any(s.get("optional") for s in source.values() if isinstance(s, dict)):
                 continue
@@ -196,6 +197,7 @@ class LocalJobSet:
         if root is not None:
             env.setdefault(envnames.WORKSPACE, str(root))
         bin_dir = str(Path(sys.executable).parent)
+        # The step's PATH: the container's, else the shell's, behind this Python's bin.
         env[envnames.PATH] = os.pathsep.join([bin_dir, env.get(envnames.PATH)
                                                or os.environ.get(envnames.PATH, "")])
         name = container["name"] if pod_count == 1 else f"{container['name']}-{index}"

@@ -124,6 +124,7 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     """Run one step to its end; its output goes to stdout prefixed with its name."""
     termination = logs_dir / f"{step.name}.termination-log"
     termination.unlink(missing_ok=True)
+    # A step's process inherits this shell's environment, as a pod inherits its image's.
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
                  env.LOCAL_RUN: "1", env.PYTHONUNBUFFERED: "1"}
     start = time.monotonic()

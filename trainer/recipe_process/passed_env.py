@@ -1,0 +1,67 @@
+"""What a recipe process reads from the environment torchrun and the launcher gave it, in
+one place: its rank, whether torchrun started it, the launcher's stop file and quiet
+progress bars, the compile backend, and the test-only hooks (inert unless set).
+
+These are not the user's settings (the launcher parsed those into the merged config's
+``kubetune`` section): they are how the processes above this one speak to it, so they are
+read where the process needs them, from the environment it was started with."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from kubetune import env
+
+DEFAULT_COMPILE_BACKEND = "inductor"  # torchtune's, when TORCH_COMPILE_BACKEND is unset
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    # This process's own environment, as torchrun and the launcher set it.
+    return os.environ if environ is None else environ
+
+
+def rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's global rank (torchrun's ``RANK``; 0 for a single-device recipe)."""
+    return int(_environ(environ).get(env.RANK, "0"))
+
+
+def is_primary(environ: Mapping[str, str] | None = None) -> bool:
+    """Rank 0: the one process that reports (progress, the status, cut samples)."""
+    return _environ(environ).get(env.RANK, "0") == "0"
+
+
+def under_torchrun() -> bool:
+    """Started by torchrun (it sets ``LOCAL_RANK`` in each worker)."""
+    return _environ(None).get(env.LOCAL_RANK) is not None
+
+
+def progress_bars_off() -> bool:
+    """The launcher asked for no tqdm bars (our metric logger reports progress)."""
+    return _environ(None).get(env.TQDM_DISABLE) == "1"
+
+
+def stop_file() -> str | None:
+    """The file whose existence asks the recipe to stop at the next step."""
+    return _environ(None).get(env.STOP_FILE)
+
+
+def compile_backend() -> str:
+    """The backend torchtune's compile helpers use (and so the compile probe)."""
+    return _environ(None).get(env.TORCH_COMPILE_BACKEND, DEFAULT_COMPILE_BACKEND)
+
+
+def test_failing_compile_backend() -> str | None:
+    """Tests only: the name of a dynamo backend to register that raises."""
+    return _environ(None).get(env.TEST_FAILING_COMPILE_BACKEND) or None
+
+
+def test_oom_above_batch() -> str | None:
+    """Tests only: a micro-batch above this raises ``torch.OutOfMemoryError``."""
+    return _environ(None).get(env.TEST_OOM_ABOVE_BATCH) or None
+
+
+def test_kill_at() -> int | None:
+    """Tests only: SIGKILL at the N-th checkpoint write."""
+    value = _environ(None).get(env.TEST_KILL_AT, "")
+    return int(value) if value.isdigit() else None
