@@ -8,7 +8,6 @@ default action, a silent exit).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
