@@ -14,6 +14,7 @@ import traceback
 from typing import Callable, TypeVar
 
 from kubetune import __version__, logs
+from kubetune.entrypoints import early_sigterm
 from kubetune.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, KubetuneError
 from kubetune.redact import redact, redact_std_streams
 from kubetune.termination import report_failure
@@ -25,6 +26,7 @@ F = TypeVar("F", bound=Callable)
 def run_step(step: str, func: Callable[[], int | None]) -> int:
     """Run ``func`` as step ``step``; map failures to a one-line report and an exit code."""
     redact_std_streams()  # before logging binds sys.stderr
+    early_sigterm.install(step)  # names the step; a step with its own handling replaces it
     problem = logs.settings_problem()
     if problem is not None:
         report_failure(f"{step}: {problem}")

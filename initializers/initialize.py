@@ -57,15 +57,28 @@ def initialize(request: InitRequest) -> dict:
     if manifest.satisfies(output, identity):
         log.info("%s already holds %s: nothing to download", output, request.uri.raw)
         return manifest.read(output)
+    # Filling replaces what the output holds: refuse before anything is fetched when that
+    # would take a user's files (or a file at OUTPUT_PATH) with it.
+    staging.refuse_foreign(output, "OUTPUT_PATH")
     _check_output_writable(output)
     with staging.lock(output):
         if manifest.satisfies(output, identity):  # the run we waited for did it
             log.info("%s already holds %s: nothing to download", output, request.uri.raw)
             return manifest.read(output)
-        return _fill(request, output, identity)
+        staging.refuse_foreign(output, "OUTPUT_PATH")
+        try:
+            return _fill(request, output, identity)
+        except BadInputError:
+            # Fixing the input means a new request: nothing staged is worth keeping. A
+            # transient failure keeps it: the restart resumes the download from it.
+            staging.discard(output)
+            raise
 
 
 def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
+    # The numbers the download runs with, checked before the first request.
+    settings = InitializerSettings()
+    settings.download_workers, settings.progress_interval_s  # noqa: B018 (parsed, cached)
     source = source_class(request.uri.scheme)(request)
     files = source.list_files()
     if not files:
@@ -85,7 +98,6 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     staging.prune(staged, {f.path for f in files})
     reuse.seed_from_output(output, staged, files)
     check_space(staged, files)
-    settings = InitializerSettings()
     with Progress(len(files), total, settings.progress_interval_s) as progress:
         recorded = Downloader(source, staged, progress, settings).fetch_all(files)
         log.info(progress.summary())

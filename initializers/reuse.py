@@ -5,6 +5,11 @@ match the request, so the tree is built again in staging. The files the earlier 
 already holds are linked into the staging tree first (same volume: no copy); the
 downloader then keeps each one only if the source's checksum proves it is the listed
 version, exactly as it treats a file a killed run left, and fetches the rest.
+
+Only a file that is ours alone is linked (one link: the output's): both names are then
+ours, and the swap removes the old one. A file with other links (an output an older
+version hard-linked from a ``file://`` source) is copied, so the new output shares no inode
+with a user's file.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 from pathlib import Path
 
 from kubetune.initializers import manifest
+from kubetune.initializers.copy_file import copy_file
 from kubetune.initializers.safe_paths import safe_join
 from kubetune.initializers.sources.base import RemoteFile
 from kubetune.errors import BadInputError
@@ -42,8 +48,12 @@ def seed_from_output(output: Path, staged: Path, files: list[RemoteFile]) -> int
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(have, target)
+            if have.stat().st_nlink == 1:
+                os.link(have, target)
+            else:
+                copy_file(have, target)
         except OSError:
+            target.unlink(missing_ok=True)
             continue  # another volume (OUTPUT_PATH is a mount point): fetched as usual
         linked += 1
     if linked:

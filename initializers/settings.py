@@ -27,9 +27,8 @@ class InitializerSettings:
         self._environ = os.environ if environ is None else environ  # the pod spec's values
 
     def _count(self, name: str, default: int) -> int:
-        # Counts of 0 or below run as 1, as they always have (issue 22 decides whether they
-        # become a refusal).
-        return max(1, env_int(name, default, environ=self._environ))
+        # 0 or below is refused (exit 65 naming the variable), never quietly run as 1.
+        return env_int(name, default, minimum=1, environ=self._environ)
 
     @cached_property
     def download_workers(self) -> int:
@@ -49,5 +48,6 @@ class InitializerSettings:
     @cached_property
     def progress_interval_s(self) -> float:
         """Seconds between two progress lines."""
-        return env_float(env.PROGRESS_INTERVAL_S, DEFAULT_PROGRESS_INTERVAL_S, minimum=0,
+        # 0 would spin and flood the log: refused.
+        return env_float(env.PROGRESS_INTERVAL_S, DEFAULT_PROGRESS_INTERVAL_S, above=0,
                          environ=self._environ)

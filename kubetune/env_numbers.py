@@ -2,6 +2,8 @@
 
 A typo in a pod spec (``KUBETUNE_HTTP_TIMEOUT_S=60s``) is the user's to fix: it ends the
 step with exit 65 and a line naming the variable, never a ValueError traceback (exit 70).
+So does a number out of its range (``minimum``, or ``above`` for a bound that is itself
+refused): a worker count of 0 is not quietly taken as 1, an interval of 0 does not spin.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _finite(value: str) -> float | None:
 
 def _env_number(name: str, default, minimum, environ: Mapping[str, str] | None,
                 parse: Callable[[str], int | float | None], kind: str,
-                show: Callable[[int | float], str]):
+                show: Callable[[int | float], str], above=None):
     value = _raw(name, environ)
     if value is None:
         return default
@@ -45,6 +47,8 @@ def _env_number(name: str, default, minimum, environ: Mapping[str, str] | None,
         raise BadInputError(f"{name}={value!r} is not {kind} (e.g. {name}={show(default)})")
     if minimum is not None and number < minimum:
         raise BadInputError(f"{name}={value!r} must be at least {show(minimum)}")
+    if above is not None and number <= above:
+        raise BadInputError(f"{name}={value!r} must be more than {show(above)}")
     return number
 
 
@@ -55,7 +59,8 @@ def env_int(name: str, default: int, minimum: int | None = None,
 
 
 def env_float(name: str, default: float, minimum: float | None = None,
-              environ: Mapping[str, str] | None = None) -> float:
-    """``name`` as a finite number of (say) seconds; below ``minimum``: refused."""
+              environ: Mapping[str, str] | None = None, above: float | None = None) -> float:
+    """``name`` as a finite number of (say) seconds; below ``minimum``, or not more than
+    ``above``: refused."""
     return _env_number(name, default, minimum, environ, _finite, "a number",
-                       lambda number: f"{number:g}")
+                       lambda number: f"{number:g}", above)

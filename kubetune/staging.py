@@ -10,7 +10,13 @@ An output that is a mount point (a volume, or a Kubernetes ``subPath``: a bind m
 a directory of the same filesystem, which ``os.path.ismount`` misses) cannot be renamed
 over, and a rename into it from outside fails (EXDEV). It is staged inside itself instead,
 and its contents are swapped: the old manifest goes first (nothing half-replaced is ever
-trusted), then the old entries, then the staged ones, the manifest last.
+trusted), then the old entries, then the staged ones, the manifest last. Before its first
+move the swap writes a journal (``.kubetune-staging-<name>.owned.json`` inside the output)
+naming every path it may leave there, so a run killed mid-swap finds them still ours.
+
+What a step may remove: only what it wrote itself, as its manifest (or a swap journal)
+lists it, and its own ``.kubetune*`` bookkeeping. Anything else in the output is a user's:
+``foreign_entries`` finds it and the step refuses (exit 65) before touching the output.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
@@ -25,6 +32,8 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from kubetune.atomic_write import write_atomic
+from kubetune.errors import BadInputError
 from kubetune.workspace import MANIFEST_NAME, STAGING_PREFIX
 
 PART_SUFFIX = ".part"
@@ -34,30 +43,120 @@ PART_STATE_SUFFIX = ".part-state"
 log = logging.getLogger("initializer")
 
 
+def lock_path(output_path: Path) -> Path:
+    return output_path.parent / f"{STAGING_PREFIX}{output_path.name}.lock"
+
+
 @contextlib.contextmanager
 def lock(output_path: Path) -> Iterator[None]:
     """Hold the one lock on ``output_path``'s staging area for as long as the block runs.
 
     A restarted pod can start while the old one is still terminating; both writing one
     staging tree would interleave files. The second waits, then usually finds the first's
-    completed manifest. The lock dies with its process, so a killed pod never leaves it held.
+    completed manifest. The lock dies with its process, so a killed pod never leaves it held;
+    a clean exit removes the file too (while still holding it: a waiter that then gets the
+    removed file's lock sees it is no longer the one at the path, and locks the new one).
     """
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    path = output_path.parent / f"{STAGING_PREFIX}{output_path.name}.lock"
-    with open(path, "a") as handle:
+    path = lock_path(output_path)
+    while True:
+        handle = open(path, "a")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             log.info("another initializer is filling %s: waiting for it", output_path)
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(handle.fileno()).st_ino:
+            break
+        handle.close()  # the holder before us removed it: lock the file at the path now
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 # A volume's own entries, never ours to remove.
-_VOLUME_ENTRIES = ("lost+found",)
+VOLUME_ENTRIES = ("lost+found",)
+# Our bookkeeping (manifests, descriptors, staging, journals) starts so; no data file does.
+_BOOKKEEPING_PREFIX = ".kubetune"
+
+
+def _journal(output_path: Path) -> Path:
+    return output_path / f"{STAGING_PREFIX}{output_path.name}.owned.json"
+
+
+def _listed(record: Path) -> set[str]:
+    """The paths a manifest (or a swap journal) lists; none when it is missing or unreadable."""
+    try:
+        found = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    entries = found.get("files") if isinstance(found, dict) else None
+    return {e["path"] for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)
+            } if isinstance(entries, list) else set()
+
+
+def owned_paths(output_path: Path, manifest_name: str = MANIFEST_NAME) -> set[str]:
+    """The paths in ``output_path`` that a step wrote: its manifest's and a swap journal's."""
+    return _listed(output_path / manifest_name) | _listed(_journal(output_path)) | {manifest_name}
+
+
+def foreign_entries(output_path: Path, manifest_name: str = MANIFEST_NAME) -> list[str]:
+    """What ``output_path`` holds that no step wrote (a user's files), as relative paths; a
+    directory holding nothing of ours is named once, with a trailing slash."""
+    if not output_path.is_dir():
+        return []
+    owned = owned_paths(output_path, manifest_name)
+    found: list[str] = []
+
+    def walk(directory: Path, prefix: str) -> None:
+        for child in sorted(directory.iterdir()):
+            rel = prefix + child.name
+            if not prefix and (child.name.startswith(_BOOKKEEPING_PREFIX)
+                               or child.name in VOLUME_ENTRIES):
+                continue
+            if child.is_dir() and not child.is_symlink():
+                if any(path.startswith(rel + "/") for path in owned):
+                    walk(child, rel + "/")
+                else:
+                    found.append(rel + "/")
+            elif rel not in owned:
+                found.append(rel)
+
+    walk(output_path, "")
+    return found
+
+
+def name_a_few(paths: list[str], few: int = 3) -> str:
+    shown = ", ".join(paths[:few])
+    return shown + (f" and {len(paths) - few} more" if len(paths) > few else "")
+
+
+def refuse_foreign(output_path: Path, what: str, manifest_name: str = MANIFEST_NAME) -> None:
+    """Refuse (exit 65) an output that is a file, or holds files no step of ours wrote:
+    filling it would replace them, and a user's files are never ours to remove."""
+    if output_path.exists() and not output_path.is_dir():
+        raise BadInputError(f"{what} {output_path} is a file, not a directory: move it away or "
+                            "name a directory")
+    foreign = foreign_entries(output_path, manifest_name)
+    if foreign:
+        raise BadInputError(f"{what} {output_path} holds files kubetune did not write "
+                            f"({name_a_few(foreign)}): move them away or name an empty "
+                            "directory (kubetune replaces only what it wrote there)")
+
+
+def discard(output_path: Path) -> None:
+    """Remove the staging a run that failed cleanly leaves, unless a swap into the output
+    was under way (its journal is there: the next run finishes it)."""
+    staged = staging_dir_for(output_path)
+    if staged.is_dir() and not _journal(output_path).exists():
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def _mount_points() -> set[str]:
@@ -109,10 +208,11 @@ def prune(staging: Path, keep: set[str]) -> None:
             path.rmdir()
 
 
-def commit(staging: Path, output_path: Path) -> None:
-    """Make the staged tree the output, atomically where the volume allows."""
+def commit(staging: Path, output_path: Path, manifest_name: str = MANIFEST_NAME) -> None:
+    """Make the staged tree the output, atomically where the volume allows. The caller has
+    made sure (``refuse_foreign``) that the output holds nothing but what a step wrote."""
     if staging.parent == output_path or is_mount_point(output_path):
-        _swap_contents(staging, output_path)
+        swap_contents(staging, output_path, manifest_name)
         return
     if output_path.exists():
         retired = output_path.parent / f"{STAGING_PREFIX}retired-{output_path.name}"
@@ -123,7 +223,8 @@ def commit(staging: Path, output_path: Path) -> None:
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
-            _swap_contents(staging, output_path)  # a mount point /proc did not show us
+            # A mount point /proc did not show us.
+            swap_contents(staging, output_path, manifest_name)
             return
         os.replace(staging, output_path)
         shutil.rmtree(retired, ignore_errors=True)
@@ -132,18 +233,29 @@ def commit(staging: Path, output_path: Path) -> None:
         os.replace(staging, output_path)
 
 
-def _swap_contents(staging: Path, output_path: Path) -> None:
+def swap_contents(staging: Path, output_path: Path, manifest_name: str = MANIFEST_NAME) -> None:
     """Replace what ``output_path`` holds with what ``staging`` holds, manifest last.
 
     Not atomic, but never trusted half-done: the old manifest is removed first, so a
     kill part-way leaves an output no step reads, and the next run stages again (files
-    already moved are fetched again)."""
-    (output_path / MANIFEST_NAME).unlink(missing_ok=True)
+    already moved are fetched again). The journal written before the first move names
+    everything the swap may leave, so the next run knows those files are its own. Only
+    what a step wrote is removed: anything else stays where it is."""
+    journal = _journal(output_path)
+    ours = owned_paths(output_path, manifest_name)
+    staged_paths = {p.relative_to(staging).as_posix() for p in staging.rglob("*")
+                    if not p.is_dir() or p.is_symlink()}
+    write_atomic(journal, json.dumps({"files": [{"path": p}
+                                                for p in sorted(ours | staged_paths)]}))
+    (output_path / manifest_name).unlink(missing_ok=True)
+    ours_top = {path.split("/", 1)[0] for path in ours}
     for child in list(output_path.iterdir()):
-        if child == staging or child.name in _VOLUME_ENTRIES:
+        if child == staging or child.name.startswith(STAGING_PREFIX) \
+                or child.name in VOLUME_ENTRIES:
             continue
-        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    for child in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST_NAME):
+        if child.name in ours_top or child.name.startswith(_BOOKKEEPING_PREFIX):
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    for child in sorted(staging.iterdir(), key=lambda p: p.name == manifest_name):
         # Staged outside a mount we did not see: a rename cannot cross it.
         try:
             os.replace(child, output_path / child.name)
@@ -151,4 +263,5 @@ def _swap_contents(staging: Path, output_path: Path) -> None:
             if exc.errno != errno.EXDEV:
                 raise
             shutil.move(child, output_path / child.name)
+    journal.unlink()
     staging.rmdir()

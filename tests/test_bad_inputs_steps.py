@@ -149,6 +149,25 @@ ROWS = [
         ("KUBETUNE_S3_PART_SIZE_MB='16MB'",)),
     Row("progress-interval-not-a-number", ["init-model"],
         model_env(KUBETUNE_PROGRESS_INTERVAL_S="often"), ("KUBETUNE_PROGRESS_INTERVAL_S",)),
+    # Sizes that make no sense: a count of 0 or less is not quietly taken as 1, an interval
+    # of 0 does not spin.
+    Row("download-workers-zero", ["init-model"], model_env(KUBETUNE_DOWNLOAD_WORKERS="0"),
+        ("KUBETUNE_DOWNLOAD_WORKERS='0' must be at least 1",)),
+    Row("download-workers-negative", ["init-dataset"],
+        lambda ctx: {"STORAGE_URI": str(ctx.model), "OUTPUT_PATH": str(ctx.out),
+                     "KUBETUNE_DOWNLOAD_WORKERS": "-4"},
+        ("KUBETUNE_DOWNLOAD_WORKERS='-4' must be at least 1",), step="dataset-initializer"),
+    Row("s3-part-workers-zero", ["init-model"],
+        uri_env("s3://bucket/model", KUBETUNE_S3_PART_WORKERS="0", **S3_KEYS),
+        ("KUBETUNE_S3_PART_WORKERS='0' must be at least 1",)),
+    Row("s3-part-size-negative", ["init-model"],
+        uri_env("s3://bucket/model", KUBETUNE_S3_PART_SIZE_MB="-16", **S3_KEYS),
+        ("KUBETUNE_S3_PART_SIZE_MB='-16' must be at least 1",)),
+    Row("progress-interval-zero", ["init-model"], model_env(KUBETUNE_PROGRESS_INTERVAL_S="0"),
+        ("KUBETUNE_PROGRESS_INTERVAL_S='0' must be more than 0",)),
+    Row("progress-interval-negative", ["init-model"],
+        model_env(KUBETUNE_PROGRESS_INTERVAL_S="-5"),
+        ("KUBETUNE_PROGRESS_INTERVAL_S='-5' must be more than 0",)),
     # -- URIs: malformed names, unknown hosts ---------------------------------------------
     Row("storage-uri-relative", ["init-model"], uri_env("relative/path"),
         ("malformed", "file:///abs/path")),
@@ -198,6 +217,15 @@ ROWS = [
     Row("export-volume-full", ["export"], export_env(), ("no space left on the volume of",
                                                          "EXPORT_URI"),
         step="exporter", needs_trained=True, needs_tmpfs="16k"),
+    # -- the output holds what is not ours: refused, kept as it was ------------------------
+    Row("output-path-is-a-file", ["init-model"], model_env(),
+        ("OUTPUT_PATH", "is a file", "target"),
+        setup=lambda ctx: (ctx.out.parent.mkdir(parents=True), ctx.out.write_text("mine"))),
+    Row("output-path-holds-a-user-s-files", ["init-dataset"],
+        lambda ctx: {"STORAGE_URI": str(ctx.model), "OUTPUT_PATH": str(ctx.out)},
+        ("OUTPUT_PATH", "did not write", "notes.txt"), step="dataset-initializer",
+        setup=lambda ctx: (ctx.out.mkdir(parents=True),
+                           (ctx.out / "notes.txt").write_text("mine"))),
     # -- the CLI: usage errors keep exit 2, are one error line, reach the termination log -
     Row("cli-unknown-option", ["init-model", "--no-such-option"], model_env(),
         ("model-initializer: No such option", "--no-such-option"), code=USAGE),
@@ -225,6 +253,14 @@ def _nothing_a_rerun_trusts(ctx: Ctx, row: Row) -> None:
     manifests = [p for p in scratch.rglob("*")
                  if p.name.startswith(MANIFEST) or p.name == EXPORT_MANIFEST]
     assert manifests == [], f"{row.id}: a manifest was left for a re-run to trust: {manifests}"
+    if row.code != 75:
+        # A clean failure takes its staging and lock with it (only a transient one keeps
+        # staging, for the restart to resume from).
+        left = [p for p in scratch.rglob(".kubetune-staging*")] if scratch.exists() else []
+        assert left == [], f"{row.id}: left {left}"
+    if row.id.startswith("output-path-"):
+        assert {p.name for p in scratch.rglob("*")} <= {"target", "notes.txt"}
+        assert ((ctx.out / "notes.txt") if ctx.out.is_dir() else ctx.out).read_text() == "mine"
     if row.step == "exporter":
         # The build tree is removed: nothing of the export is left beside the destination.
         left = list(scratch.iterdir()) if scratch.exists() else []

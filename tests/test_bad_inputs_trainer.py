@@ -77,6 +77,22 @@ ROWS = [
         via="train", env={"KUBETUNE_TRAIN_OVERRIDES": "dataset.new_system_prompt='Be brief"}),
     Row("KUBETUNE_TRAIN_OVERRIDES typo", [], "unknown key epochz", via="train",
         env={"KUBETUNE_TRAIN_OVERRIDES": "epochz=2"}),
+    # Sizes that make no sense for the model or the data (the tiny model's v_proj is 64x32;
+    # the tiny dataset has 512 rows).
+    Row("model.lora_rank above the model's width", ["model.lora_rank=64"],
+        "model.lora_rank=64 is larger than the model allows: v_proj is 64x32"),
+    Row("--lora-rank 4096", ["--lora-rank", "4096"], "set model.lora_rank <= 32", via="train"),
+    Row("LORA_CONFIG r=33", [], "model.lora_rank=33 is larger than the model allows",
+        via="train", env={"LORA_CONFIG": '{"r": 33}'}),
+    Row("batch_size above the rows", ["batch_size=1000"],
+        "makes no optimizer step: 512 row(s) over 1 process(es) make 0 batch(es) of "
+        "batch_size=1000"),
+    Row("accumulation beyond the batches", ["batch_size=64", "gradient_accumulation_steps=9"],
+        "make 8 batch(es) of batch_size=64 per process (a partial batch is dropped), and one "
+        "step takes gradient_accumulation_steps=9"),
+    Row("--gradient-accumulation-steps 600", ["--batch-size", "1",
+                                              "--gradient-accumulation-steps", "600"],
+        "gradient_accumulation_steps=600", via="train"),
     Row("--epoch 2", ["--epoch", "2"], "Did you mean '--epochs'?", via="train", code=2),
     Row("--batch-size abc", ["--batch-size", "abc"], "'abc' is not a valid integer",
         via="train", code=2),

@@ -156,6 +156,22 @@ def test_bad_input_is_one_actionable_line_and_exit_65(trained_run, tmp_path, cas
         assert not dest.exists()
 
 
+def test_a_user_s_file_beside_an_earlier_export_is_kept_and_named(trained_run, tmp_path):
+    dest = tmp_path / "export"
+    assert export(trained_run, dest).returncode == 0
+    (dest / "notes.txt").write_text("how I evaluated it")
+    earlier = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*"))
+    log = tmp_path / "termination-log"
+    again = export(trained_run, dest, "--export-format", "both", termination_log=log)
+    assert again.returncode == 65, again.stderr[-2000:]
+    [line] = error_lines(again)
+    assert "notes.txt" in line and "not a kubetune export" in line
+    assert log.read_text().strip() == line.removeprefix("error: ")
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == earlier
+    assert (dest / "notes.txt").read_text() == "how I evaluated it"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kubetune-staging")]
+
+
 def test_killed_export_leaves_nothing_visible_and_a_rerun_completes(trained_run, tmp_path):
     dest = tmp_path / "export"
     env = trained_run.env()

@@ -75,9 +75,8 @@ def test_model_download_is_complete_verified_and_prefers_safetensors(hub, tmp_pa
     assert {f["path"] for f in manifest["files"]} == expected | {"original_repo_id.json"}
     assert "skipping 2 .bin, .msgpack file(s)" in result.stderr
     assert json.loads((out / "original_repo_id.json").read_text()) == {"repo_id": "org/tiny"}
-    # Nothing of ours is left beside the output but the (empty) lock file.
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".kubetune-staging-model.lock",
-                                                          "model"]
+    # Nothing of ours is left beside the output: no staging, no lock file.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
 def test_tree_listing_follows_pages(hub, tmp_path, tiny_model_dir):

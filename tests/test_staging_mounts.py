@@ -77,13 +77,16 @@ def test_initializer_fills_a_bind_mounted_output_and_replaces_it_later(bind_moun
 
 
 def test_a_killed_swap_is_never_trusted_and_the_next_run_completes(bind_mount, model_copy):
-    """The state a kill mid-swap leaves (old manifest gone, some new files in, the rest
-    still staged inside the mount): the next run does not take it as done, and ends whole."""
+    """The state a kill mid-swap leaves (the swap's journal written, old manifest gone, some
+    new files in, the rest still staged inside the mount): the next run does not take it as
+    done, knows the files there are its own (not a user's), and ends whole."""
     target, backing = bind_mount
     assert init(model_copy, target).returncode == 0
     staged = target / ".kubetune-staging-model"
     staged.mkdir()
-    (backing / MANIFEST).unlink()  # the swap's first move
+    # The swap's first moves: the journal of what it may leave, then the old manifest goes.
+    shutil.copyfile(backing / MANIFEST, backing / ".kubetune-staging-model.owned.json")
+    (backing / MANIFEST).unlink()
     shutil.move(str(backing / "tokenizer.json"), staged / "tokenizer.json")
     rerun = init(model_copy, target)
     assert rerun.returncode == 0, rerun.stderr
@@ -91,3 +94,15 @@ def test_a_killed_swap_is_never_trusted_and_the_next_run_completes(bind_mount, m
     assert (backing / MANIFEST).is_file() and mounted(target)
     assert (backing / "tokenizer.json").read_bytes() == (model_copy / "tokenizer.json").read_bytes()
     assert not staged.exists()
+    assert not [p for p in backing.iterdir() if p.name.startswith(".kubetune-staging")]
+
+
+def test_a_user_s_file_in_a_bind_mounted_output_is_kept(bind_mount, model_copy):
+    target, backing = bind_mount
+    assert init(model_copy, target, IGNORE_PATTERNS="tokenizer.json").returncode == 0
+    (backing / "notes.txt").write_text("mine")
+    changed = init(model_copy, target)
+    assert changed.returncode == 65, changed.stderr
+    assert "notes.txt" in changed.stderr and "Traceback" not in changed.stderr
+    assert (backing / "notes.txt").read_text() == "mine" and (backing / MANIFEST).is_file()
+    assert mounted(target)

@@ -43,8 +43,8 @@ def sources(tmp_path_factory, tiny_model_dir, tiny_dataset_dir) -> dict[str, Pat
     nf4_qwen = TinyQwen2Spec(hidden_size=128, intermediate_size=256, num_key_value_heads=4)
     return {"llama": tiny_model_dir, "qwen": write_tiny_qwen2(root / "tiny-qwen2", nf4_qwen),
             "addition": tiny_dataset_dir,
-            "alpaca": write_tiny_alpaca_dataset(root / "tiny-alpaca", rows=64),
-            "qa": write_tiny_dataset(root / "tiny-qa", rows=64, columns=("question", "answer"))}
+            "alpaca": write_tiny_alpaca_dataset(root / "tiny-alpaca", rows=256),
+            "qa": write_tiny_dataset(root / "tiny-qa", rows=256, columns=("question", "answer"))}
 
 
 def _instruct(**kwargs):

@@ -111,9 +111,9 @@ def _stream(pipe, sink, tail: collections.deque) -> None:
 # A job too big for its devices: the user's to fix, and a restart would fail the same way.
 _OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "can't allocate memory")
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:\s*")
-# A speed default failed where it cannot fall back (the recipe process's fallbacks): its
-# message is already the user's line.
-_NO_FALLBACK = "NoFallbackError: "
+# A speed default failed where it cannot fall back (the recipe process's fallbacks), or the
+# run trained nothing or diverged (run_sanity): the message is already the user's line.
+_USER_LINES = ("NoFallbackError: ", "NoStepError: ", "NonFiniteError: ")
 # torchrun's own report of a failed worker: the worker's exception says more.
 _WRAPPER_ERRORS = ("ChildFailedError", "SignalException")
 
@@ -398,8 +398,9 @@ def _raise_failed(plan_: RunPlan, ran: _RecipeRun) -> None:
     if signum is not None:
         raise _killed_error(signum, plan_.request.recipe)
     cause = _error_line(ran.tail)
-    if _NO_FALLBACK in cause:  # printed with its module path
-        raise BadInputError(cause.split(_NO_FALLBACK, 1)[1])
+    for marker in _USER_LINES:
+        if marker in cause:  # printed with its module path, or by bootstrap without one
+            raise BadInputError(cause.split(marker, 1)[1])
     if any(sign in cause for sign in _OUT_OF_MEMORY):
         raise BadInputError(
             f"out of memory ({cause[:160]}): lower batch_size or tokenizer.max_seq_len, "

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
+from kubetune.initializers.copy_file import copy_file
 from kubetune.initializers.filters import keep
 from kubetune.initializers.request import InitRequest
 from kubetune.initializers.sources.base import RemoteFile, mounted_path
@@ -40,8 +40,5 @@ class LocalSource:
 
     def fetch(self, remote: RemoteFile, destination: Path) -> None:
         source = self.root if self.root.is_file() else self.root / remote.path
-        try:
-            # A hard link costs nothing on the same volume; a copy otherwise.
-            os.link(source, destination)
-        except OSError:
-            shutil.copyfile(source, destination)
+        # Never a hard link: the output would be the user's file, and editing one edits both.
+        copy_file(source, destination)

@@ -50,14 +50,41 @@ class ResumeRecord:
     files: dict[str, int] = field(default_factory=dict)  # path in checkpoint -> size
 
 
-def fingerprint(cfg: DictConfig) -> str:
-    data = OmegaConf.to_container(cfg, resolve=False)
+def _what_is_trained(data: dict) -> dict:
+    """``data`` (a config as a dict) without the settings that do not change what is
+    trained."""
+    data = dict(data)
     for key in _VOLATILE_KEYS:
         data.pop(key, None)
-    for key in _VOLATILE_CHECKPOINTER_KEYS:
-        (data.get("checkpointer") or {}).pop(key, None)
+    if isinstance(data.get("checkpointer"), dict):
+        data["checkpointer"] = {k: v for k, v in data["checkpointer"].items()
+                                if k not in _VOLATILE_CHECKPOINTER_KEYS}
+    return data
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    data = _what_is_trained(OmegaConf.to_container(cfg, resolve=False))
     canonical = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _leaves(data: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(data, dict):
+        found: dict[str, object] = {}
+        for key, value in data.items():
+            found.update(_leaves(value, f"{prefix}{key}."))
+        return found
+    return {prefix.rstrip("."): data}
+
+
+def config_changes(before: dict, after: DictConfig, most: int = 3) -> str:
+    """``a.b: old -> new`` for the trained settings that differ, a few of them."""
+    old = _leaves(_what_is_trained(before))
+    new = _leaves(_what_is_trained(OmegaConf.to_container(after, resolve=False)))
+    changed = [f"{key}: {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
+               for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    more = f" and {len(changed) - most} more" if len(changed) > most else ""
+    return "; ".join(changed[:most]) + more
 
 
 def write_record(output_dir: Path, record: ResumeRecord) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
-from kubetune.workspace import Workspace
+from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
+from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys
-from kubetune.trainer.data import dataset_check, dataset_location
+from kubetune.trainer.data import dataset_check, dataset_location, step_count
 from kubetune.trainer.performance import hardware, speed
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
@@ -25,7 +26,9 @@ from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE
 from kubetune.trainer.config.recipe_config import (apply_overrides, configs_dir, load_config, resolve_config,
                                    resolve_recipe)
 from kubetune.trainer.request.tune_command import TuneRunRequest
-from kubetune.trainer.config.validate import check_choices, check_nf4, check_tokenizer, check_values
+from kubetune.trainer.config.saved_config import without_credentials
+from kubetune.trainer.config.validate import (check_choices, check_nf4, check_tokenizer,
+                                              check_values, lora_rank_excess)
 
 log = logging.getLogger("trainer")
 
@@ -245,6 +248,11 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     check_values(cfg)
+    if found is not None:
+        no_step = step_count.check_makes_a_step(cfg, found.total_rows, found.rows_exact,
+                                                topo.world_size)
+        if no_step:
+            raise BadInputError(no_step)
     fingerprint, resumed = _resume(cfg, notes)
     return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
                    distributed=distributed, topology=topo, method=method,
@@ -280,6 +288,12 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
+    if method != "full":
+        excess = lora_rank_excess(cfg.model, checkpoint.architecture.dims)
+        if excess and "model.lora_rank" in user_keys:
+            raise BadInputError(excess)
+        if excess:  # the config's default, sized for bigger models: the user chose nothing
+            notes.append(f"{excess} (the rank is config {request.config}'s default)")
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
     _checkpointer_section(cfg, checkpoint)
@@ -312,12 +326,27 @@ def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Top
         gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
 
 
+def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
+    """Why a restart does not continue the checkpoint it finds: never silently."""
+    saved = parse_config(read_config_text(Path(cfg.output_dir), TRAINER_CONFIG_NAME))
+    changes = resume.config_changes(saved, without_credentials(cfg)) if saved else ""
+    where = Path(cfg.output_dir) / (earlier.checkpoint or earlier.epoch_dir)
+    return (f"not resuming from {where} ({earlier.epochs_run} epoch(s) + "
+            f"{earlier.steps_in_epoch} step(s), global step {earlier.global_step}): the "
+            "config changed since it was saved"
+            f"{f' ({changes})' if changes else ''}; starting over (the same config as then "
+            "would resume)")
+
+
 def _resume(cfg: DictConfig, notes: list[str]):
     """The config's fingerprint, and the earlier run of the same config to resume, if any."""
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg)
     cfg.kubetune.fingerprint = fingerprint
+    earlier = resume.read_record(Path(cfg.output_dir))
     resumed = resume.apply(cfg, Path(cfg.output_dir))
+    if resumed is None and earlier is not None and earlier.fingerprint != fingerprint:
+        notes.append(_not_resumed(earlier, cfg))
     if resumed is not None:
         cfg.kubetune.resume_steps_in_epoch = resumed.steps_in_epoch
         notes.append(f"resuming from {Path(cfg.output_dir) / resumed.epoch_dir}: "

@@ -182,6 +182,38 @@ def check_values(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, key, number, merge=False)
 
 
+def lora_widths(model_cfg: DictConfig, dims: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each kind of layer the LoRA config adapts, from the checkpoint's
+    sizes: a rank above the smaller of the two adds parameters and learns nothing more."""
+    d, heads, kv = dims["embed_dim"], dims["num_heads"], dims["num_kv_heads"]
+    hd = int(dims.get("head_dim") or d // heads)
+    shapes = {"q_proj": (d, heads * hd), "k_proj": (d, kv * hd), "v_proj": (d, kv * hd),
+              "output_proj": (heads * hd, d)}
+    adapted = {name: shapes[name] for name in (model_cfg.get("lora_attn_modules") or [])
+               if name in shapes}
+    if model_cfg.get("apply_lora_to_mlp"):
+        ff = dims["intermediate_dim"]
+        adapted.update({"w1": (d, ff), "w2": (ff, d), "w3": (d, ff)})
+    if model_cfg.get("apply_lora_to_output") and dims.get("vocab_size"):
+        adapted["output"] = (d, dims["vocab_size"])
+    return adapted
+
+
+def lora_rank_excess(model_cfg: DictConfig, dims: dict) -> str | None:
+    """Why ``model.lora_rank`` is larger than every adapted layer can use, or None."""
+    rank = model_cfg.get("lora_rank")
+    adapted = lora_widths(model_cfg, dims)
+    if not isinstance(rank, int) or not adapted:
+        return None
+    name, (fan_in, fan_out) = min(adapted.items(), key=lambda item: min(item[1]))
+    width = min(fan_in, fan_out)
+    if rank <= width:
+        return None
+    return (f"model.lora_rank={rank} is larger than the model allows: {name} is "
+            f"{fan_in}x{fan_out}, so a rank above {width} adds parameters and learns nothing "
+            f"more: set model.lora_rank <= {width}")
+
+
 # How a full volume shows in a recipe's output: Python's OSError, safetensors' Rust
 # error, torch.save's zip and stream writers (which do not say why a write failed: on some
 # CPUs and paths only "unexpected pos" or "basic_ios::clear: iostream error" is printed).

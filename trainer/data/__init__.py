@@ -1,4 +1,5 @@
 """The dataset as the recipe will read it: local files win over a config's hub ``source``
 (``dataset_location``), their columns and lengths checked before launch (``dataset_check``,
-counting rows and sampling them per format with ``dataset_rows``), and, inside the recipe
+counting rows and sampling them per format with ``dataset_rows``; ``step_count``: do the
+rows make an optimizer step), and, inside the recipe
 process, the samples the tokenizer cuts to the context counted (``truncation``)."""

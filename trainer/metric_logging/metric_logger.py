@@ -58,6 +58,8 @@ class JsonLinesMetricLogger:
         self._epoch: int | None = None
         self._step_tokens: int | None = None
         self._step_digest: str | None = None
+        # (step, loss) of the last logged step: step_guard stops the run on a non-finite one.
+        self.last_loss: tuple[int, Any] | None = None
 
     # Called by kubetune.trainer.recipe_process.step_guard, which sees the batches the recipe trains on.
     def set_epoch(self, epoch: int) -> None:
@@ -91,6 +93,7 @@ class JsonLinesMetricLogger:
             key = "tokens_per_second" if key == "tokens_per_second_per_gpu" else key
             record[key] = _scalar(value)
         if "loss" in record:
+            self.last_loss = (record["step"], record["loss"])
             if self._step_tokens is not None:
                 record["tokens"] = self._step_tokens
                 self._step_tokens = None

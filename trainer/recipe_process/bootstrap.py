@@ -22,7 +22,8 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import logs
-from kubetune.trainer.recipe_process import cpu_adapt, fallbacks, passed_env, recipe_noise
+from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, passed_env, recipe_noise,
+                                             run_sanity)
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.data import truncation
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
@@ -76,6 +77,8 @@ def install(cls: type, guard: Guard, count_cut_samples: bool = False) -> None:
 
         @functools.wraps(original_save)
         def save_checkpoint(self, epoch: int, *args, **kwargs):
+            # Nothing trained, or garbage trained, is never saved (as a result or to resume).
+            run_sanity.check_before_save(self, getattr(self, "_model", None))
             checkpointer = getattr(self, "_checkpointer", None)
             original_dir = guard.before_save(checkpointer)
             result = original_save(self, epoch, *args, **kwargs)
@@ -93,6 +96,7 @@ def install(cls: type, guard: Guard, count_cut_samples: bool = False) -> None:
 
         @functools.wraps(original_client_save)
         def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
+            run_sanity.check_before_save(current.get("recipe"), model)
             checkpointer = self._get_checkpointer()
             original_dir = guard.before_save(checkpointer)
             result = original_client_save(self, model, optimizer, training_progress, epoch,
@@ -166,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         module.recipe_main()
     except StopRequested as stop:
         _exit_now(stop.exit_code)
+    except run_sanity.RunRefused as refused:
+        # The user's to fix: its line is the report (the launcher maps it to exit 65); a
+        # traceback would only bury it.
+        print(f"{type(refused).__name__}: {refused}", file=sys.stderr)
+        _exit_now(run_sanity.EXIT_BAD_INPUT)
     except SystemExit as done:  # torchtune's config.parse ends every recipe with sys.exit
         if passed_env.under_torchrun():
             # A torchrun worker whose recipe finished (checkpoint saved, process group

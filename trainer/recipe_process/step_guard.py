@@ -4,7 +4,8 @@ resumable checkpoint, periodic step-level saves, and resuming exactly where a sa
 Between two batches of different optimizer steps the model, optimizer and data position
 are consistent, and a save there resumes exactly. The recipe's loader is wrapped in a
 proxy that, at each step boundary, asks every rank (one tiny collective) whether any was
-told to stop, counts the step's tokens, digests what it trained on, and saves when asked.
+told to stop, counts the step's tokens, digests what it trained on, stops the run at a
+non-finite loss (``run_sanity``), and saves when asked.
 
 Resuming exactly, around what torchtune 0.6.1 does not restore:
 
@@ -32,6 +33,7 @@ from typing import Any, Iterator
 
 from kubetune.errors import EXIT_TRANSIENT
 from kubetune.trainer.checkpointing import resume
+from kubetune.trainer.recipe_process import run_sanity
 from kubetune.trainer.checkpointing.checkpoint_store import CheckpointStore
 from kubetune.trainer.recipe_process import passed_env
 
@@ -66,6 +68,7 @@ class Guard:
         self.stop_pending = False
         self.steps_in_epoch = 0
         self.forced_reason: str | None = None
+        self._loss_checked: tuple | None = None
         self.rank = passed_env.rank()
         self.store = CheckpointStore(self.output_dir) if self.rank == 0 else None
 
@@ -156,6 +159,13 @@ class Guard:
             log.info("resumable checkpoint %s: %d epoch(s) + %d step(s), global step %d (%s)",
                      record.checkpoint, epochs_run, steps, global_step, reason)
 
+    def check_loss(self, recipe: Any) -> None:
+        """Stop at the first non-finite loss the recipe logged (rank 0, which logs)."""
+        logged = getattr(getattr(recipe, "_metric_logger", None), "last_loss", None)
+        if logged is not None and logged != self._loss_checked:
+            self._loss_checked = logged
+            run_sanity.check_loss(recipe, *logged)
+
     # -- resume --------------------------------------------------------------------------
 
     def after_setup(self, recipe: Any) -> None:
@@ -232,6 +242,7 @@ class GuardedLoader:
         while True:
             if seen and seen % accum == 0:  # the recipe finished an optimizer step
                 guard.steps_in_epoch = offset + seen // accum
+                guard.check_loss(recipe)  # before any save of this step's weights
                 # At the epoch's end the recipe's own save follows (and a pending stop
                 # raises at the next epoch's start): no save of ours there.
                 mid_epoch = guard.steps_in_epoch < steps_this_epoch

@@ -1,0 +1,135 @@
+"""A run that trains nothing, or trains garbage, is stopped inside the recipe process.
+
+- No optimizer step (one row with a larger batch, accumulation over more batches than the
+  data has, every sample dropped): the recipe would save the untouched base model at the
+  epoch's end and the run would end "completed". The save is refused instead.
+- A non-finite loss (``optimizer.lr=inf``, a learning rate so high it diverges): the weights
+  are garbage from that step on. ``step_guard`` checks the logged loss at every step
+  boundary, and every save checks the trained weights first, so non-finite weights are
+  never saved (as a checkpoint, a resumable one, or the result): the last finite
+  checkpoint stays the one a restart resumes from.
+
+Either ends the process with one line, ``<ErrorName>: <what to do>`` and exit 65 (bad
+input: a restart would do the same), which the launcher reports as the step's error line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kubetune.trainer.data.step_count import no_step_line
+
+EXIT_BAD_INPUT = 65
+
+
+class RunRefused(RuntimeError):
+    """The run cannot give a useful result for a reason the user must fix."""
+
+
+class NoStepError(RunRefused):
+    pass
+
+
+class NonFiniteError(RunRefused):
+    pass
+
+
+def learning_rate(recipe: Any) -> str:
+    optimizer = getattr(recipe, "_optimizer", None)
+    try:
+        return f"{float(optimizer.param_groups[0]['lr']):g}"
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return "?"
+
+
+def _diverged(what: str, recipe: Any) -> str:
+    return (f"{what}: training diverged (optimizer.lr={learning_rate(recipe)}); lower "
+            "optimizer.lr (or set clip_grad_norm) and run again; nothing after the last "
+            "finite checkpoint was saved")
+
+
+def check_loss(recipe: Any, step: int, loss: Any) -> None:
+    """Stop at the first logged loss that is not a finite number."""
+    try:
+        finite = math.isfinite(float(loss))
+    except (TypeError, ValueError):
+        return
+    if not finite:
+        raise NonFiniteError(_diverged(f"the loss is {loss} at step {step}", recipe))
+
+
+def _local(tensor: Any) -> Any:
+    return getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard on this process
+
+
+def _full(tensor: Any) -> Any:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _finite_weights(model: Any) -> bool:
+    """Whether every trained parameter is finite, and so is every LoRA layer merged (base +
+    alpha/rank x B @ A, what the checkpoint's merged model will hold: finite adapters can
+    still overflow there)."""
+    import torch
+
+    finite = True  # no early return: under FSDP every process must make the same gathers
+    with torch.no_grad():
+        for param in model.parameters():
+            local = _local(param)
+            if param.requires_grad and local.numel() and not bool(torch.isfinite(local).all()):
+                finite = False
+        for module in model.modules():
+            lora_a, lora_b = getattr(module, "lora_a", None), getattr(module, "lora_b", None)
+            base = getattr(module, "weight", None)
+            if lora_a is None or lora_b is None or base is None:
+                continue
+            scale = float(getattr(module, "alpha", 1.0)) / max(1, int(getattr(module, "rank", 1)))
+            try:
+                delta = _full(lora_b.weight).float() @ _full(lora_a.weight).float()
+                merged = _full(base).float() + scale * delta
+            except Exception:  # a base we cannot upcast here (NF4): its adapters were checked
+                continue
+            if not bool(torch.isfinite(merged).all()):
+                finite = False
+    return finite
+
+
+def check_before_save(recipe: Any, model: Any) -> None:
+    """Refuse to save a run that made no optimizer step, or whose weights are not finite."""
+    if recipe is None:
+        return
+    if int(getattr(recipe, "global_step", 0) or 0) == 0:
+        raise NoStepError(_no_step(recipe))
+    if model is not None and not _finite_weights(model):
+        raise NonFiniteError(_diverged(
+            f"the weights are not finite after step {recipe.global_step}", recipe))
+
+
+def _no_step(recipe: Any) -> str:
+    loader = getattr(recipe, "_dataloader", None)
+    dataset = getattr(loader, "dataset", None)
+    try:
+        samples = len(dataset)
+    except TypeError:
+        samples = -1
+    batch_size = int(getattr(loader, "batch_size", None) or 1)
+    accumulation = int(getattr(recipe, "_gradient_accumulation_steps", 1) or 1)
+    world_size = _world_size()
+    what = "pack(s)" if getattr(dataset, "packs", None) is not None else "sample(s)"
+    if samples < 0:
+        return (f"the run made no optimizer step (batch_size={batch_size}, "
+                f"gradient_accumulation_steps={accumulation}, {world_size} process(es)): "
+                "lower batch_size or gradient_accumulation_steps, or add rows")
+    return no_step_line(samples, batch_size, accumulation, world_size, what)
+
+
+def _world_size() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except Exception:
+        pass
+    return 1
