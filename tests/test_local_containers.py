@@ -13,6 +13,7 @@ from kubetune.tools.local.container_argv import ContainerRun, image_for, run_arg
 from kubetune.tools.local.containers import EngineOptions, file_sources, parse_image_overrides
 from kubetune.tools.local.jobset import LocalJobSet
 from tests.support.cli import clean_env, kubetune
+from tests.support.runtimes import runtime_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 BASE = Path(__file__).resolve().parents[1] / "runtimes" / "base"
@@ -25,7 +26,7 @@ def job_named(jobset: LocalJobSet, name: str) -> dict:
 def container_step(tmp_path: Path, runtime: str, job: str, engine: str = "podman",
                    gpus: bool = False, images: dict | None = None, index: int = 0,
                    trainjob: Path | None = None):
-    js = LocalJobSet(merged_jobset(BASE / runtime, trainjob), tmp_path,
+    js = LocalJobSet(merged_jobset(runtime_file(runtime), trainjob), tmp_path,
                      EngineOptions(engine, gpus, images or {}))
     js.logs.mkdir(parents=True, exist_ok=True)
     j = job_named(js, job)
@@ -38,7 +39,16 @@ def option_values(argv: list[str], option: str) -> list[str]:
 
 
 def test_trainer_container_runs_the_runtime_command_in_its_image(tmp_path):
-    js, step = container_step(tmp_path, "torchtune-llama3.2-1b.yaml", "node")
+    # A TrainJob with spec.trainer: only then does the controller inject PET_* (as upstream).
+    job = tmp_path / "job.yaml"
+    job.write_text("""apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {name: tiny}
+spec:
+  runtimeRef: {name: torchtune-llama3.2-1b}
+  trainer: {numNodes: 1}
+""")
+    js, step = container_step(tmp_path, "torchtune-llama3.2-1b.yaml", "node", trainjob=job)
     argv = step.command
     image = argv.index("ghcr.io/kubetune/trainer:0.1.0")
     # command[0] replaces the ENTRYPOINT; the rest of command, then args, follow the image.
