@@ -164,11 +164,13 @@ def test_byo_model_without_sources_fails_at_once(tmp_path):
 
 @pytest.mark.parametrize("spec, message", [
     ({"trainer": {"command": ["tune", "run"], "args": ["output_dir=/elsewhere"]}},
-     "output_dir is managed by the runtime"),
+     'spec.trainer.args[0]: Invalid value: "output_dir=/elsewhere": must not set immutable '
+     'config "output_dir" in trainer args; it is managed by the runtime'),
     ({"trainer": {"env": [{"name": "PET_NNODES", "value": "4"}]}},
-     "trainer.env must not set PET_NNODES"),
+     "spec.trainer.env: Invalid value: [{\"name\":\"PET_NNODES\",\"value\":\"4\"}]: must "
+     "not have reserved envs, invalid envs configured: [PET_NNODES]"),
     ({"trainer": {"command": ["tune", "run"], "numNodes": 2}},
-     "trainer.numNodes must be 1 for llama3_2/1B"),
+     "spec.trainer.numNodes: Invalid value: 2: must be 1 for llama3_2/1B model"),
 ])
 def test_admission_errors_are_one_line(tmp_path, spec, message):
     job = trainjob(tmp_path, "torchtune-llama3.2-1b", spec)

@@ -194,7 +194,8 @@ def test_exporter_runs_last_with_its_destination_from_env(path):
 @pytest.mark.parametrize("path", [p for p in RUNTIMES if p.name.startswith("torchtune-")],
                          ids=lambda p: p.name)
 def test_dropin_runtime_has_the_shape_the_controller_and_sdk_expect(path):
-    from kubetune.tools.local.runtime_merge import TUNE_MODELS, tune_model
+    from kubetune.tools.local.admission_rules import SUPPORTED_TUNE_MODELS as TUNE_MODELS
+    from kubetune.tools.local.runtime_merge import tune_model
 
     runtime = load(path)
     assert tune_model(runtime["metadata"]["name"]) in TUNE_MODELS

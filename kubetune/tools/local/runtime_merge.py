@@ -2,12 +2,12 @@
 
 The result is the JobSet spec the controller would create. Followed, rule by rule, from
 kubeflow/trainer's `pkg/runtime/core/trainingruntime.go` (pod counts, resourcesPerNode),
-`plugins/torch` (PET_* env, the `tune run` composition, its admission checks),
-`plugins/jobset` (initializer and trainer overrides, its admission checks) and
-`plugins/coscheduling` (the pod-group label). Only the ClusterTrainingRuntime /
-TrainJob fields that change what a container runs are modelled; the rest is carried
-through unchanged. Admission errors become one-line BadInputErrors, as `kubectl apply`
-would show them.
+`plugins/torch` (PET_* env, the `tune run` composition), `plugins/jobset` (initializer
+and trainer overrides, runtimePatches) and `plugins/coscheduling` (the pod-group label).
+Only the ClusterTrainingRuntime / TrainJob fields that change what a container runs are
+modelled; the rest is carried through unchanged. The plugins' admission checks are the
+rules of `admission_rules.py`; all their errors become one one-line BadInputError, as
+`kubectl apply` would show them.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError
+from kubetune.tools.local import admission_rules
+from kubetune.tools.local.admission import admission_errors
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 DATASET_INITIALIZER = "dataset-initializer"
@@ -32,17 +34,12 @@ TRAINER_PORT = 29500
 COMPLETION_INDEX_PATH = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
-TUNE_ENTRYPOINT = ["tune", "run"]
+TUNE_ENTRYPOINT = list(admission_rules.TUNE_ENTRYPOINT)
 PET_ENV = (envnames.PET_NNODES, envnames.PET_NPROC_PER_NODE, envnames.PET_NODE_RANK,
            envnames.PET_MASTER_ADDR, envnames.PET_MASTER_PORT)
 # The only entries of the runtime's `tune run` command the controller carries over.
-TUNE_IMMUTABLE = ("output_dir", "tokenizer.path", "checkpointer.checkpoint_dir",
-                  "tokenizer.merges_file")
-TUNE_MODELS = ("llama3_2/1B", "llama3_2/3B", "llama3_3/70B", "qwen2_5/1.5B")
+TUNE_IMMUTABLE = admission_rules.TUNE_IMMUTABLE_CONFIGS
 _GPU = re.compile("gpu", re.IGNORECASE)
-# Single-device QLoRA only: upstream's torchtune plugin has no multi-device QLoRA config
-# for these models.
-TUNE_SINGLE_DEVICE_QLORA = ("llama3_2/1B", "llama3_2/3B")
 log = logging.getLogger("kubetune.local")
 
 
@@ -168,41 +165,20 @@ def tune_recipe_and_config(num_nodes: int, nproc: int | str, gpus: int, args: li
     return recipe, tune_model(runtime_name) + suffix
 
 
-def _validate_tune(runtime: dict, trainjob: dict) -> list[str]:
-    """validateTorchTune: every error, in upstream's order."""
-    name = trainjob["spec"]["runtimeRef"]["name"]
+def _admission_facts(runtime: dict, trainjob: dict) -> dict:
+    """What validateTorchTune asks of the controller's `tune run` choices: admission sees
+    numProcPerNode as given ("auto" when unset) and the GPUs of resourcesPerNode, else of
+    the runtime's node container."""
     trainer = trainjob["spec"].get("trainer") or {}
-    model = tune_model(name)
-    errors = []
-    if model not in TUNE_MODELS:
-        errors.append(f"runtimeRef.name {name}: `tune run` TrainJobs need a runtime named "
-                      f"torchtune-<model>-<size> for one of {', '.join(TUNE_MODELS)}")
-    num_nodes = trainer.get("numNodes") or 1
+    name = trainjob["spec"]["runtimeRef"]["name"]
     args = list(trainer.get("args") or [])
-    if num_nodes > 1 and model != "llama3_3/70B":
-        errors.append(f"trainer.numNodes must be 1 for {model}")
-    # Admission sees the TrainJob's numProcPerNode as given ("auto" when unset) and the
-    # GPUs of resourcesPerNode, else of the runtime's node container.
-    nproc = trainer.get("numProcPerNode") or "auto"
     resources = trainer.get("resourcesPerNode") or (_trainer_node(runtime) or {}).get(
         "resources")
-    _, config = tune_recipe_and_config(num_nodes, nproc, gpus_per_node(resources), args, name)
-    if "_qlora" in config:
-        if model == "qwen2_5/1.5B":
-            errors.append(f"QLoRA is not supported for {model}")
-        if "_qlora_single_device" not in config and model in TUNE_SINGLE_DEVICE_QLORA:
-            errors.append(f"trainer.numProcPerNode must be auto or 1 for {model} when using "
-                          "QLoRA")
-            errors.append(f"trainer.resourcesPerNode must have gpu resource with value 1 for "
-                          f"{model} when using QLoRA")
-    if num_nodes > 1 and _uses_lora(args):
-        errors.append("LoRA fine-tuning is not supported for multi-node training in "
-                      "torchtune: set trainer.numNodes to 1")
-    for i, arg in enumerate(args):
-        if arg.split("=", 1)[0] in TUNE_IMMUTABLE:
-            errors.append(f"trainer.args[{i}] {arg!r}: {arg.split('=', 1)[0]} is managed "
-                          "by the runtime and must not be set in the TrainJob")
-    return errors
+    _, config = tune_recipe_and_config(trainer.get("numNodes") or 1,
+                                       trainer.get("numProcPerNode") or "auto",
+                                       gpus_per_node(resources), args, name)
+    return {"tune_model": tune_model(name), "tune_config": config,
+            "uses_lora": _uses_lora(args), "uses_qlora": _uses_qlora(args)}
 
 
 def _trainer_node(runtime: dict) -> dict | None:
@@ -220,51 +196,7 @@ def _runtime_tune_overrides(spec: dict) -> list[str]:
     return []
 
 
-# -- admission checks (plugins/jobset Validate, plugins/torch Validate) ------------------
-
-def _validate(runtime: dict, trainjob: dict) -> list[str]:
-    """Every admission error (the webhook aggregates all plugins' errors)."""
-    errors: list[str] = []
-    spec = trainjob["spec"]
-    ref = spec["runtimeRef"]
-    if ref["name"] != runtime["metadata"]["name"]:
-        errors.append(f"TrainJob runtimeRef.name is {ref['name']!r} but the runtime is "
-                      f"{runtime['metadata']['name']!r}")
-    if ref.get("kind", "ClusterTrainingRuntime") != runtime["kind"]:
-        errors.append(f"TrainJob runtimeRef.kind is {ref.get('kind')!r} but the runtime "
-                      f"is a {runtime['kind']}")
-    jobs = {j["name"]: j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
-    for kind, step in (("dataset", DATASET_INITIALIZER), ("model", MODEL_INITIALIZER)):
-        if not (spec.get("initializer") or {}).get(kind):
-            continue
-        job = jobs.get(step)
-        container = _container(job, step) if job else None
-        if container is None:
-            errors.append(f"TrainJob sets initializer.{kind} but runtime "
-                          f"{ref['name']} has no {step} job with a {step} container")
-        elif not any(m.get("name") == INITIALIZER_VOLUME
-                   for m in container.get("volumeMounts") or []):
-            errors.append(f"runtime {ref['name']}: container {step} must mount the "
-                          f"{INITIALIZER_VOLUME!r} volume")
-    trainer = spec.get("trainer") or {}
-    torch = (runtime["spec"].get("mlPolicy") or {}).get("torch")
-    if torch is None or not spec.get("trainer"):
-        return errors
-    if trainer.get("command") == TUNE_ENTRYPOINT:
-        errors += _validate_tune(runtime, trainjob)
-    else:
-        # The controller passes no PET_* to `tune run`, so only torchrun's are reserved.
-        reserved = sorted({e["name"] for e in trainer.get("env") or []} & set(PET_ENV))
-        if reserved:
-            errors.append(f"trainer.env must not set {', '.join(reserved)}: the "
-                          "controller sets them")
-    return errors
-
-
 # -- runtimePatches (core/trainingruntime.go mergeRuntimePatches) -----------------------
-
-_MANAGER = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
-
 
 def _upsert_by(items: list[dict], new: list[dict], key: str, merge_fn=None) -> None:
     for item in new:
@@ -291,33 +223,21 @@ def _merge_container(old: dict, patch: dict) -> None:
 
 
 def apply_runtime_patches(spec: dict, trainjob: dict) -> None:
-    """Strategic-merge the TrainJob's runtimePatches into the JobSet template ``spec``."""
+    """Strategic-merge the TrainJob's runtimePatches into the JobSet template ``spec``.
+
+    Admission (`admission.py`) has rejected patches of jobs or containers the runtime
+    lacks, so every name here is found.
+    """
     jobs = {j["name"]: j for j in spec["replicatedJobs"]}
-    for i, patch in enumerate(trainjob["spec"].get("runtimePatches") or []):
-        where = f"runtimePatches[{i}]"
-        if not _MANAGER.match(str(patch.get("manager", ""))):
-            raise BadInputError(f"{where}.manager {patch.get('manager')!r} must be a "
-                                "domain-prefixed path such as example.com/my-tool")
+    for patch in trainjob["spec"].get("runtimePatches") or []:
         tpl = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
         for rpatch in tpl.get("replicatedJobs") or []:
-            job = jobs.get(rpatch["name"])
-            if job is None:
-                raise BadInputError(f"{where}: replicatedJob {rpatch['name']!r} is not in the "
-                                    f"runtime (it has {', '.join(jobs)})")
+            job = jobs[rpatch["name"]]
             pod_patch = ((((rpatch.get("template") or {}).get("spec") or {})
                           .get("template") or {}).get("spec")) or {}
             pod = _pod_spec(job)
             for kind in ("initContainers", "containers"):
-                names = {c["name"] for c in pod.get(kind) or []}
                 for cpatch in pod_patch.get(kind) or []:
-                    if cpatch["name"] not in names:
-                        raise BadInputError(f"{where}: job {rpatch['name']} has no {kind[:-1]} "
-                                            f"{cpatch['name']!r}")
-                    if kind == "containers" and cpatch.get("env") and cpatch["name"] in (
-                            DATASET_INITIALIZER, MODEL_INITIALIZER, NODE):
-                        raise BadInputError(f"{where}: env of the {cpatch['name']} container "
-                                            "comes from spec.initializer / spec.trainer, not "
-                                            "from runtimePatches")
                     _merge_container(next(c for c in pod[kind] if c["name"] == cpatch["name"]),
                                      cpatch)
             for key, value in pod_patch.items():
@@ -434,9 +354,10 @@ def _apply_trainer(trainer_job: dict, trainer: dict | None) -> None:
 def merge(runtime: dict, trainjob: dict) -> dict:
     """The JobSet (``apiVersion``, ``kind``, ``metadata``, ``spec``) the controller creates."""
     runtime, trainjob = copy.deepcopy(runtime), copy.deepcopy(trainjob)
-    errors = _validate(runtime, trainjob)
+    errors = admission_errors(runtime, trainjob, _admission_facts(runtime, trainjob))
     if errors:
-        # All of them, as `kubectl apply` lists every field error of a rejected object.
+        # All of them, runtimePatches' included, as the webhook aggregates every
+        # plugin's field errors.
         raise BadInputError("TrainJob rejected: " + "; ".join(errors))
     name = trainjob["metadata"]["name"]
     trainer = trainjob["spec"].get("trainer")
