@@ -44,6 +44,12 @@ def _names(pod: dict, *kinds: str) -> set[str]:
     return {c.get("name") for kind in kinds for c in pod.get(kind) or []}
 
 
+def _runtime_ref(ref: dict) -> dict:
+    """runtimeRef as the webhook sees it: the CRD's defaults filled in, Go's field order."""
+    return {"name": ref.get("name"), "apiGroup": ref.get("apiGroup") or "trainer.kubeflow.org",
+            "kind": ref.get("kind") or "ClusterTrainingRuntime"}
+
+
 def _initializer_items(runtime: dict, trainjob: dict) -> Iterator[dict]:
     spec = trainjob["spec"]
     jobs = _jobs(runtime)
@@ -58,7 +64,7 @@ def _initializer_items(runtime: dict, trainjob: dict) -> Iterator[dict]:
                "mounts_initializer_volume": any(
                    m.get("name") == INITIALIZER_VOLUME
                    for m in (container or {}).get("volumeMounts") or []),
-               "runtime_ref": spec["runtimeRef"]}
+               "runtime_ref": _runtime_ref(spec["runtimeRef"])}
 
 
 def _patch_items(runtime: dict, trainjob: dict) -> Iterator[tuple[str, dict]]:
@@ -121,7 +127,7 @@ def _trainjob_facts(runtime: dict, trainjob: dict, controller: dict) -> dict:
         "runtime_name": name, "runtime_file_name": runtime["metadata"]["name"],
         "runtime_name_matches": name == runtime["metadata"]["name"],
         "runtime_ref_kind": ref_kind, "runtime_file_kind": runtime["kind"],
-        "runtime_kind_matches": ref_kind == runtime["kind"], "runtime_ref": ref,
+        "runtime_kind_matches": ref_kind == runtime["kind"], "runtime_ref": _runtime_ref(ref),
         "torch_policy": _dig(runtime, "spec", "mlPolicy", "torch") is not None,
         "trainer_set": bool(spec.get("trainer")),
         "tune_run": trainer.get("command") == list(TUNE_ENTRYPOINT),
@@ -186,8 +192,8 @@ def _go_quote(text: Any) -> str:
 def go_value(value: Any) -> str:
     """A bad value as field.Error prints it: %v for numbers and bools, %q for strings,
     encoding/json for the rest (whose HTML-safe escapes we repeat). Structured values are
-    the TrainJob's as given: the apiserver's defaults (runtimeRef.kind, a patch's time)
-    are not added."""
+    the TrainJob's as given, keys in its order; of the API server's defaults only
+    runtimeRef's are added (not a patch's `time`, which the mutating webhook stamps)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
