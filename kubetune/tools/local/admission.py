@@ -12,14 +12,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from kubetune import env as envnames
-from kubetune.tools.local.admission_rules import INITIALIZER_VOLUME, RULES, TUNE_ENTRYPOINT
+from kubetune.tools.local.admission_rules import (INITIALIZER_VOLUME, RULES,
+                                                 TORCHRUN_RESERVED_ENV, TUNE_ENTRYPOINT)
 
 _CONFIG_NAMES = {"dataset": "datasetConfig", "model": "modelConfig"}
 _STEPS = {"dataset": "dataset-initializer", "model": "model-initializer"}
-# TorchRunReservedEnvNames.
-_RESERVED_ENV = {envnames.PET_NNODES, envnames.PET_NPROC_PER_NODE, envnames.PET_NODE_RANK,
-                 envnames.PET_MASTER_ADDR, envnames.PET_MASTER_PORT}
 # What the caller tells of the controller's `tune run` choices (torchtune.go).
 CONTROLLER_FACTS = ("tune_model", "tune_config", "uses_lora", "uses_qlora")
 
@@ -121,7 +118,8 @@ def _trainjob_facts(runtime: dict, trainjob: dict, controller: dict) -> dict:
     name = ref["name"]
     ref_kind = ref.get("kind") or "ClusterTrainingRuntime"
     nproc = trainer.get("numProcPerNode")
-    reserved = sorted({e.get("name") for e in trainer.get("env") or []} & _RESERVED_ENV)
+    reserved = sorted({e.get("name") for e in trainer.get("env") or []}
+                      & set(TORCHRUN_RESERVED_ENV))
     return {
         **{key: controller[key] for key in CONTROLLER_FACTS},
         "runtime_name": name, "runtime_file_name": runtime["metadata"]["name"],

@@ -33,6 +33,8 @@ once (utilerrors.NewAggregate): `admission.admission_errors` does the same.
 
 from __future__ import annotations
 
+from kubetune import env as envnames
+
 # Upstream's constants (pkg/constants/constants.go), the rules' vocabulary.
 SUPPORTED_TUNE_MODELS = ("llama3_2/1B", "llama3_2/3B", "llama3_3/70B", "qwen2_5/1.5B")
 MULTI_NODE_TUNE_MODEL = "llama3_3/70B"
@@ -44,6 +46,9 @@ QLORA_SINGLE_DEVICE_CONFIG_SUFFIX = "_qlora_single_device"
 TUNE_IMMUTABLE_CONFIGS = ("output_dir", "tokenizer.path", "checkpointer.checkpoint_dir",
                           "tokenizer.merges_file")
 TUNE_ENTRYPOINT = ("tune", "run")
+TORCHRUN_RESERVED_ENV = (envnames.PET_NNODES, envnames.PET_NPROC_PER_NODE,
+                         envnames.PET_NODE_RANK, envnames.PET_MASTER_ADDR,
+                         envnames.PET_MASTER_PORT)
 STEP_CONTAINERS = ("dataset-initializer", "model-initializer", "node")
 INITIALIZER_VOLUME = "initializer"
 # apimachinery's IsDomainPrefixedPath pieces (pkg/util/validation/validation.go).

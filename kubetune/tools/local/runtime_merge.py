@@ -29,14 +29,11 @@ DATASET_INITIALIZER = "dataset-initializer"
 MODEL_INITIALIZER = "model-initializer"
 ANCESTOR_TRAINER = "trainer"
 NODE = "node"
-INITIALIZER_VOLUME = "initializer"
 TRAINER_PORT = 29500
 COMPLETION_INDEX_PATH = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 TUNE_ENTRYPOINT = list(admission_rules.TUNE_ENTRYPOINT)
-PET_ENV = (envnames.PET_NNODES, envnames.PET_NPROC_PER_NODE, envnames.PET_NODE_RANK,
-           envnames.PET_MASTER_ADDR, envnames.PET_MASTER_PORT)
 # The only entries of the runtime's `tune run` command the controller carries over.
 TUNE_IMMUTABLE = admission_rules.TUNE_IMMUTABLE_CONFIGS
 _GPU = re.compile("gpu", re.IGNORECASE)
