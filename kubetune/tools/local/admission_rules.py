@@ -3,7 +3,7 @@
 Each rule says, in our words, what the validating webhook rejects, where upstream decides
 it (file and function in kubeflow/trainer v2.3.0), and the field error it answers with:
 ``<field>: Invalid value: <value>: <detail>`` (or ``<field>: Required value``), as
-apimachinery's `field.Error` prints it. ``detail`` is upstream's text word for word; the
+apimachinery's `field.Error` prints it (v0.36, which trainer v2.3 builds with). ``detail`` is upstream's text word for word; the
 placeholders in ``field`` and ``detail`` name facts the evaluator computes.
 
 A rule's keys:
@@ -27,7 +27,9 @@ mlPolicy.torch.envInjection target names); `runtime_patch` (each spec.runtimePat
 entry); `patch_replicated_job` (each replicated job a patch names); `patch_container`
 (each container or init container a patch names in a replicated job the runtime has).
 
-The webhook runs every plugin and returns all their errors at once, identical messages
+Within a scope, errors come in the order of this table; scopes in the order upstream's
+plugins visit them (`admission._items`). The webhook runs every plugin and returns all
+their errors at once, identical messages
 once (utilerrors.NewAggregate): `admission.admission_errors` does the same.
 """
 
