@@ -11,7 +11,7 @@ import click
 
 from kubetune import env
 from kubetune.entrypoints.extras import require
-from kubetune.tools.local.steps import Step, forwarding_signals, run_stages
+from kubetune.tools.local.steps import Step, emit, forwarding_signals, run_stages
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
 
@@ -216,14 +216,13 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                 raise BadInputError("with --runtime, set sources and trainer args in the "
                                     "TrainJob (--trainjob), not --model/--dataset/TRAIN_ARGS")
             if print_jobset:
-                click.echo(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), nl=False)
+                emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))
                 return 0
             options = None if engine == "process" else EngineOptions(
                 engine, gpus, parse_image_overrides(images))
             lines = run_runtime(workdir, runtime_path, trainjob_path, options)
-        click.echo("\nsummary")
-        for line in lines:
-            click.echo(f"  {line}")
+        # Through emit: a reader that went away (`| head -1`) costs the lines, not the run.
+        emit("\nsummary\n" + "".join(f"  {line}\n" for line in lines))
         return 0
 
     with forwarding_signals():

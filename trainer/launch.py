@@ -30,6 +30,7 @@ from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NA
 from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
 from kubetune.logs import json_mode, wrap_foreign_line
+from kubetune.parent_death import die_with_parent
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.checkpointing.checkpoint_model import SPECIAL_TOKENS_FILE
@@ -82,21 +83,6 @@ def _terminal() -> str | None:
     except (AttributeError, ValueError, OSError):
         pass
     return None
-
-
-def die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies (Linux; elsewhere a no-op).
-
-    The recipe runs in its own session so a stop can signal it as a group; without this
-    a launcher killed outright (SIGKILL, OOM) would leave it training on, unsupervised.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _stream(pipe, sink, tail: collections.deque) -> None:
