@@ -18,6 +18,7 @@ import pytest
 from kubetune.errors import EXIT_TRANSIENT
 from kubetune.trainer.checkpointing import resume
 from tests.support.cli import REPO, clean_env, error_lines
+from tests.support.processes import assert_no_orphans, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -28,20 +29,6 @@ TRAIN_ARGS = [
     "optimizer.lr=3e-3", "lr_scheduler.num_warmup_steps=2", "model.lora_rank=8",
     "model.lora_alpha=16", "seed=0",
 ]
-
-
-def processes_mentioning(text: str) -> list[tuple[int, str]]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append((int(entry.name), cmdline))
-    return found
 
 
 def start_local(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
@@ -66,16 +53,6 @@ def wait_for_training(proc: subprocess.Popen, workdir: Path, steps: int = 3) -> 
     proc.kill()
     pytest.fail(f"training never reached step {steps}: exit {proc.poll()}, "
                 f"{proc.stderr.read()[-2000:]}")
-
-
-def assert_no_orphans(workdir: Path) -> None:
-    # The recipe processes die with their launcher; give the kernel a moment to reap them.
-    for _ in range(50):
-        left = processes_mentioning(str(workdir))
-        if not left:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"processes left running: {left}")
 
 
 def test_sigterm_to_local_stops_the_trainer_with_a_resumable_checkpoint(tmp_path):
