@@ -12,7 +12,8 @@ import click
 
 from kubetune import env, file_lock
 from kubetune.entrypoints.extras import require
-from kubetune.tools.local.steps import Step, emit, forwarding_signals, run_stages
+from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
+                                        forwarding_signals, run_stages)
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
 
@@ -250,4 +251,5 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
 
     with forwarding_signals():
         code = run_step("local", body)
+    flush_or_discard_output()
     sys.exit(code)

@@ -177,12 +177,28 @@ def _emit(line: str, wait: bool = True) -> None:
 
 
 def _discard_stdout() -> None:
-    """Point file descriptor 1 at /dev/null: what is still buffered, and whatever prints
-    later (the summary, the interpreter's last flush), goes nowhere instead of failing."""
+    _discard(sys.stdout)
+
+
+def _discard(stream) -> None:
+    """Point ``stream``'s file descriptor at /dev/null: what is still buffered, and
+    whatever prints later (the summary, the interpreter's last flush), goes nowhere
+    instead of failing."""
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
+
+
+def flush_or_discard_output() -> None:
+    """Flush stdout and stderr before exiting; one whose reader is gone (`2>&1 | tee`
+    killed by the Ctrl-C) is discarded: the interpreter's own last flush would fail on it
+    and turn the exit code into 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            _discard(stream)
 
 
 def _pump(name: str, pipe) -> None:
