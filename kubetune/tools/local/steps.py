@@ -171,13 +171,9 @@ def _emit(line: str, wait: bool = True) -> None:
         # The reader went away (`| head -1`, `| tee` killed by the same Ctrl-C: EPIPE; a
         # closed terminal: EIO) or stdout was closed. The run goes on, its output nowhere.
         _stdout_gone = True
-        _discard_stdout()
+        _discard(sys.stdout)
     finally:
         _print_lock.release()
-
-
-def _discard_stdout() -> None:
-    _discard(sys.stdout)
 
 
 def _discard(stream) -> None:
