@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
-from kubetune import env
+from kubetune import env, file_lock
 from kubetune.entrypoints.extras import require
-from kubetune.tools.local.steps import Step, forwarding_signals, run_stages
+from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
+                                        forwarding_signals, run_stages)
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
 
@@ -26,6 +28,26 @@ DEMO_TRAIN_ARGS = [
     "lr_scheduler.num_warmup_steps=10", "model.lora_rank=8", "model.lora_alpha=16",
     "model.apply_lora_to_output=True", "seed=0",
 ]
+
+
+# In the work directory: held by the `kubetune local` running there.
+WORKDIR_LOCK_NAME = ".kubetune-local.lock"
+
+
+@contextlib.contextmanager
+def workdir_held(workdir: Path) -> Iterator[None]:
+    """One `kubetune local` per work directory (the trainer's own lock, on its output_dir,
+    as an initializer's on its output): a second fails at once, before any step starts
+    or any file of the first's is touched; it exits 75, as a lock held elsewhere is."""
+    from kubetune.errors import TransientError
+
+    try:
+        with file_lock.hold(Path(workdir) / WORKDIR_LOCK_NAME, wait=False):
+            yield
+    except file_lock.LockHeld as held:
+        raise TransientError(f"workdir {workdir} is in use by another kubetune local "
+                             f"({held.holder}): wait for it to finish, or give this run "
+                             "another --workdir") from None
 
 
 def demo_sources(sources_dir: Path) -> tuple[str, str]:
@@ -209,23 +231,25 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
         if runtime_path is None:
             if trainjob_path or print_jobset:
                 raise BadInputError("--trainjob and --print-jobset need --runtime")
-            lines = run_local(workdir, model_uri, dataset_uri, method,
-                              list(train_args) if train_args else None, export_uri)
+            with workdir_held(workdir):
+                lines = run_local(workdir, model_uri, dataset_uri, method,
+                                  list(train_args) if train_args else None, export_uri)
         else:
             if model_uri or dataset_uri or train_args:
                 raise BadInputError("with --runtime, set sources and trainer args in the "
                                     "TrainJob (--trainjob), not --model/--dataset/TRAIN_ARGS")
             if print_jobset:
-                click.echo(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), nl=False)
+                emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))
                 return 0
             options = None if engine == "process" else EngineOptions(
                 engine, gpus, parse_image_overrides(images))
-            lines = run_runtime(workdir, runtime_path, trainjob_path, options)
-        click.echo("\nsummary")
-        for line in lines:
-            click.echo(f"  {line}")
+            with workdir_held(workdir):
+                lines = run_runtime(workdir, runtime_path, trainjob_path, options)
+        # Through emit: a reader that went away (`| head -1`) costs the lines, not the run.
+        emit("\nsummary\n" + "".join(f"  {line}\n" for line in lines))
         return 0
 
     with forwarding_signals():
         code = run_step("local", body)
+    flush_or_discard_output()
     sys.exit(code)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from kubetune import file_lock
 from kubetune.atomic_write import write_atomic
 from kubetune.errors import BadInputError
 from kubetune.workspace import MANIFEST_NAME, STAGING_PREFIX
@@ -49,36 +49,16 @@ def lock_path(output_path: Path) -> Path:
 
 @contextlib.contextmanager
 def lock(output_path: Path) -> Iterator[None]:
-    """Hold the one lock on ``output_path``'s staging area for as long as the block runs.
+    """Hold the one lock on ``output_path``'s staging area for as long as the block runs
+    (``kubetune.file_lock``: it dies with its process, so a killed pod never leaves it held).
 
     A restarted pod can start while the old one is still terminating; both writing one
     staging tree would interleave files. The second waits, then usually finds the first's
-    completed manifest. The lock dies with its process, so a killed pod never leaves it held;
-    a clean exit removes the file too (while still holding it: a waiter that then gets the
-    removed file's lock sees it is no longer the one at the path, and locks the new one).
+    completed manifest.
     """
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    path = lock_path(output_path)
-    while True:
-        handle = open(path, "a")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another initializer is filling %s: waiting for it", output_path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            current = os.stat(path).st_ino
-        except FileNotFoundError:
-            current = None
-        if current == os.fstat(handle.fileno()).st_ino:
-            break
-        handle.close()  # the holder before us removed it: lock the file at the path now
-    try:
+    with file_lock.hold(lock_path(output_path), on_wait=lambda holder: log.info(
+            "another initializer is filling %s (%s): waiting for it", output_path, holder)):
         yield
-    finally:
-        path.unlink(missing_ok=True)
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
 
 
 # A volume's own entries, never ours to remove.

@@ -19,10 +19,13 @@ def report_failure(message: str) -> None:
     """Print ``message`` to stderr and write it to the termination log.
 
     The termination log is skipped silently when it cannot be written (a local run, a
-    read-only path): the stderr line is then the report.
+    read-only path): the stderr line is then the report; and the reverse.
     """
     line = redact(" ".join(message.split()))
-    print(f"error: {line}", file=sys.stderr, flush=True)
+    try:
+        print(f"error: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # stderr gone (a closed terminal, a closed pipe): the log still gets the line
     write_termination_log(line)
 
 

@@ -1,5 +1,7 @@
 """`kubetune local` under signals: a SIGTERM reaches the running steps as the kubelet's
-would, and a step killed by a signal is reported with the signal's name and 128 + N."""
+would, and a step killed by a signal is reported with the signal's name and 128 + N.
+Ctrl-C on `kubetune local | tee log` (which kills tee too) or `| head -1`, a SIGTERM, a
+closed terminal: the steps stop as in a pod, and none outlives `kubetune local`."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from kubetune.errors import EXIT_TRANSIENT
+from kubetune.trainer.checkpointing import resume
 from tests.support.cli import REPO, clean_env, error_lines
+from tests.support.processes import assert_no_orphans, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -25,20 +29,6 @@ TRAIN_ARGS = [
     "optimizer.lr=3e-3", "lr_scheduler.num_warmup_steps=2", "model.lora_rank=8",
     "model.lora_alpha=16", "seed=0",
 ]
-
-
-def processes_mentioning(text: str) -> list[tuple[int, str]]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append((int(entry.name), cmdline))
-    return found
 
 
 def start_local(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
@@ -63,16 +53,6 @@ def wait_for_training(proc: subprocess.Popen, workdir: Path, steps: int = 3) -> 
     proc.kill()
     pytest.fail(f"training never reached step {steps}: exit {proc.poll()}, "
                 f"{proc.stderr.read()[-2000:]}")
-
-
-def assert_no_orphans(workdir: Path) -> None:
-    # The recipe processes die with their launcher; give the kernel a moment to reap them.
-    for _ in range(50):
-        left = processes_mentioning(str(workdir))
-        if not left:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"processes left running: {left}")
 
 
 def test_sigterm_to_local_stops_the_trainer_with_a_resumable_checkpoint(tmp_path):
@@ -111,4 +91,58 @@ def test_a_step_killed_by_sigkill_is_named_and_exits_128_plus_9(tmp_path):
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
     assert lines[0].startswith("error: local: trainer: killed by signal SIGKILL"), lines
     assert term.read_text().strip() == lines[0].removeprefix("error: ")
+    assert_no_orphans(workdir)
+
+
+def start_piped(tmp_path: Path, reader: list[str]) -> tuple[subprocess.Popen, Path]:
+    """`kubetune local ... | READER` as a shell runs a job: both in one new process group
+    (the one a terminal's Ctrl-C or hang-up signals), the reader on kubetune's stdout."""
+    workdir = tmp_path / "run"
+    term = tmp_path / "termination-log"
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kubetune.entrypoints", "local", "--workdir", str(workdir),
+             *TRAIN_ARGS], env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)), cwd=REPO,
+            stdout=subprocess.PIPE, stderr=stderr, process_group=0)
+    with open(tmp_path / "reader.out", "w") as out:
+        subprocess.Popen(reader, stdin=proc.stdout, stdout=out, cwd=tmp_path,
+                         process_group=proc.pid)
+    proc.stdout.close()  # the reader's alone now: when it goes, the pipe is broken
+    return proc, workdir
+
+
+@pytest.mark.parametrize("reader, signum, to_group", [
+    (["tee", "log"], signal.SIGINT, True),  # Ctrl-C: tee dies with it
+    (["head", "-1"], signal.SIGINT, True),  # the pipe broken long before the Ctrl-C
+    (["head", "-1"], signal.SIGTERM, False),  # `kill PID`
+    (["tee", "log"], signal.SIGHUP, True),  # the terminal closed
+], ids=["ctrl-c-tee", "ctrl-c-head", "sigterm-head", "sighup-tee"])
+def test_a_stop_with_stdout_gone_stops_every_step_and_the_trainer_saves(
+        tmp_path, reader, signum, to_group):
+    proc, workdir = start_piped(tmp_path, reader)
+    output = workdir / "workspace" / "output"
+    deadline = time.monotonic() + 300
+    while not ((output / "metrics.jsonl").is_file()
+               and len((output / "metrics.jsonl").read_text().splitlines()) >= 3):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail(f"training never reached step 3: exit {proc.poll()}, "
+                        f"{(tmp_path / 'stderr').read_text()[-3000:]}")
+        time.sleep(0.1)
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    code = proc.wait(timeout=240)
+    stderr = (tmp_path / "stderr").read_text()
+    # Stopped as in a pod: the trainer saved within its grace period and exited 75.
+    assert code == EXIT_TRANSIENT, stderr[-3000:]
+    lines = error_lines(subprocess.CompletedProcess([], code, "", stderr))
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert lines[0].startswith("error: local: trainer: ") and "resumable checkpoint" in lines[0]
+    assert (tmp_path / "termination-log").read_text().strip() == lines[0].removeprefix("error: ")
+    assert resume.read_record(output) is not None
+    assert not (output / "kubetune-complete.json").exists()
+    assert not (workdir / "workspace" / "export").exists()  # nothing starts after a stop
+    assert (tmp_path / "reader.out").read_text()  # it did read, before it went
     assert_no_orphans(workdir)

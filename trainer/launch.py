@@ -5,6 +5,7 @@ outcome (``summary.json``, then the completion marker, last)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -18,18 +19,20 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from omegaconf import OmegaConf
 
-from kubetune import env
+from kubetune import env, file_lock
 from kubetune.atomic_write import write_atomic
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
 from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
-                                TRAINER_CONFIG_NAME)
+                                TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME)
 from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
 from kubetune.logs import json_mode, wrap_foreign_line
+from kubetune.parent_death import die_with_parent
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.checkpointing.checkpoint_model import SPECIAL_TOKENS_FILE
@@ -82,21 +85,6 @@ def _terminal() -> str | None:
     except (AttributeError, ValueError, OSError):
         pass
     return None
-
-
-def die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies (Linux; elsewhere a no-op).
-
-    The recipe runs in its own session so a stop can signal it as a group; without this
-    a launcher killed outright (SIGKILL, OOM) would leave it training on, unsupervised.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _stream(pipe, sink, tail: collections.deque) -> None:
@@ -258,6 +246,31 @@ def run(plan_: RunPlan, dry_run: bool = False) -> int:
     for note in plan_.notes:
         log.info(note)
     check_writable(output_dir)
+    with _output_held(plan_):
+        return _run_holding_output(plan_, config_path, command)
+
+
+@contextlib.contextmanager
+def _output_held(plan_: RunPlan) -> Iterator[None]:
+    """The one trainer on ``output_dir`` (as an initializer holds its output): a second
+    one, started by hand, by a second `kubetune local` or by a restarted pod while the old
+    one still saves, would log every step twice and write over the first's checkpoints.
+    It fails at once, touching nothing; a restart (exit 75) succeeds once the first is gone.
+    Rank 0's node holds it for all: every node of one run shares the directory."""
+    if not plan_.is_primary_node:
+        yield
+        return
+    try:
+        with file_lock.hold(plan_.output_dir / TRAINER_LOCK_NAME, wait=False):
+            yield
+    except file_lock.LockHeld as held:
+        raise TransientError(f"output_dir {plan_.output_dir} is in use by another trainer "
+                             f"({held.holder}): wait for it to finish, or give this run "
+                             "another output_dir") from None
+
+
+def _run_holding_output(plan_: RunPlan, config_path: Path, command: list[str]) -> int:
+    output_dir = plan_.output_dir
     primary = plan_.is_primary_node
     if _already_complete(plan_):
         # Every node decides the same from the shared volume: a node that went on alone

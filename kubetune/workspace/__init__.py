@@ -37,6 +37,7 @@ MODEL_CONFIG_NAME = "config.json"  # a Hugging Face model directory's architectu
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"  # tensor -> shard of a sharded model
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # a PEFT adapter (LoRA, DoRA, QLoRA)
 ADAPTER_CONFIG_NAME = "adapter_config.json"
+TRAINER_LOCK_NAME = ".kubetune-trainer.lock"  # in output_dir: held by the trainer writing it
 STAGING_PREFIX = ".kubetune-staging-"  # sibling directories that are never read by a next step
 
 

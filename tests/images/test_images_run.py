@@ -8,6 +8,7 @@ against a budget. Skipped, with the reason, where no engine or no built image ex
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -321,9 +322,13 @@ def test_failing_runtime_step_propagates_code_and_message(tmp_path):
     assert_nothing_left(result)
 
 
-def test_sigterm_removes_every_container_and_the_network(tmp_path):
+@pytest.mark.parametrize("signum, output_gone", [(signal.SIGTERM, False),
+                                                  (signal.SIGINT, True)],
+                         ids=["sigterm", "ctrl-c-output-gone"])
+def test_sigterm_removes_every_container_and_the_network(tmp_path, signum, output_gone):
     """Ctrl-C / SIGTERM mid-run: the step is stopped, and no container or network of the
-    run is left behind."""
+    run is left behind; also when the output's reader went first (`2>&1 | head -1`, or
+    `| tee` killed by the same Ctrl-C)."""
     runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
     jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     for initializer in jobs[:2]:  # both initializers: the first stage sleeps
@@ -334,21 +339,25 @@ def test_sigterm_removes_every_container_and_the_network(tmp_path):
     job = write_trainjob(tmp_path, runtime["metadata"]["name"], {
         "initializer": {"model": {"storageUri": "file:///m"},
                         "dataset": {"storageUri": "file:///d"}}})
+    # Its own process group, as a shell's job: what a terminal's Ctrl-C signals.
     proc = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "local",
                              "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
                              "--runtime", str(path), "--trainjob", str(job)],
                             env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, process_group=0)
     first = proc.stdout.readline()
+    if output_gone:
+        proc.stdout.close()
     run_id = first.split("network kubetune-")[1].split(")")[0]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not engine(
             "ps", "-q", "--filter", f"label=kubetune.local/run={run_id}",
             "--filter", "status=running", timeout=60).stdout.strip():
         time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0, first + out
+    os.killpg(proc.pid, signum)
+    out = "" if output_gone else proc.communicate(timeout=120)[0]
+    # Each container stopped as the kubelet stops it (SIGTERM; the sleep has no handler).
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, first + out
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == "", first + out
     assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
               "device: run with device=cpu or check the GPU driver", file=sys.stderr)
         return 65
     if passed_env.under_torchrun():
-        from kubetune.trainer.launch import die_with_parent
+        from kubetune.parent_death import die_with_parent
 
         die_with_parent()  # torchrun's workers go when torchrun goes
     recipe_noise.quiet()  # before torchtune and torchao are imported

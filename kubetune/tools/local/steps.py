@@ -6,17 +6,25 @@ the PVC. Output lines are prefixed with the step's name; a failing step stops th
 with that step's one-line error (read from its termination log) and exit code.
 
 Signals: each step runs in its own process group, as a container has its own PID 1, so a
-terminal's Ctrl-C does not hit every process at once. A SIGTERM or SIGINT to `kubetune
-local` is forwarded to every running step (the kubelet's SIGTERM on eviction), which
-stops as it would in a pod (the trainer saves a resumable checkpoint and exits 75); no
-further step starts, and `kubetune local` exits with the stopped step's own code; a second
-signal kills the running steps, as the kubelet does after the grace period. A step
-killed by a signal N (SIGKILL from the OOM killer, say) exits 128 + N, as Kubernetes
-reports it, with a line naming the signal.
+terminal's Ctrl-C does not hit every process at once. A SIGTERM, SIGINT (Ctrl-C) or SIGHUP
+(the terminal closed) to `kubetune local` reaches every running step as the kubelet's
+SIGTERM on eviction, which each step handles as it would in a pod (an initializer exits
+75 at once, the trainer saves a resumable checkpoint within its grace period and exits
+75); no further step starts, and `kubetune local` exits with the stopped step's own code.
+A second signal kills the running steps, as the kubelet does after the grace period. A
+step killed by a signal N (SIGKILL from the OOM killer, say) exits 128 + N, as
+Kubernetes reports it, with a line naming the signal.
+
+However `kubetune local` ends, no step outlives it: the steps are signalled before
+anything is printed (the terminal or the pipe may be gone: `| tee` dies with the same
+Ctrl-C), output that cannot be written is dropped without stopping anything, a way out
+that leaves steps running (an exception) stops them first, and a `kill -9` of `kubetune
+local` takes its steps with it (the kernel's parent-death signal).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -30,6 +38,7 @@ from typing import Iterator
 
 from kubetune import env
 from kubetune.errors import StepFailedError
+from kubetune.parent_death import die_with_parent
 
 
 @dataclass
@@ -54,7 +63,13 @@ _print_lock = threading.RLock()
 _running: dict[int, subprocess.Popen] = {}
 _signalled: set[int] = set()
 _stop_signal: int | None = None
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_stdout_gone = False
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What a step is sent for any stop: the kubelet's signal, the one every step handles.
+STEP_STOP_SIGNAL = signal.SIGTERM
+# How long a way out that is no stop (an exception, an exit) waits for the steps it
+# stops before it kills them: the trainer's default grace period, the kubelet's default.
+EXIT_GRACE_S = 30.0
 
 
 def signal_exit_code(signum: int) -> int:
@@ -77,42 +92,109 @@ def _signal_step(pid: int, signum: int) -> None:
         pass
 
 
+def _kill_steps() -> None:
+    for pid in list(_running):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 def _forward(signum: int, frame=None) -> None:
     global _stop_signal
+    # The steps first, the words after: printing can fail or block (a reader gone).
     if _stop_signal is not None:
         # A second signal: whoever sent it will not wait for the saves; kill the steps,
         # as the kubelet does when the grace period is over.
-        _emit("==> a second signal: killing the running steps\n")
-        for pid in list(_running):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _kill_steps()
+        _emit("==> a second signal: killed the running steps\n", wait=False)
         return
     _stop_signal = signum
-    _emit(f"==> {signal.Signals(signum).name}: stopping the running steps\n")
     for pid in list(_running):
-        _signal_step(pid, signum)
+        _signal_step(pid, STEP_STOP_SIGNAL)
+    _emit(f"==> {signal.Signals(signum).name}: stopping the running steps\n", wait=False)
+
+
+def stop_remaining_steps(grace_s: float = EXIT_GRACE_S) -> None:
+    """Stop every step still running, as a stop signal would, then kill what is left
+    after ``grace_s``: what `kubetune local` does on its way out, however it leaves."""
+    running = list(_running.items())
+    if not running:
+        return
+    for pid, _ in running:
+        _signal_step(pid, STEP_STOP_SIGNAL)
+    deadline = time.monotonic() + grace_s
+    for pid, child in running:
+        try:
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_steps()
 
 
 @contextlib.contextmanager
 def forwarding_signals() -> Iterator[None]:
-    """While the block runs, SIGTERM / SIGINT stop the running steps (see module doc)."""
+    """While the block runs, SIGTERM / SIGINT / SIGHUP stop the running steps (see module
+    doc); however the block ends, it leaves no step running."""
     previous = {s: signal.signal(s, _forward) for s in FORWARDED_SIGNALS}
+    # Also at interpreter exit, for a way out that skips the block's end.
+    atexit.unregister(stop_remaining_steps)
+    atexit.register(stop_remaining_steps)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        try:
+            stop_remaining_steps()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def emit(line: str) -> None:
-    """Write one line to stdout without interleaving with the steps' output."""
+    """Write one line to stdout without interleaving with the steps' output; a stdout
+    that is gone (a closed pipe or terminal) drops it."""
     _emit(line)
 
 
-def _emit(line: str) -> None:
-    with _print_lock:
+def _emit(line: str, wait: bool = True) -> None:
+    global _stdout_gone
+    # From the signal handler, never wait on a writer stuck on a full pipe: the line is
+    # the least of what a stop does.
+    if not _print_lock.acquire(timeout=-1 if wait else 1.0):
+        return
+    try:
+        if _stdout_gone:
+            return
         sys.stdout.write(line)
         sys.stdout.flush()
+    except RuntimeError:
+        pass  # a signal handler's line interrupted a write of this thread: dropped
+    except (OSError, ValueError):
+        # The reader went away (`| head -1`, `| tee` killed by the same Ctrl-C: EPIPE; a
+        # closed terminal: EIO) or stdout was closed. The run goes on, its output nowhere.
+        _stdout_gone = True
+        _discard(sys.stdout)
+    finally:
+        _print_lock.release()
+
+
+def _discard(stream) -> None:
+    """Point ``stream``'s file descriptor at /dev/null: what is still buffered, and
+    whatever prints later (the summary, the interpreter's last flush), goes nowhere
+    instead of failing."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
+def flush_or_discard_output() -> None:
+    """Flush stdout and stderr before exiting; one whose reader is gone (`2>&1 | tee`
+    killed by the Ctrl-C) is discarded: the interpreter's own last flush would fail on it
+    and turn the exit code into 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            _discard(stream)
 
 
 def _pump(name: str, pipe) -> None:
@@ -141,13 +223,15 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
         return StepResult(step.name, signal_exit_code(stopped), 0.0,
                           f"not started: kubetune local was stopped by "
                           f"{signal.Signals(stopped).name}")
+    # die_with_parent: a `kill -9` of `kubetune local` takes the step with it (this
+    # thread waits for the step, so it outlives it otherwise).
     child = subprocess.Popen(step.command, env=child_env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=die_with_parent)
     _running[child.pid] = child
     stopped = stop_requested()
     if stopped is not None:  # the signal came while this step was starting
-        _signal_step(child.pid, stopped)
+        _signal_step(child.pid, STEP_STOP_SIGNAL)
     try:
         _pump(step.name, child.stdout)
         code = child.wait()
