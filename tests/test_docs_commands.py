@@ -50,7 +50,8 @@ def checkout_copy(dest: Path) -> Path:
 def run_block(block: Block, cwd: Path) -> None:
     script = "set -euo pipefail\n" + "\n".join(block.commands) + "\n"
     env = clean_env(PATH=f"{cwd / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    env.pop("MAKEFLAGS", None)
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL"):   # under `make test`: a fresh make
+        env.pop(name, None)
     try:
         result = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
