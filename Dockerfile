@@ -5,7 +5,7 @@
 #     -v "$PWD/ws:/workspace" kubetune:0.1.0            # the tiny demo, end to end
 # `kubetune local` runs the four steps as the runtimes wire them; with
 # `--runtime /opt/kubetune/runtimes/base/<name>.yaml --trainjob /workspace/job.yaml` it runs
-# one of our ClusterTrainingRuntimes as the controller would (see README, "Images"); the
+# one of our ClusterTrainingRuntimes as the controller would (docs/images.md); the
 # torchtune-* drop-ins are under /opt/kubetune/runtimes/overlays/dropin/.
 # Build args as the trainer image's: BASE_IMAGE, TORCH_VERSION, TORCH_INDEX_URL (empty:
 # pip's configured index; the default CUDA base already has torch, so nothing is fetched).

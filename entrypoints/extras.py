@@ -16,7 +16,7 @@ import re
 
 from kubetune.errors import BadInputError
 
-# extra -> the image that ships it (README, "Images")
+# extra -> the image that ships it (docs/images.md)
 IMAGES = {"train": "the trainer image (or the all-in-one image)",
           "export": "the exporter image (or the trainer or all-in-one image)",
           "all": "the all-in-one image"}

@@ -1,7 +1,7 @@
 """Parse STORAGE_URI and find the source class that serves its scheme.
 
 Sources are found through the ``kubetune.storage`` entry-point group, so a package
-installed beside ours adds a scheme without forking (see README, "Extending"). The
+installed beside ours adds a scheme without forking (docs/extending.md). The
 parsing itself is `kubetune.storage_uri`'s, shared with the exporter.
 """
 

@@ -220,7 +220,7 @@ def _node(spec: Spec) -> dict:
 
 def _exporter() -> dict:
     container = {"name": "exporter", "image": EXPORTER_IMAGE, "command": ["kubetune", "export"],
-                 # The destination: a TrainJob changes it with a runtimePatch (see README).
+                 # The destination: a TrainJob changes it with a runtimePatch (docs/runtimes.md).
                  "env": _env(EXPORT_URI="/workspace/export"),
                  "resources": {"requests": {"cpu": "2", "memory": "16Gi"},
                                "limits": {"memory": "32Gi"}},

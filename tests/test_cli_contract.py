@@ -97,8 +97,9 @@ def test_help_of_every_command_imports_no_torch_stack():
 
 def documented_tune_commands() -> set[str]:
     """Every `tune-*` command our docs, Dockerfiles and Makefile tell a user to run."""
-    texts = [REPO / "README.md", REPO / "DEVELOPERS.md", REPO / "Makefile",
-             REPO / "Dockerfile", *sorted((REPO / "images").glob("*.Dockerfile"))]
+    texts = [REPO / "README.md", REPO / "DEVELOPERS.md", *sorted((REPO / "docs").glob("*.md")),
+             REPO / "Makefile", REPO / "Dockerfile",
+             *sorted((REPO / "images").glob("*.Dockerfile"))]
     return {name for path in texts
             for name in re.findall(r"(?<![\w-])tune-[a-z]+", path.read_text())}
 

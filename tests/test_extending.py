@@ -1,4 +1,4 @@
-"""The README's "Extending" examples, each run the way a runtime author would use it."""
+"""docs/extending.md's examples, each run the way a runtime author would use it."""
 
 from __future__ import annotations
 

@@ -300,7 +300,7 @@ def test_exporter_and_trainer_images_install(torch_images):
 def test_torch_images_answer_on_every_cli_path(torch_images, name, tmp_path):
     """Each image's default command (but the all-in-one's, which is the whole demo) and
     `--help` of every subcommand it ships, `tune`'s (and `tune-torchtune`, torchtune's own
-    CLI under the name the README gives it) included where it has ours."""
+    CLI under the name docs/cli.md gives it) included where it has ours."""
     image = torch_images[name]
     argv = image.default_command()
     if name != "all-in-one":

@@ -18,7 +18,8 @@ from tests.support.runtimes import BASE, DROPIN, runtime_file, runtime_files
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIMES = runtime_files()
-EXAMPLES = sorted((REPO / "examples" / "trainjobs").glob("*.yaml"))
+EXAMPLES = [*sorted((REPO / "examples" / "trainjobs").glob("*.yaml")),
+            REPO / "examples" / "laptop" / "job.yaml"]
 EXAMPLE_RUNTIMES = sorted((REPO / "examples").glob("*/runtime.yaml"))
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 

@@ -98,7 +98,7 @@ def test_gang_runtime_labels_every_pod_with_the_pod_group():
 
 @pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 def test_sdk_runtime_patch_option_sets_the_export_destination():
-    """The SDK's RuntimePatch option builds the patch README shows for EXPORT_URI."""
+    """The SDK's RuntimePatch option builds the patch docs/runtimes.md shows for EXPORT_URI."""
     from kubeflow.trainer.options.kubernetes import (ContainerPatch, JobSetSpecPatch,
                                                      JobSetTemplatePatch, JobSpecPatch,
                                                      JobTemplatePatch, PodSpecPatch,

@@ -1,6 +1,6 @@
 """Any model through the Kubeflow SDK (kubeflow 0.5.0): the supported path is
 `CustomTrainerContainer` against `kubetune-byo-model`, the model named by the model
-initializer and built from its checkpoint's config.json (README "Any model from the
+initializer and built from its checkpoint's config.json (docs/runtimes.md "Any model from the
 SDK"). Shown for Qwen3 and Gemma 2 on tiny checkpoints written by transformers: the SDK
 builds the TrainJob, the controller's admission rules (runtime_merge) admit it, and
 `kubetune local` runs it end to end, export included."""
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`
 
 RUNTIME = runtime_file("kubetune-byo-model")
 STEPS = 2
-# What the README tells a user to pass; the model's own size decides resources.
+# What docs/runtimes.md tells a user to pass; the model's own size decides resources.
 ENV = {"KUBETUNE_METHOD": "lora", "KUBETUNE_EPOCHS": "1", "KUBETUNE_LORA_RANK": "8",
        "KUBETUNE_LORA_ALPHA": "16", "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
 RESOURCES = {"gpu": 1, "cpu": 8, "memory": "32Gi"}
@@ -51,7 +51,7 @@ def test_sdk_takes_the_byo_runtime_as_a_custom_trainer_only():
 @pytest.mark.parametrize("family", ["qwen3", "gemma2"])
 def test_documented_sdk_trainjob_is_admitted(family):
     """The controller's admission rules, as ported in runtime_merge, admit the TrainJob
-    the README's snippet makes the SDK send (hub URIs as a user writes them)."""
+    docs/runtimes.md's snippet makes the SDK send (hub URIs as a user writes them)."""
     spec = sdk_container_trainjob_spec(RUNTIME, f"hf://org/tiny-{family}",
                                        "hf://org/tiny-data", ENV, RESOURCES)
     jobset = merge(yaml.safe_load(RUNTIME.read_text()), trainjob(spec))

@@ -1,4 +1,4 @@
-"""The README's "Extending: a storage scheme" example, installed the way an image would."""
+"""docs/extending.md's storage scheme example, installed the way an image would."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ IMAGES = {name: f"ghcr.io/kubetune/{name}:{VERSION}"
           for name in ("initializer", "trainer", "exporter", "kubetune")}
 # What each image adds on top of its base, in MB (1e6 bytes): measured on the CI
 # stand-in bases (initializer 248, trainer / exporter / all-in-one 530-532), plus
-# about 20% headroom. Growth past these fails; raise them knowingly (README, "Images").
+# about 20% headroom. Growth past these fails; raise them knowingly (docs/images.md).
 ADDED_MB_BUDGET = {"initializer": 300, "trainer": 730, "exporter": 640, "kubetune": 730}
 ENGINE = "podman"
 TRACEBACK = "Traceback (most recent call last)"
