@@ -35,6 +35,15 @@ class Architecture:
         return LORA_KEYS
 
     @property
+    def shape(self) -> dict:
+        """``dims`` as parameter counts and memory plans read them: Gemma's builders take
+        no ``tie_word_embeddings`` but always tie the output to the embeddings (counted
+        once: Gemma 2 2B's 256k x 2304 table is a fifth of the model)."""
+        if self.family in ("gemma", "gemma2"):
+            return {**self.dims, "tie_word_embeddings": True}
+        return self.dims
+
+    @property
     def permutes_qk(self) -> bool:
         """Whether torchtune holds q/k rows in the interleaved RoPE layout (converting
         from HF permutes them); Qwen and Phi-3 keep HF's rotate-half rows as they are."""

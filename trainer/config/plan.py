@@ -363,7 +363,7 @@ def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Top
         cfg, user_keys, hw.device, topo.world_size,
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
         found.total_rows if found else None, max_seq_len, method=method,
-        dims=checkpoint.architecture.dims,
+        dims=checkpoint.architecture.shape,
         gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
 
 
