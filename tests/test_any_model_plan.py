@@ -54,15 +54,16 @@ def checkpoints(serving_python, tmp_path_factory) -> dict[str, Path]:  # noqa: F
     return {name: write_checkpoint(serving_python, name, root / name) for name in EFFECTIVE}
 
 
-def _spec(runtime: str) -> dict:
+def _spec(runtime: str, env: dict[str, str] = BYO_ENV) -> dict:
     if runtime.startswith("torchtune-"):
         return sdk_trainjob_spec(runtime_file(runtime))  # LoRA on q_proj, v_proj
     return sdk_container_trainjob_spec(runtime_file(runtime), "hf://org/model", "hf://org/data",
-                                       BYO_ENV, {"gpu": 1})
+                                       env, {"gpu": 1})
 
 
-def _plan(runtime: str, model: Path, dataset: Path, tmp_path: Path):
-    result = _dry_run_trainer(f"{runtime}.yaml", _spec(runtime), model, dataset, tmp_path)
+def _plan(runtime: str, model: Path, dataset: Path, tmp_path: Path,
+          env: dict[str, str] = BYO_ENV):
+    result = _dry_run_trainer(f"{runtime}.yaml", _spec(runtime, env), model, dataset, tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     config = yaml.safe_load(result.stdout.split("\nconfig:\n", 1)[1].split("\ncommand:", 1)[0])
     return result, config
@@ -96,6 +97,9 @@ def test_the_checkpoint_decides_builder_tokenizer_checkpointer_and_lora_modules(
         assert lora["lora_attn_modules"] == ALL_ATTENTION and lora["apply_lora_to_mlp"]
         # Gemma ties its output to the embeddings: its builder takes no output LoRA.
         assert lora.get("apply_lora_to_output") is (None if model == "gemma2" else True)
+    # all-linear asked for an output LoRA: where the model cannot have one, a line says so.
+    tied = "model.apply_lora_to_output: gemma2 ties its output to the embeddings"
+    assert (tied in result.stdout) is (model == "gemma2" and runtime == "kubetune-byo-model")
 
     # One line says the runtime's model yielded to the checkpoint's, naming all four.
     said = [line for line in result.stdout.splitlines()
@@ -134,6 +138,15 @@ def test_a_users_own_tokenizer_file_of_the_right_kind_is_kept(checkpoints, tiny_
                       "--kubetune-dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"  path: {own}\n" in result.stdout
+
+
+def test_phis_fused_module_names_train_their_parts(checkpoints, tiny_dataset_dir, tmp_path):
+    """A PEFT config written for Phi-3 names its fused qkv_proj and gate_up_proj."""
+    _, cfg = _plan("kubetune-byo-model", checkpoints["phi3"], tiny_dataset_dir, tmp_path,
+                   {"KUBETUNE_LORA_TARGET_MODULES": "qkv_proj,gate_up_proj"})
+    assert cfg["model"]["lora_attn_modules"] == ["q_proj", "k_proj", "v_proj"]
+    assert cfg["model"]["apply_lora_to_mlp"] is True
+    assert cfg["model"]["apply_lora_to_output"] is False
 
 
 def _with_config(checkpoint: Path, dest: Path, **changes) -> Path:

@@ -103,6 +103,10 @@ def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
     new_model = {"_component_": component, **arch.dims}
     if lora:
         new_model.update({k: model_cfg[k] for k in arch.lora_keys if k in model_cfg})
+        if model_cfg.get("apply_lora_to_output") and "apply_lora_to_output" not in new_model:
+            notes.append(f"model.apply_lora_to_output: {arch.family} ties its output to the "
+                         "embeddings, and torchtune's LoRA builder for it trains no output "
+                         "LoRA: the other modules get theirs")
         new_model["quantize_base"] = method == "qlora"
         new_model["use_dora"] = method == "dora"
     cfg.model = OmegaConf.create(new_model)
