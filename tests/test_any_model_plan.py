@@ -183,3 +183,57 @@ def test_a_config_without_model_type_is_read_by_its_architecture(checkpoints,
         ["Phi3ForCausalLM"]
     _, cfg = _plan("torchtune-llama3.2-1b", model, tiny_dataset_dir, tmp_path / "run")
     assert cfg["checkpointer"]["model_type"] == "PHI3_MINI"
+
+
+# --- host memory: the runtime's limit against the checkpoint actually loaded -------------
+
+# bf16 safetensors bytes of real checkpoints: 2 x their parameter counts
+# (tests/test_trainer_defaults.py REAL_CONFIGS).
+CHECKPOINT_BYTES = {"Llama-3.2-1B": 2 * 1_235_814_400, "Qwen3-8B": 2 * 8_190_735_360,
+                    "phi-4": 2 * 14_659_507_200}
+
+
+def _node_limits(runtime: str) -> tuple[int, int]:
+    """(memory limit in bytes, GPUs: the processes `nproc_per_node: auto` starts) of the
+    runtime's trainer container."""
+    from kubetune.tools.local.runtime_spec import load_runtime
+
+    spec = load_runtime(runtime_file(runtime))["spec"]["template"]["spec"]
+    node = next(j for j in spec["replicatedJobs"] if j["name"] == "node")
+    limits = node["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["memory"].endswith("Gi")
+    return int(limits["memory"][:-2]) * 2 ** 30, int(limits["nvidia.com/gpu"])
+
+
+@pytest.mark.parametrize("runtime, checkpoint, warned", [
+    ("torchtune-llama3.2-1b", "Llama-3.2-1B", False),  # what the runtime was sized for
+    ("torchtune-llama3.2-1b", "Qwen3-8B", False),  # 2 x 16.4 GB within 80% of 64 GiB
+    ("torchtune-llama3.2-1b", "phi-4", True),  # 2 x 29.3 GB: not
+    ("kubetune-byo-model", "phi-4", False),  # one process
+    ("torchtune-llama3.3-70b", "phi-4", False),
+])
+def test_a_checkpoint_too_large_for_the_runtimes_memory_is_one_note(runtime, checkpoint,
+                                                                    warned):
+    from kubetune.trainer.performance import host_memory
+
+    limit, processes = _node_limits(runtime)
+    line = host_memory.note(processes, CHECKPOINT_BYTES[checkpoint], limit)
+    assert (line is not None) is warned
+    if warned:
+        assert line.startswith("memory: 2 process(es) on this node each load the whole "
+                               "checkpoint (27.3 GiB) into host memory before the GPU: about "
+                               "54.6 GiB against this container's 64.0 GiB limit")
+
+
+def test_no_memory_limit_no_note(tmp_path):
+    from kubetune.trainer.performance import host_memory
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    assert host_memory.container_memory_bytes((v2, v1)) is None  # no cgroup files
+    v1.write_text("9223372036854771712\n")  # v1's "unlimited"
+    assert host_memory.container_memory_bytes((v2, v1)) is None
+    v2.write_text("max\n")
+    assert host_memory.container_memory_bytes((v2, v1)) is None
+    v2.write_text(f"{64 * 2 ** 30}\n")
+    assert host_memory.container_memory_bytes((v2, v1)) == 64 * 2 ** 30
+    assert host_memory.note(8, 10 ** 12, None) is None

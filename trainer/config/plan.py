@@ -16,7 +16,7 @@ from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys
 from kubetune.trainer.data import dataset_check, dataset_location, step_count
-from kubetune.trainer.performance import hardware, speed
+from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
 from kubetune.trainer.checkpointing import resume
@@ -274,6 +274,11 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
+    too_small = host_memory.note(
+        topo.nproc_per_node, host_memory.checkpoint_bytes(checkpoint.model_dir,
+                                                          checkpoint.weight_files),
+        host_memory.container_memory_bytes())
+    notes += [too_small] if too_small else []
     cfg.log_peak_memory_stats = hw.device.startswith("cuda")
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
