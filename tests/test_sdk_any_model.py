@@ -1,9 +1,10 @@
 """Any model through the Kubeflow SDK (kubeflow 0.5.0): the supported path is
 `CustomTrainerContainer` against `kubetune-byo-model`, the model named by the model
 initializer and built from its checkpoint's config.json (docs/runtimes.md "Any model from the
-SDK"). Shown for Qwen3 and Gemma 2 on tiny checkpoints written by transformers: the SDK
-builds the TrainJob, the controller's admission rules (runtime_merge) admit it, and
-`kubetune local` runs it end to end, export included."""
+SDK"). Shown for Qwen3, Gemma 2, Phi-3 and Phi-4 on tiny checkpoints written by
+transformers: the SDK builds the TrainJob, the controller's admission rules (admission_rules)
+admit it, `kubetune local` runs it end to end, and PEFT loads the exported adapter onto the
+base model."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import pytest
 import yaml
 
 from kubetune.tools.local.runtime_merge import merge
-from tests.support.cli import clean_env, kubetune
+from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.runtimes import runtime_file
 from tests.support.sdk_trainjob import sdk_container_trainjob_spec, sdk_runtime
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
-from tests.test_model_families import FAMILIES, write_checkpoint
+from tests.test_model_families import FAMILIES, serving, write_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 
@@ -29,11 +30,11 @@ ENV = {"KUBETUNE_METHOD": "lora", "KUBETUNE_EPOCHS": "1", "KUBETUNE_LORA_RANK": 
 RESOURCES = {"gpu": 1, "cpu": 8, "memory": "32Gi"}
 
 
-def trainjob(spec: dict) -> dict:
+def trainjob(spec: dict, runtime: str = "kubetune-byo-model") -> dict:
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
             "metadata": {"name": "sdk-any-model"},
-            "spec": {"runtimeRef": {"name": "kubetune-byo-model",
-                                    "kind": "ClusterTrainingRuntime"}, **spec}}
+            "spec": {"runtimeRef": {"name": runtime, "kind": "ClusterTrainingRuntime"},
+                     **spec}}
 
 
 def test_sdk_takes_the_byo_runtime_as_a_custom_trainer_only():
@@ -48,7 +49,7 @@ def test_sdk_takes_the_byo_runtime_as_a_custom_trainer_only():
                                              trainer=BuiltinTrainer(config=TorchTuneConfig()))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "phi3", "phi4"])
 def test_documented_sdk_trainjob_is_admitted(family):
     """The controller's admission rules, as ported in runtime_merge, admit the TrainJob
     docs/runtimes.md's snippet makes the SDK send (hub URIs as a user writes them)."""
@@ -64,7 +65,7 @@ def test_documented_sdk_trainjob_is_admitted(family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "phi3", "phi4"])
 def test_sdk_trainjob_trains_and_exports_the_model_it_names(family, serving_python,  # noqa: F811
                                                             tiny_dataset_dir, tmp_path):
     model_dir = write_checkpoint(serving_python, family, tmp_path / "model")
@@ -89,3 +90,44 @@ def test_sdk_trainjob_trains_and_exports_the_model_it_names(family, serving_pyth
     assert merged["model"]["lora_rank"] == 8
     adapter = json.loads((ws / "export" / "adapter_config.json").read_text())
     assert adapter["r"] == 8
+    # Loadable as a user loads it: PEFT onto the base, every exported tensor taken.
+    loaded = serving(serving_python, str(REPO / "tests/support/load_adapter.py"),
+                     str(ws / "model"), str(ws / "export"))
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    report = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert report["equal"] == report["tensors"] > 0, report
+    assert not report["missing"] and not report["unexpected"], report
+    assert report["finite"] and report["adapter_effect"] > 0, report
+
+
+@pytest.mark.slow
+def test_a_dropin_runtime_trains_the_phi3_checkpoint_it_is_given(serving_python,  # noqa: F811
+                                                                 tiny_dataset_dir, tmp_path):
+    """Not the documented path, but one a BuiltinTrainer user can take: a `torchtune-*`
+    name upstream's webhook admits, with a Phi-3 checkpoint from the model initializer.
+    The runtime's Llama defaults (builder, original/tokenizer.model, LLAMA3_2) yield to
+    the checkpoint's, each in a line, and the export loads onto the Phi-3 base."""
+    from tests.support.sdk_trainjob import sdk_trainjob_spec, use_local_sources
+
+    dropin = runtime_file("torchtune-llama3.2-1b")
+    model_dir = write_checkpoint(serving_python, "phi3", tmp_path / "model")
+    spec = use_local_sources(sdk_trainjob_spec(dropin), model_dir, tiny_dataset_dir)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(trainjob(spec, "torchtune-llama3.2-1b")))
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(dropin),
+                      "--trainjob", str(job), env=clean_env(), timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "the checkpoint's config.json is phi3" in out
+    assert "original/tokenizer.model does not fit a phi3 checkpoint" in out
+    ws = tmp_path / "run" / "workspace"
+    merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
+    assert merged["model"]["_component_"] == FAMILIES["phi3"].lora_component
+    assert merged["checkpointer"]["model_type"] == "PHI3_MINI"
+    assert merged["tokenizer"]["path"] == str(ws / "model" / "tokenizer.model")
+    loaded = serving(serving_python, str(REPO / "tests/support/load_adapter.py"),
+                     str(ws / "model"), str(ws / "export"))
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    report = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert report["equal"] == report["tensors"] > 0 and not report["unexpected"], report
+    assert report["finite"] and report["adapter_effect"] > 0, report

@@ -383,7 +383,7 @@ def _record_summary(plan_: RunPlan, ran: _RecipeRun, stopped: bool) -> dict:
         reason = "stopped by signal" + (" (grace period over)" if ran.killed else "")
     else:
         reason = "completed" if ran.code == 0 else f"failed (exit {ran.code})"
-    summary = summarize(plan_.output_dir, ran.wall_s, reason, plan_.checkpoint.architecture.dims,
+    summary = summarize(plan_.output_dir, ran.wall_s, reason, plan_.checkpoint.architecture.shape,
                         str(plan_.cfg.device), plan_.topology.world_size,
                         _final_epoch_dir(plan_), plan_.method, plan_.cfg)
     write_atomic(plan_.output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))

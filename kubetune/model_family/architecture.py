@@ -35,6 +35,15 @@ class Architecture:
         return LORA_KEYS
 
     @property
+    def shape(self) -> dict:
+        """``dims`` as parameter counts and memory plans read them: Gemma's builders take
+        no ``tie_word_embeddings`` but always tie the output to the embeddings (counted
+        once: Gemma 2 2B's 256k x 2304 table is a fifth of the model)."""
+        if self.family in ("gemma", "gemma2"):
+            return {**self.dims, "tie_word_embeddings": True}
+        return self.dims
+
+    @property
     def permutes_qk(self) -> bool:
         """Whether torchtune holds q/k rows in the interleaved RoPE layout (converting
         from HF permutes them); Qwen and Phi-3 keep HF's rotate-half rows as they are."""
@@ -79,8 +88,20 @@ def _refuse(family: str, what: str, fix: str) -> BadInputError:
                          f"cannot run; {fix}")
 
 
+def model_type_of(cfg: dict) -> str | None:
+    """config.json's ``model_type``; without one (configs written before transformers
+    named it), the one its ``architectures`` class names: ``Phi3ForCausalLM`` -> phi3."""
+    if cfg.get("model_type"):
+        return str(cfg["model_type"])
+    for name in cfg.get("architectures") or []:
+        if isinstance(name, str) and name.endswith("ForCausalLM"):
+            return name.removesuffix("ForCausalLM").lower()
+    return None
+
+
 def architecture_of(cfg: dict) -> Architecture:
-    model_type = cfg.get("model_type")
+    model_type = model_type_of(cfg)
+    _check_supported(cfg, model_type)  # before the dimensions another family may lack
     dims = _common_dims(cfg)
     if model_type == "llama":
         dims["rope_base"] = int(dims.get("rope_base", 500_000))
@@ -113,12 +134,23 @@ def architecture_of(cfg: dict) -> Architecture:
         return _gemma2(cfg, dims)
     if model_type == "phi3":
         return _phi3(cfg, dims)
-    raise BadInputError(
-        f"model_type {model_type!r} in config.json is not supported; supported: {SUPPORTED}"
-    )
+    raise AssertionError(model_type)  # _check_supported listed it
 
 
 SUPPORTED = "llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (Phi-3, Phi-3.5, Phi-4)"
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3")
+
+
+def _check_supported(cfg: dict, model_type: str | None) -> None:
+    if model_type in MODEL_TYPES:
+        return
+    if model_type is None:
+        raise BadInputError("config.json names no model_type and no *ForCausalLM "
+                            f"architecture: is it a causal LM's? supported: {SUPPORTED}")
+    named = "" if cfg.get("model_type") else \
+        f" (from config.json's architectures {cfg.get('architectures')!r})"
+    raise BadInputError(f"model_type {model_type!r}{named or ' in config.json'} is not "
+                        f"supported; supported: {SUPPORTED}")
 
 
 def _qwen3(cfg: dict, dims: dict) -> Architecture:

@@ -16,7 +16,7 @@ from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys
 from kubetune.trainer.data import dataset_check, dataset_location, step_count
-from kubetune.trainer.performance import hardware, speed
+from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
 from kubetune.trainer.checkpointing import resume
@@ -97,10 +97,16 @@ def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
         notes.append(f"model: config {config_name} names {model_cfg.get('_component_')}; "
                      f"the checkpoint's config.json is {arch.family} "
                      f"(layers={arch.dims['num_layers']}, dim={arch.dims['embed_dim']}, "
-                     f"vocab={arch.dims['vocab_size']}): using {component}")
+                     f"vocab={arch.dims['vocab_size']}): using {component}, tokenizer "
+                     f"{checkpoint.tokenizer.component}, checkpointer {arch.checkpointer} "
+                     f"(model_type {arch.model_type})")
     new_model = {"_component_": component, **arch.dims}
     if lora:
         new_model.update({k: model_cfg[k] for k in arch.lora_keys if k in model_cfg})
+        if model_cfg.get("apply_lora_to_output") and "apply_lora_to_output" not in new_model:
+            notes.append(f"model.apply_lora_to_output: {arch.family} ties its output to the "
+                         "embeddings, and torchtune's LoRA builder for it trains no output "
+                         "LoRA: the other modules get theirs")
         new_model["quantize_base"] = method == "qlora"
         new_model["use_dora"] = method == "dora"
     cfg.model = OmegaConf.create(new_model)
@@ -121,23 +127,61 @@ def _checkpointer_section(cfg: DictConfig, checkpoint: CheckpointModel) -> None:
     cfg.checkpointer = ckpt_cfg
 
 
+def _given_tokenizer_fits(given: Path, ours: Path, model_dir: Path) -> bool:
+    """Whether a ``tokenizer.path`` the request names replaces the checkpoint's own file.
+    A path into the model directory that is not there is a runtime's default for another
+    model's layout (the drop-in runtimes send Llama's ``original/tokenizer.model``; a
+    Phi-3 or Gemma checkpoint keeps its tokenizer.model at the top); a file elsewhere is
+    the user's own tokenizer and wins when it is the kind the checkpoint's reads."""
+    if given.name != ours.name:
+        return False
+    inside = model_dir.resolve() in given.resolve().parents
+    return given.is_file() or not inside
+
+
+# The tokenizer files a request may name, in each builder's spelling (phi4_tokenizer's
+# vocab_path / merges_path, the others' path / merges_file): a runtime written for one
+# model family names them for its own.
+_TOKENIZER_FILES = {"tokenizer file": ("path", "vocab_path"),
+                    "merges file": ("merges_file", "merges_path")}
+
+
+def _tokenizer_files(new_tok: dict, tok_cfg: DictConfig, checkpoint: CheckpointModel,
+                     user_keys: set[str]) -> set[str]:
+    """Put the tokenizer files the request names into ``new_tok`` where they fit the
+    checkpoint's tokenizer, under its builder's key; one line for each one that does
+    not. Returns the override keys taken (checked here, not as unknown keys)."""
+    taken = set()
+    family = checkpoint.architecture.family
+    for what, spellings in _TOKENIZER_FILES.items():
+        named = [k for k in spellings if f"tokenizer.{k}" in user_keys and tok_cfg.get(k)]
+        taken |= {f"tokenizer.{k}" for k in named}
+        if not named:
+            continue
+        given = Path(str(tok_cfg.get(named[0])))
+        ours = next((k for k in spellings if k in new_tok), None)
+        if ours and _given_tokenizer_fits(given, Path(new_tok[ours]), checkpoint.model_dir):
+            new_tok[ours] = str(given)
+        elif ours:
+            log.info("tokenizer.%s %s does not fit a %s checkpoint: using %s", named[0],
+                     given, family, new_tok[ours])
+        else:
+            log.info("tokenizer.%s %s: a %s checkpoint's tokenizer (%s) reads no %s: left "
+                     "out", named[0], given, family, new_tok["_component_"], what)
+    return taken
+
+
 def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
-                       user_keys: set[str]) -> None:
+                       user_keys: set[str]) -> set[str]:
+    """The checkpoint's tokenizer; returns the override keys it took (see
+    ``_tokenizer_files``)."""
     tok_cfg = cfg.get("tokenizer") or OmegaConf.create({})
     tokenizer = checkpoint.tokenizer
     # A base config's own path points at torchtune's download location: only a path the
     # request names can replace the checkpoint's.
-    given = tok_cfg.get("path") if "tokenizer.path" in user_keys else None
     new_tok = {"_component_": tokenizer.component, **tokenizer.args,
                "max_seq_len": tok_cfg.get("max_seq_len")}
-    path_key = "path" if "path" in tokenizer.args else "vocab_path"  # phi4_tokenizer's
-    if given and Path(str(given)).name == Path(tokenizer.args[path_key]).name:
-        new_tok[path_key] = str(given)
-    elif given:
-        log.info("tokenizer.path %s does not fit a %s checkpoint: using %s", given,
-                 checkpoint.architecture.family, tokenizer.args[path_key])
-    if tok_cfg.get("merges_file") and "tokenizer.merges_file" in user_keys:
-        new_tok["merges_file"] = str(tok_cfg.merges_file)
+    taken = _tokenizer_files(new_tok, tok_cfg, checkpoint, user_keys)
     if tok_cfg.get("prompt_template"):
         new_tok["prompt_template"] = tok_cfg.prompt_template
     if tokenizer.special_tokens and "special_tokens_path" not in new_tok:
@@ -149,6 +193,7 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
         new_tok["max_seq_len"] = limit
     cfg.tokenizer = OmegaConf.create(new_tok)
     check_tokenizer(cfg.tokenizer, {f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"})
+    return taken
 
 
 OUR_METRIC_LOGGER = "kubetune.trainer.metric_logging.metric_logger.JsonLinesMetricLogger"
@@ -229,6 +274,11 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
+    too_small = host_memory.note(
+        topo.nproc_per_node, host_memory.checkpoint_bytes(checkpoint.model_dir,
+                                                          checkpoint.weight_files),
+        host_memory.container_memory_bytes())
+    notes += [too_small] if too_small else []
     cfg.log_peak_memory_stats = hw.device.startswith("cuda")
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
@@ -297,8 +347,8 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
     _checkpointer_section(cfg, checkpoint)
-    _tokenizer_section(cfg, checkpoint, user_keys)
-    config_keys.check_rebuilt_sections(in_order, cfg)
+    taken = _tokenizer_section(cfg, checkpoint, user_keys)
+    config_keys.check_rebuilt_sections([k for k in in_order if k not in taken], cfg)
     return notes
 
 
@@ -322,7 +372,7 @@ def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Top
         cfg, user_keys, hw.device, topo.world_size,
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
         found.total_rows if found else None, max_seq_len, method=method,
-        dims=checkpoint.architecture.dims,
+        dims=checkpoint.architecture.shape,
         gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
 
 

@@ -1,4 +1,5 @@
 """Fast by default: the device and dtype of this machine (``hardware``), sizes and FLOPs of
 the model by method (``model_shape``), the micro-batch and activation checkpointing that fit
-a GPU (``memory_plan``), and the speed defaults applied where the user said nothing
+a GPU (``memory_plan``), whether the container's memory holds the checkpoint each process
+loads (``host_memory``), and the speed defaults applied where the user said nothing
 (``speed``: packing, compile, the memory plan)."""

@@ -31,7 +31,10 @@ DATASET_TYPES = {"instruct": "torchtune.datasets.instruct_dataset",
 # PEFT / Hugging Face module names -> torchtune's.
 _ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj",
                       "o_proj": "output_proj", "output_proj": "output_proj"}
-_MLP_MODULES = {"gate_proj", "up_proj", "down_proj", "mlp", "w1", "w2", "w3"}
+# Phi-3 / Phi-4 fuse q/k/v (qkv_proj) and gate/up (gate_up_proj) in Hugging Face's
+# layout: a PEFT config for them names those; torchtune trains the parts.
+_FUSED_ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+_MLP_MODULES = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "mlp", "w1", "w2", "w3"}
 _OUTPUT_MODULES = {"lm_head", "output"}
 # Every base config `methods.recipe_for` picks says `device: cuda`: the device the topology
 # counts processes for (``auto``: one per GPU, or one without GPUs).
@@ -93,6 +96,8 @@ def lora_target_overrides(modules: list[str]) -> list[str]:
     for name in (m.strip() for m in modules if m.strip()):
         if name in _ATTENTION_MODULES:
             attention.append(_ATTENTION_MODULES[name])
+        elif name in _FUSED_ATTENTION:
+            attention += _FUSED_ATTENTION[name]
         elif name in _MLP_MODULES:
             mlp = True
         elif name in _OUTPUT_MODULES:
@@ -103,10 +108,10 @@ def lora_target_overrides(modules: list[str]) -> list[str]:
         else:
             raise BadInputError(f"LoRA target module {name!r} is not one of q_proj, k_proj, "
                                 "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head, "
-                                "all-linear")
+                                "all-linear (Phi-3/Phi-4: qkv_proj, gate_up_proj)")
     if not attention:
         raise BadInputError("LoRA target modules must include an attention projection "
-                            "(q_proj, k_proj, v_proj or o_proj)")
+                            "(q_proj, k_proj, v_proj, o_proj; Phi-3/Phi-4: qkv_proj)")
     unique = list(dict.fromkeys(attention))
     return [f"model.lora_attn_modules=[{','.join(unique)}]",
             f"model.apply_lora_to_mlp={mlp}", f"model.apply_lora_to_output={output}"]
