@@ -155,7 +155,7 @@ def test_pod_log_has_one_line_per_step_and_no_config_dump(reported_run):
     matches = [STEP_LINE.match(line) for line in lines]
     assert all(matches), lines
     assert [int(m.group(1)) for m in matches] == [1, 2, 3]
-    assert [int(m.group(2)) for m in matches] == [33, 66, 99]
+    assert [int(m.group(2)) for m in matches] == [33, 66, 100]  # the last step reads 100%
     assert matches[0].group(3) == "?" and matches[2].group(3) != "?"
     log = result.stdout + result.stderr
     # llama3_2's config warms up for 100 steps; this run has 3: said once, before step 1.
@@ -354,7 +354,7 @@ def test_a_terminal_that_cannot_be_opened_gets_the_step_lines(tmp_path, capsys):
     progress.close()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(" train: step " in line for line in lines), lines
-    assert "loss 1.0000" in lines[1]
+    assert "loss 1.0000" in lines[1] and "step 2/2 (100%)" in lines[1]
 
 
 def test_quiet_prints_no_progress(capsys):

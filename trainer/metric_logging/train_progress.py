@@ -85,7 +85,10 @@ class TrainProgress:
             self._origin = (step, now)
         percent, eta = self.percent(step), self.eta_s(step, now)
         if not self.quiet:
-            self._show(record, percent, eta)
+            # A person reads "192/192 (100%)" as the last step; only the status holds
+            # back 100 until the checkpoint is saved.
+            shown = int(100 * step / self.total_steps) if self.total_steps else None
+            self._show(record, shown, eta)
         if self.reporter is not None:
             self.reporter.update(percent, eta, self.status_metrics(record))
 

@@ -24,6 +24,9 @@ TORCHTUNE_NOISE = (
 # Python warnings from libraries, by message start.
 WARNING_NOISE = (
     "'set_vital' is deprecated",  # torchdata's StatefulDataLoader
+    # torch's C++ TORCH_WARN on a bf16 CPU: an fp32 activation meets a bf16 weight inside
+    # torchtune's mixed modules; torch casts, and nothing in a config changes it.
+    "Mismatch dtype between input and weight",
 )
 
 
