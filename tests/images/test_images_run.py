@@ -361,3 +361,57 @@ def test_sigterm_removes_every_container_and_the_network(tmp_path, signum, outpu
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == "", first + out
     assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+
+
+def test_kill_9_leaves_a_container_the_next_run_in_the_workdir_removes(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    """`kill -9` of `kubetune local` mid-training kills the engine clients, not the trainer
+    container the engine runs: the next `kubetune local` in the same workdir removes it
+    (one warning line naming it) and runs to the end."""
+    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    job = write_trainjob(tmp_path, "kubetune-byo-model", {
+        "initializer": {"model": {"storageUri": f"file://{model}"},
+                        "dataset": {"storageUri": f"file://{dataset}"}},
+        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": "3"},
+                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
+                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]}})
+    runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
+    node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                if j["name"] == "node")
+    # A training that would go on for a long time.
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["command"] = [
+        "python", "-c", "import time; time.sleep(900)"]
+    long_runtime = tmp_path / "long.yaml"
+    long_runtime.write_text(yaml.safe_dump(runtime))
+    proc = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "local",
+                             "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
+                             "--runtime", str(long_runtime), "--trainjob", str(job)],
+                            env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run_id = proc.stdout.readline().split("network kubetune-")[1].split(")")[0]
+    for line in proc.stdout:  # the initializers ran; the trainer's container starts
+        if "==> model-initializer: ok" in line:
+            break
+    trainer = ""
+    while not trainer and proc.poll() is None:
+        trainer = engine("ps", "--filter", f"label=kubetune.local/run={run_id}",
+                         "--filter", "status=running", "--format", "{{.Names}}",
+                         timeout=60).stdout.strip()
+        time.sleep(0.5)
+    assert "-node-" in trainer, proc.stdout.read() if proc.poll() is not None else trainer
+    proc.kill()
+    proc.wait(timeout=60)
+    # The bug this guards against: the engine still runs it, with nobody to stop it.
+    assert engine("ps", "-q", "--filter", f"name={trainer}", "--filter", "status=running",
+                  timeout=60).stdout.strip()
+
+    result = local_podman(tmp_path, BASE / "kubetune-byo-model.yaml", job)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and trainer in warnings[0], result.stdout[-4000:]
+    assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
+                  timeout=60).stdout.strip() == ""
+    assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+    assert json.loads((tmp_path / "run" / "workspace" / "output" / "summary.json"
+                       ).read_text())["steps"] == 3
+    assert_nothing_left(result)
