@@ -358,6 +358,8 @@ def test_sigterm_removes_every_container_and_the_network(tmp_path, signum, outpu
     out = "" if output_gone else proc.communicate(timeout=120)[0]
     # Each container stopped as the kubelet stops it (SIGTERM; the sleep has no handler).
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, first + out
+    if not output_gone:  # the signal named, as for a process step
+        assert "-initializer: stopped by SIGTERM (exit 143)" in out, first + out
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == "", first + out
     assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0

@@ -188,4 +188,4 @@ class ContainerSession:
             gpus=self.options.gpus and _wants_gpu(container),
             labels=dict(self.labels), **_security(pod_spec, container))
         self.started.append(engine_name)
-        return Step(name, run_argv(run), env)
+        return Step(name, run_argv(run), env, in_container=True)
