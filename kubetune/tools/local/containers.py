@@ -12,10 +12,12 @@ network per run.
 Every container and network of a run is labelled with the run, the work directory (a
 hash of this host's name and the directory's absolute path) and the pid of the `kubetune
 local` that made it. A `kill -9` of `kubetune local` kills the engine clients with it, but
-not their containers: the engine runs those. So a run, once it holds the work
-directory's lock, removes every container and network still labelled for its work
-directory: the lock proves that no live run owns them; they are a dead run's, a trainer
-maybe still training and holding the GPUs.
+not their containers: the engine runs those. So a watchdog process (`container_watchdog`)
+removes a run's containers and network as soon as its `kubetune local` dies; and, should
+the watchdog have been killed too, a run, once it holds the work directory's lock, removes
+every container and network still labelled for its work directory: the lock proves that
+no live run owns them; they are a dead run's, a trainer maybe still training and holding
+the GPUs.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError
+from kubetune.tools.local import container_watchdog
 from kubetune.tools.local.container_argv import (ContainerRun, Mount, image_for,
                                                  labelled_containers_argv,
                                                  labelled_networks_argv,
@@ -123,6 +126,7 @@ class ContainerSession:
                        PID_LABEL: str(os.getpid())}
         self.started: list[str] = []
         self._network_made = False
+        self._watchdog: container_watchdog.Watchdog | None = None
 
     def _engine(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
         try:
@@ -135,10 +139,14 @@ class ContainerSession:
                                                           or ["failed"])[-1])
         return result
 
-    def open(self) -> None:
+    def open(self, logs_dir: Path) -> None:
         """Remove what a dead run in this work directory left (the caller holds the work
-        directory's lock), then make this run's network."""
+        directory's lock), start this run's watchdog (its log in ``logs_dir``), then make
+        this run's network."""
         self.remove_orphans()
+        self._watchdog = container_watchdog.start(
+            self.options.engine, RUN_LABEL, self.run_id, self.network,
+            logs_dir / "container-watchdog.log")
         self._engine(network_create_argv(self.options.engine, self.network, self.labels))
         self._network_made = True
 
@@ -162,10 +170,15 @@ class ContainerSession:
     def close(self) -> None:
         """Remove every container this run started and its network; errors are ignored
         (a container that ended on its own is already gone)."""
-        if self.started:
-            self._engine(remove_argv(self.options.engine, self.started), check=False)
-        if self._network_made:
-            self._engine(network_remove_argv(self.options.engine, self.network), check=False)
+        try:
+            if self.started:
+                self._engine(remove_argv(self.options.engine, self.started), check=False)
+            if self._network_made:
+                self._engine(network_remove_argv(self.options.engine, self.network),
+                             check=False)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.release()
 
     def step(self, *, name: str, pod: str, aliases: list[str], pod_spec: dict,
              container: dict, env: dict[str, str], mounts: list[Mount], tmpfs: list[str],

@@ -377,7 +377,7 @@ class LocalJobSet:
         if self.session is None:
             return self._run(stages)
         try:
-            self.session.open()
+            self.session.open(self.logs)
             return self._run(stages)
         finally:
             self.session.close()
