@@ -26,6 +26,8 @@ class LocalDestination:
         self.description = str(self.path)
 
     def check(self) -> None:
+        # Checked first, built and published after: a symlink's target is the destination.
+        self.path = staging.follow_link(self.path, "export destination")
         if self.path.exists() and not self.path.is_dir():
             raise BadInputError(f"export destination {self.path} is a file: name a directory")
         # Publishing replaces the earlier export: never anything that is not its.

@@ -52,7 +52,7 @@ def _model_files(files, request: InitRequest):
 
 def initialize(request: InitRequest) -> dict:
     """Fill ``request.output_path``; return the completion manifest."""
-    output = request.output_path
+    output = staging.follow_link(request.output_path, "OUTPUT_PATH")
     identity = request.identity()
     if manifest.satisfies(output, identity):
         log.info("%s already holds %s: nothing to download", output, request.uri.raw)

@@ -6,6 +6,9 @@ manifest is written last, and the staged tree replaces the output by rename. A k
 pod leaves only the staging directory, which the next run resumes from: whole files are
 re-verified, ``*.part`` files are resumed by sources that can (or overwritten).
 
+An output that is a symlink is filled where it points (``follow_link``): the link stays; a
+symlink to nothing is refused, as its data would land beside it.
+
 An output that is a mount point (a volume, or a Kubernetes ``subPath``: a bind mount of
 a directory of the same filesystem, which ``os.path.ismount`` misses) cannot be renamed
 over, and a rename into it from outside fails (EXDEV). It is staged inside itself instead,
@@ -118,9 +121,30 @@ def name_a_few(paths: list[str], few: int = 3) -> str:
     return shown + (f" and {len(paths) - few} more" if len(paths) > few else "")
 
 
+def refuse_dangling_link(output_path: Path, what: str) -> None:
+    """Refuse (exit 65) an output that is a symlink to nothing: its target is missing (a
+    volume not mounted, a typo), and the swap-in would replace the link by a directory,
+    so the data would land beside where the user meant it to go."""
+    if output_path.is_symlink() and not output_path.exists():
+        raise BadInputError(f"{what} {output_path} is a symlink to {os.readlink(output_path)}, "
+                            "which does not exist: create (or mount) its target, or remove "
+                            "the link")
+
+
+def follow_link(output_path: Path, what: str) -> Path:
+    """The directory a step fills for ``output_path``: the path itself, or, when it is a
+    symlink, the directory it points to (a link to another volume is the user's way to put
+    the data there; replacing the link by a directory would put it beside the link). A
+    symlink to nothing is refused (exit 65)."""
+    refuse_dangling_link(output_path, what)
+    return Path(os.path.realpath(output_path)) if output_path.is_symlink() else output_path
+
+
 def refuse_foreign(output_path: Path, what: str, manifest_name: str = MANIFEST_NAME) -> None:
-    """Refuse (exit 65) an output that is a file, or holds files no step of ours wrote:
-    filling it would replace them, and a user's files are never ours to remove."""
+    """Refuse (exit 65) an output that is a file or a dangling symlink, or holds files no
+    step of ours wrote: filling it would replace them, and a user's files are never ours
+    to remove."""
+    refuse_dangling_link(output_path, what)
     if output_path.exists() and not output_path.is_dir():
         raise BadInputError(f"{what} {output_path} is a file, not a directory: move it away or "
                             "name a directory")

@@ -3,14 +3,19 @@ container of a merged runtime, checked without an engine (tests/images runs them
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from kubetune.entrypoints.local import merged_jobset
 from kubetune.errors import BadInputError
-from kubetune.tools.local.container_argv import ContainerRun, image_for, run_argv
-from kubetune.tools.local.containers import EngineOptions, file_sources, parse_image_overrides
+from kubetune.tools.local.container_argv import (ContainerRun, image_for,
+                                                 labelled_containers_argv,
+                                                 labelled_networks_argv,
+                                                 network_create_argv, run_argv)
+from kubetune.tools.local.containers import (EngineOptions, file_sources,
+                                             parse_image_overrides, workdir_identity)
 from kubetune.tools.local.jobset import LocalJobSet
 from tests.support.cli import clean_env, kubetune
 from tests.support.runtimes import runtime_file
@@ -112,6 +117,32 @@ spec:
         option_values(step.command, "--mount")
     assert step.env["STORAGE_URI"] == f"file://{model}"  # the URI is unchanged
     assert file_sources(["file:///not/on/this/host"]) == []
+
+
+@pytest.mark.parametrize("engine", ["podman", "docker"])
+def test_containers_are_labelled_with_their_workdir_for_the_next_run_to_find(
+        tmp_path, monkeypatch, engine):
+    """What a `kill -9` leaves running is found by the next run in the same workdir
+    (however it is spelled), and by no run elsewhere."""
+    js, step = container_step(tmp_path / "run", "kubetune-byo-model.yaml",
+                              "model-initializer", engine)
+    labels = dict(v.split("=", 1) for v in option_values(step.command, "--label"))
+    assert labels["kubetune.local/run"] == js.session.run_id
+    assert labels["kubetune.local/pid"] == str(os.getpid())
+    workdir_id = labels["kubetune.local/workdir"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    assert workdir_identity(Path("run")) == workdir_identity(tmp_path / "link") == workdir_id
+    assert workdir_identity(tmp_path / "other") != workdir_id
+    assert labelled_containers_argv(engine, "kubetune.local/workdir", workdir_id) == [
+        engine, "ps", "-a", "--filter", f"label=kubetune.local/workdir={workdir_id}",
+        "--format", "{{.Names}}"]
+    assert labelled_networks_argv(engine, "kubetune.local/workdir", workdir_id) == [
+        engine, "network", "ls", "--filter", f"label=kubetune.local/workdir={workdir_id}",
+        "--format", "{{.Name}}"]
+    network = network_create_argv(engine, js.session.network, js.session.labels)
+    assert network[-1] == js.session.network
+    assert f"kubetune.local/workdir={workdir_id}" in option_values(network, "--label")
 
 
 def test_image_overrides_by_name_or_reference():

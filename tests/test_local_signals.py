@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kubetune.errors import EXIT_TRANSIENT
+from kubetune.tools.local.steps import Step, run_process
 from kubetune.trainer.checkpointing import resume
 from tests.support.cli import REPO, clean_env, error_lines
 from tests.support.processes import assert_no_orphans, processes_mentioning
@@ -89,9 +90,24 @@ def test_a_step_killed_by_sigkill_is_named_and_exits_128_plus_9(tmp_path):
     assert "==> trainer: FAILED (exit 137)" in log and "==> exporter:" not in log
     lines = error_lines(subprocess.CompletedProcess([], proc.returncode, "", stderr))
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
-    assert lines[0].startswith("error: local: trainer: killed by signal SIGKILL"), lines
+    assert lines[0].startswith("error: local: trainer: killed by SIGKILL (exit 137)"), lines
     assert term.read_text().strip() == lines[0].removeprefix("error: ")
     assert_no_orphans(workdir)
+
+
+@pytest.mark.parametrize("in_container, script, report", [
+    (False, "kill -TERM $$", "stopped by SIGTERM (exit 143)"),
+    # `podman run` / `docker run` exit 128 + N when their container dies of signal N.
+    (True, "exit 143", "stopped by SIGTERM (exit 143)"),
+    (True, "exit 137", "killed by SIGKILL (exit 137): the OOM killer, or a kill from outside"),
+    # A process's own exit code 143 is no signal: it would have died of it.
+    (False, "exit 143", "exited with code 143"),
+], ids=["process-signal", "container-sigterm", "container-sigkill", "process-exit-143"])
+def test_a_step_ended_by_a_signal_is_named_alike_for_processes_and_containers(
+        tmp_path, in_container, script, report):
+    result = run_process(Step("trainer", ["sh", "-c", script], in_container=in_container),
+                         tmp_path)
+    assert (result.exit_code, result.error) == (143 if "143" in report else 137, report)
 
 
 def start_piped(tmp_path: Path, reader: list[str]) -> tuple[subprocess.Popen, Path]:

@@ -1,7 +1,9 @@
 """An initializer never loses, nor shares, a user's data (issue 22).
 
 What a user would check: files of their own beside the output survive (the step refuses,
-naming them); a file at OUTPUT_PATH is not replaced by a directory; an output filled from
+naming them); a file, or a symlink to nothing, at OUTPUT_PATH (or the exporter's local
+destination) is not replaced by a directory, and a symlink to a directory is filled where
+it points; an output filled from
 ``file://`` is a copy (editing it leaves the source alone); and nothing of ours is left
 beside the output after a run that succeeded or failed with one line.
 """
@@ -126,6 +128,61 @@ def test_a_file_at_output_path_is_refused_and_kept(kind, tmp_path, tiny_model_di
         assert f"OUTPUT_PATH {out} is a file" in line
         assert out.read_text() == "not a directory"
     assert ours_beside(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["model", "dataset"])
+def test_a_dangling_symlink_at_output_path_is_refused_and_kept(kind, tmp_path, tiny_model_dir,
+                                                               tiny_dataset_dir):
+    """A link to a volume that is not mounted (yet): the data goes nowhere else."""
+    out, target = tmp_path / kind, tmp_path / "not-mounted" / kind
+    out.symlink_to(target)
+    source = tiny_model_dir if kind == "model" else tiny_dataset_dir
+    line = one_line_65(init(kind, source, out), out)
+    assert f"OUTPUT_PATH {out} is a symlink to {target}, which does not exist" in line
+    assert out.is_symlink() and os.readlink(out) == str(target)
+    assert not (tmp_path / "not-mounted").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kind, "termination-log"]
+
+
+def test_a_dangling_symlink_as_export_destination_is_refused_and_kept(tmp_path, trained_run):
+    out, target = tmp_path / "export", tmp_path / "not-mounted" / "export"
+    out.symlink_to(target)
+    result = kubetune("export", env=clean_env(
+        KUBETUNE_WORKSPACE=str(trained_run.workspace), EXPORT_URI=str(out),
+        KUBETUNE_TERMINATION_LOG=str(tmp_path / "termination-log")), timeout=300)
+    line = one_line_65(result, out)
+    assert f"export destination {out} is a symlink to {target}, which does not exist" in line
+    assert out.is_symlink() and os.readlink(out) == str(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "termination-log"]
+
+
+def test_a_symlink_at_output_path_is_filled_where_it_points(tmp_path, model_copy):
+    """A link to a bigger volume: the data goes there, the link stays."""
+    target = tmp_path / "big" / "model"
+    target.mkdir(parents=True)
+    out = tmp_path / "ws" / "model"
+    out.parent.mkdir()
+    out.symlink_to(target)
+    for expected in ("model is ready at", "nothing to download"):
+        result = init("model", model_copy, out)
+        assert result.returncode == 0 and expected in result.stderr, result.stderr[-2000:]
+        assert out.is_symlink() and os.readlink(out) == str(target)
+        assert (target / MANIFEST).is_file() and (target / "config.json").is_file()
+        assert sorted(p.name for p in out.parent.iterdir()) == ["model"]
+        assert sorted(p.name for p in target.parent.iterdir()) == ["model"]
+
+
+def test_a_symlink_as_export_destination_is_filled_where_it_points(tmp_path, trained_run):
+    target = tmp_path / "big" / "export"
+    target.mkdir(parents=True)
+    out = tmp_path / "export"
+    out.symlink_to(target)
+    result = kubetune("export", env=clean_env(
+        KUBETUNE_WORKSPACE=str(trained_run.workspace), EXPORT_URI=str(out)), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert out.is_symlink() and (target / "manifest.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "export"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["export"]
 
 
 def test_nothing_of_ours_is_left_after_success_nor_after_a_one_line_failure(

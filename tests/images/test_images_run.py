@@ -22,6 +22,7 @@ import yaml
 from kubetune.entrypoints.cli import COMMANDS
 from kubetune.entrypoints.local import DEMO_TRAIN_ARGS
 from tests.support.cli import clean_env, kubetune
+from tests.support.processes import processes_mentioning
 from tests.support.runtimes import runtime_file
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 
@@ -213,6 +214,8 @@ def assert_nothing_left(result: subprocess.CompletedProcess) -> None:
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == ""
     assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+    # Its watchdog was told the run removed its own, and is gone.
+    assert processes_mentioning(run_id) == []
 
 
 def test_byo_runtime_on_the_images(tmp_path, tiny_model_dir, tiny_dataset_dir):
@@ -358,6 +361,96 @@ def test_sigterm_removes_every_container_and_the_network(tmp_path, signum, outpu
     out = "" if output_gone else proc.communicate(timeout=120)[0]
     # Each container stopped as the kubelet stops it (SIGTERM; the sleep has no handler).
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, first + out
+    if not output_gone:  # the signal named, as for a process step
+        assert "-initializer: stopped by SIGTERM (exit 143)" in out, first + out
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == "", first + out
     assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+
+
+def start_long_training(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: Path
+                        ) -> tuple[subprocess.Popen, str, str, Path]:
+    """`kubetune local --engine` on kubetune-byo-model whose trainer would train for a long
+    time, up to its trainer's container running: (process, run id, trainer container,
+    the TrainJob of a short run of the same runtime)."""
+    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    job = write_trainjob(tmp_path, "kubetune-byo-model", {
+        "initializer": {"model": {"storageUri": f"file://{model}"},
+                        "dataset": {"storageUri": f"file://{dataset}"}},
+        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": "3"},
+                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
+                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]}})
+    runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
+    node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                if j["name"] == "node")
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["command"] = [
+        "python", "-c", "import time; time.sleep(900)"]
+    long_runtime = tmp_path / "long.yaml"
+    long_runtime.write_text(yaml.safe_dump(runtime))
+    proc = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "local",
+                             "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
+                             "--runtime", str(long_runtime), "--trainjob", str(job)],
+                            env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run_id = proc.stdout.readline().split("network kubetune-")[1].split(")")[0]
+    for line in proc.stdout:  # the initializers ran; the trainer's container starts
+        if "==> model-initializer: ok" in line:
+            break
+    trainer = ""
+    while not trainer and proc.poll() is None:
+        trainer = engine("ps", "--filter", f"label=kubetune.local/run={run_id}",
+                         "--filter", "status=running", "--format", "{{.Names}}",
+                         timeout=60).stdout.strip()
+        time.sleep(0.5)
+    assert "-node-" in trainer, proc.stdout.read() if proc.poll() is not None else trainer
+    return proc, run_id, trainer, job
+
+
+def test_kill_9_of_local_removes_its_containers_at_once(tmp_path, tiny_model_dir,
+                                                        tiny_dataset_dir):
+    """`kill -9` of `kubetune local` mid-training kills the engine clients, not the trainer
+    container the engine runs: the run's watchdog removes it and the network."""
+    proc, run_id, trainer, _ = start_long_training(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 300  # a bound for a hung engine, not a speed check
+    while time.monotonic() < deadline and engine(
+            "ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
+            timeout=60).stdout.strip():
+        time.sleep(0.5)
+    assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
+                  timeout=60).stdout.strip() == ""
+    log = (tmp_path / "run" / "logs" / "container-watchdog.log").read_text()
+    assert f"removing container {trainer}: done" in log, log
+    while time.monotonic() < deadline and engine(
+            "network", "exists", f"kubetune-{run_id}", timeout=60).returncode == 0:
+        time.sleep(0.5)
+    assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+
+
+def test_what_a_killed_run_left_is_removed_by_the_next_run_in_the_workdir(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    """Its watchdog killed too (a whole cgroup killed, say): the trainer container trains
+    on until the next `kubetune local` in the same workdir, which removes it (one warning
+    line naming it) and runs to the end."""
+    proc, run_id, trainer, job = start_long_training(tmp_path, tiny_model_dir,
+                                                     tiny_dataset_dir)
+    [(watchdog, _)] = [(pid, cmd) for pid, cmd in processes_mentioning(run_id)
+                       if "container_watchdog" in cmd]
+    os.kill(watchdog, signal.SIGKILL)
+    proc.kill()
+    proc.wait(timeout=60)
+    # What this guards against: the engine still runs it, with nobody to stop it.
+    assert engine("ps", "-q", "--filter", f"name={trainer}", "--filter", "status=running",
+                  timeout=60).stdout.strip()
+
+    result = local_podman(tmp_path, BASE / "kubetune-byo-model.yaml", job)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and trainer in warnings[0], result.stdout[-4000:]
+    assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
+                  timeout=60).stdout.strip() == ""
+    assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+    assert json.loads((tmp_path / "run" / "workspace" / "output" / "summary.json"
+                       ).read_text())["steps"] == 3
+    assert_nothing_left(result)

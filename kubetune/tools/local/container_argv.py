@@ -110,8 +110,25 @@ def remove_argv(engine: str, names: list[str]) -> list[str]:
         [engine, "rm", "-f", *names]
 
 
-def network_create_argv(engine: str, network: str) -> list[str]:
-    return [engine, "network", "create", network]
+def labelled_containers_argv(engine: str, label: str, value: str) -> list[str]:
+    """List the names of every container (running or not) labelled ``label=value``, one
+    a line (podman and docker both take this filter and format)."""
+    return [engine, "ps", "-a", "--filter", f"label={label}={value}", "--format",
+            "{{.Names}}"]
+
+
+def labelled_networks_argv(engine: str, label: str, value: str) -> list[str]:
+    """List the names of every network labelled ``label=value``, one a line."""
+    return [engine, "network", "ls", "--filter", f"label={label}={value}", "--format",
+            "{{.Name}}"]
+
+
+def network_create_argv(engine: str, network: str,
+                        labels: dict[str, str] | None = None) -> list[str]:
+    argv = [engine, "network", "create"]
+    for key, value in sorted((labels or {}).items()):
+        argv += ["--label", f"{key}={value}"]
+    return argv + [network]
 
 
 def network_remove_argv(engine: str, network: str) -> list[str]:

@@ -8,26 +8,44 @@ volume writable by the pod's user); a `file://` path named in the container's en
 args that exists on this host is bind-mounted read-only at the same path, so the URI is
 unchanged; pods find each other by their JobSet DNS names (network aliases) on one
 network per run.
+
+Every container and network of a run is labelled with the run, the work directory (a
+hash of this host's name and the directory's absolute path) and the pid of the `kubetune
+local` that made it. A `kill -9` of `kubetune local` kills the engine clients with it, but
+not their containers: the engine runs those. So a watchdog process (`container_watchdog`)
+removes a run's containers and network as soon as its `kubetune local` dies; and, should
+the watchdog have been killed too, a run, once it holds the work directory's lock, removes
+every container and network still labelled for its work directory: the lock proves that
+no live run owns them; they are a dead run's, a trainer maybe still training and holding
+the GPUs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import secrets
+import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError
+from kubetune.tools.local import container_watchdog
 from kubetune.tools.local.container_argv import (ContainerRun, Mount, image_for,
+                                                 labelled_containers_argv,
+                                                 labelled_networks_argv,
                                                  network_create_argv, network_remove_argv,
                                                  remove_argv, run_argv)
-from kubetune.tools.local.steps import Step, termination_log
+from kubetune.tools.local.steps import Step, emit, termination_log
 
 CONTAINER_ENGINES = ("podman", "docker")
 GPU_RESOURCE = "nvidia.com/gpu"
 RUN_LABEL = "kubetune.local/run"
+WORKDIR_LABEL = "kubetune.local/workdir"
+PID_LABEL = "kubetune.local/pid"
 _FILE_URI = re.compile(r"file://(/[^\s,;\"']+)")
 # A step's env that the engine client gets but the container must not (the host's paths).
 _HOST_ONLY = {envnames.TERMINATION_LOG}
@@ -63,6 +81,14 @@ def file_sources(texts: list[str]) -> list[Path]:
     return found
 
 
+def workdir_identity(workdir: Path) -> str:
+    """The value of WORKDIR_LABEL for runs in ``workdir``: this host's name and the
+    directory's absolute path, hashed (one engine may serve several hosts, and a path is
+    long and may say more than a label should)."""
+    key = f"{socket.gethostname()}:{Path(workdir).resolve()}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def _security(pod_spec: dict, container: dict) -> dict:
     pod = pod_spec.get("securityContext") or {}
     own = container.get("securityContext") or {}
@@ -88,15 +114,19 @@ def _wants_gpu(container: dict) -> bool:
 class ContainerSession:
     """The containers and the network of one `kubetune local` run."""
 
-    def __init__(self, options: EngineOptions, jobset_name: str) -> None:
+    def __init__(self, options: EngineOptions, jobset_name: str, workdir: Path) -> None:
         if options.engine not in CONTAINER_ENGINES:
             raise BadInputError(f"--engine {options.engine}: one of process, "
                                 + ", ".join(CONTAINER_ENGINES))
         self.options = options
         self.run_id = f"{jobset_name}-{secrets.token_hex(3)}"
         self.network = f"kubetune-{self.run_id}"
+        self.workdir_id = workdir_identity(workdir)
+        self.labels = {RUN_LABEL: self.run_id, WORKDIR_LABEL: self.workdir_id,
+                       PID_LABEL: str(os.getpid())}
         self.started: list[str] = []
         self._network_made = False
+        self._watchdog: container_watchdog.Watchdog | None = None
 
     def _engine(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
         try:
@@ -109,17 +139,46 @@ class ContainerSession:
                                                           or ["failed"])[-1])
         return result
 
-    def open(self) -> None:
-        self._engine(network_create_argv(self.options.engine, self.network))
+    def open(self, logs_dir: Path) -> None:
+        """Remove what a dead run in this work directory left (the caller holds the work
+        directory's lock), start this run's watchdog (its log in ``logs_dir``), then make
+        this run's network."""
+        self.remove_orphans()
+        self._watchdog = container_watchdog.start(
+            self.options.engine, RUN_LABEL, self.run_id, self.network,
+            logs_dir / "container-watchdog.log")
+        self._engine(network_create_argv(self.options.engine, self.network, self.labels))
         self._network_made = True
+
+    def remove_orphans(self) -> list[str]:
+        """Remove every container and network labelled for this work directory: with its
+        lock held, they are a dead run's (a `kill -9` of its `kubetune local`). One
+        warning line per container; return their names."""
+        engine = self.options.engine
+        containers = self._engine(labelled_containers_argv(
+            engine, WORKDIR_LABEL, self.workdir_id)).stdout.split()
+        for name in containers:
+            emit(f"warning: removing container {name}: left running by a kubetune local "
+                 "in this workdir that is gone (killed?)\n")
+        if containers:
+            self._engine(remove_argv(engine, containers))
+        for network in self._engine(labelled_networks_argv(
+                engine, WORKDIR_LABEL, self.workdir_id)).stdout.split():
+            self._engine(network_remove_argv(engine, network))
+        return containers
 
     def close(self) -> None:
         """Remove every container this run started and its network; errors are ignored
         (a container that ended on its own is already gone)."""
-        if self.started:
-            self._engine(remove_argv(self.options.engine, self.started), check=False)
-        if self._network_made:
-            self._engine(network_remove_argv(self.options.engine, self.network), check=False)
+        try:
+            if self.started:
+                self._engine(remove_argv(self.options.engine, self.started), check=False)
+            if self._network_made:
+                self._engine(network_remove_argv(self.options.engine, self.network),
+                             check=False)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.release()
 
     def step(self, *, name: str, pod: str, aliases: list[str], pod_spec: dict,
              container: dict, env: dict[str, str], mounts: list[Mount], tmpfs: list[str],
@@ -140,6 +199,6 @@ class ContainerSession:
             termination_log=termination_log(logs_dir, name),
             network=self.network, hostname=pod, aliases=aliases,
             gpus=self.options.gpus and _wants_gpu(container),
-            labels={RUN_LABEL: self.run_id}, **_security(pod_spec, container))
+            labels=dict(self.labels), **_security(pod_spec, container))
         self.started.append(engine_name)
-        return Step(name, run_argv(run), env)
+        return Step(name, run_argv(run), env, in_container=True)

@@ -98,7 +98,7 @@ class LocalJobSet:
                            for i, c in enumerate(claims)}
         subdomain = (self.spec.get("network") or {}).get("subdomain") or self.name
         self.subdomain = subdomain
-        self.session = ContainerSession(engine, self.name) if engine else None
+        self.session = ContainerSession(engine, self.name, self.workdir) if engine else None
         names = "|".join(re.escape(j["name"]) for j in self.spec["replicatedJobs"])
         self._pod_dns = re.compile(
             rf"\b{re.escape(self.name)}-(?:{names})-\d+-\d+\.{re.escape(subdomain)}"
@@ -377,7 +377,7 @@ class LocalJobSet:
         if self.session is None:
             return self._run(stages)
         try:
-            self.session.open()
+            self.session.open(self.logs)
             return self._run(stages)
         finally:
             self.session.close()

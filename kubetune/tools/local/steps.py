@@ -13,7 +13,8 @@ SIGTERM on eviction, which each step handles as it would in a pod (an initialize
 75); no further step starts, and `kubetune local` exits with the stopped step's own code.
 A second signal kills the running steps, as the kubelet does after the grace period. A
 step killed by a signal N (SIGKILL from the OOM killer, say) exits 128 + N, as
-Kubernetes reports it, with a line naming the signal.
+Kubernetes reports it, with a line naming the signal; so does a container step whose
+engine reports 128 + N (`signal_report`).
 
 However `kubetune local` ends, no step outlives it: the steps are signalled before
 anything is printed (the terminal or the pipe may be gone: `| tee` dies with the same
@@ -46,6 +47,9 @@ class Step:
     name: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    # The command is an engine client (`podman run`): the container's death by signal N
+    # comes back as exit code 128 + N, not as the client's own death.
+    in_container: bool = False
 
 
 @dataclass
@@ -75,6 +79,29 @@ EXIT_GRACE_S = 30.0
 def signal_exit_code(signum: int) -> int:
     """What a shell and Kubernetes report for a process killed by ``signum``."""
     return 128 + signum
+
+
+def signal_of(returncode: int, in_container: bool = False) -> int | None:
+    """The signal that ended a step, if one did: a process's negative returncode; for a
+    container, the 128 + N its engine reports (the engine's own failures are 125-127)."""
+    if returncode < 0:
+        return -returncode
+    if in_container and 128 < returncode <= 128 + 64:
+        return returncode - 128
+    return None
+
+
+def signal_report(signum: int) -> str:
+    """What a step ended by ``signum`` is reported as, the same for a process and a
+    container: the signal's name and the exit code Kubernetes would show."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if signum == signal.SIGKILL:
+        return f"killed by {name} (exit {signal_exit_code(signum)}): the OOM killer, or a " \
+            "kill from outside"
+    return f"stopped by {name} (exit {signal_exit_code(signum)})"
 
 
 def stop_requested() -> int | None:
@@ -238,15 +265,15 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     finally:
         _running.pop(child.pid, None)
     error = None
-    if code < 0:
-        # Killed by a signal: no termination log was written; say which, in the code too.
-        name = signal.Signals(-code).name
-        code = signal_exit_code(-code)
-        error = f"killed by signal {name} (exit {code})" + (
-            ": the OOM killer, or a kill from outside" if name == "SIGKILL" else "")
+    message = termination.read_text().strip() if termination.is_file() else ""
+    signum = signal_of(code, step.in_container)
+    # A process killed by a signal wrote no termination log; a container's step that
+    # wrote one and exited 128 + N on its own said more than the signal's name would.
+    if signum is not None and not (code > 0 and message):
+        code = signal_exit_code(signum)
+        error = signal_report(signum)
     elif code != 0:
-        error = (termination.read_text().strip() if termination.is_file() else "") or \
-            f"exited with code {code}"
+        error = message or f"exited with code {code}"
     return StepResult(step.name, code, time.monotonic() - start, error)
 
 
