@@ -90,6 +90,16 @@ def test_output_dir_not_writable(pvc, tmp_path):
     assert_one_line_error(result, pvc, "is not writable", "output_dir")
 
 
+def test_output_dir_a_symlink_to_nothing_names_the_link(pvc, tmp_path):
+    link = tmp_path / "output-link"
+    link.symlink_to(tmp_path / "unmounted-volume")
+    args = [a for a in pvc.runtime_args() if not a.startswith("output_dir=")]
+    result = tune_run(pvc, *LORA, f"output_dir={link}", *args, *dataset_args(pvc))
+    assert_one_line_error(result, pvc, f"output_dir {link} is a symlink to",
+                          "which does not exist")
+    assert link.is_symlink() and not (tmp_path / "unmounted-volume").exists()
+
+
 def test_hub_dataset_name_fails_fast_instead_of_downloading(tmp_path, tiny_model_dir):
     pvc = make_pvc(tmp_path / "pvc2", tiny_model_dir, None)
     (pvc.root / "dataset").mkdir()  # an empty dataset volume: the initializer did not run

@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kubetune.errors import BadInputError
+from kubetune.staging import refuse_dangling_link
 
 # torchao's to_nf4 defaults (block_size=64, scaler_block_size=256): a weight quantizes only
 # when its element count splits into whole blocks whose scalers split into whole blocks.
@@ -91,6 +92,8 @@ def check_tokenizer(tok_cfg: DictConfig, pending: set[str] = frozenset()) -> Non
 
 def check_writable(output_dir: Path) -> None:
     """Create ``output_dir`` if needed and prove a file can be written there."""
+    # A symlink to nothing would read as "File exists" from mkdir: name the link instead.
+    refuse_dangling_link(output_dir, "output_dir")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         # A probe of its own: every node of a multi-node job probes the same shared
