@@ -34,7 +34,7 @@ def run_export(output_dir: str, model_dir: str, dataset_dir: str,
 @dataset_dir_option
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
               show_default="$KUBETUNE_WORKSPACE/export, else /workspace/export",
-              help="Destination: /abs/path, file:///abs/path, s3://bucket/prefix or "
+              help="Destination: /abs/path, ./rel/path, file:///abs/path, s3://bucket/prefix or "
                    "hf://org/repo")
 @click.option("--export-format", envvar=env.EXPORT_FORMAT, default=None, show_envvar=True,
               type=click.Choice(["adapter", "merged", "both"]),

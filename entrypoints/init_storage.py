@@ -38,7 +38,7 @@ def _options(kind: str):
         for option in reversed([
             click.option("--storage-uri", envvar=env.STORAGE_URI, required=True,
                          show_envvar=True,
-                         help="Where to fetch from: /abs/path, file:///abs/path, "
+                         help="Where to fetch from: /abs/path, ./rel/path, file:///abs/path, "
                               "hf://org/name[/sub/path], s3://bucket/prefix"),
             click.option("--output-path", envvar=env.OUTPUT_PATH, default=None,
                          show_envvar=True,

@@ -23,7 +23,7 @@ def supported_schemes() -> list[str]:
 
 
 def _forms() -> str:
-    forms = {"file": "/abs/path or file:///abs/path", "hf": "hf://org/name[/sub/path]",
+    forms = {"file": storage_uri.FILE_FORMS, "hf": "hf://org/name[/sub/path]",
              "s3": "s3://bucket/prefix"}
     return ", ".join(forms.get(s, f"{s}://...") for s in supported_schemes())
 

@@ -8,10 +8,18 @@ traceback); checked here, it is one line naming the variable to fix.
 
 A scheme without a typed form here (a plugin's, see the ``kubetune.storage`` entry
 points) stays a generic `StorageUri` for its source to read.
+
+A local path may be relative (``./my-model``, ``../data``, ``file://./my-model``): it means
+the working directory of whoever wrote it, so `absolute` makes it absolute once, where the
+URI is first read (a step's own parse; `kubetune local` before it hands the URI to a step
+that runs elsewhere: another cwd, a container). Absolute paths and remote schemes are
+left as written. A bare ``my-model`` stays malformed: it reads as a hub repo id as much as
+a directory, and guessing would fetch the wrong thing.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +38,10 @@ HUB_ID_MAX = 96
 # lowercase letters, digits, '.', '-', '_'; starts and ends with a letter or digit; no '..'.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-_]{1,253}[a-z0-9]")
 
-EXPORT_FORMS = "/abs/path, file:///abs/path, s3://bucket/prefix or hf://org/repo"
+FILE_FORMS = "/abs/path, ./rel/path or file:///abs/path"
+EXPORT_FORMS = f"{FILE_FORMS}, s3://bucket/prefix or hf://org/repo"
+# How a path relative to the working directory starts, bare or after "file://".
+_RELATIVE_STARTS = ("./", "../")
 
 
 @dataclass(frozen=True)
@@ -91,13 +102,35 @@ def check_s3_bucket(bucket: str, uri: str, variable: str) -> str:
     return bucket
 
 
+def _relative_part(uri: str) -> str | None:
+    """The relative path ``uri`` names (``./x``, ``../x``, ``.``, ``file://./x``), or None."""
+    path = uri[len("file://"):] if uri.lower().startswith("file://") else uri
+    if path in (".", "..") or path.startswith(_RELATIVE_STARTS):
+        return path
+    return None
+
+
+def absolute(uri: str, base: Path | None = None) -> str:
+    """``uri`` with a relative local path made absolute against ``base`` (default: the
+    working directory), in the form it was written (``./m`` -> ``/cwd/m``, ``file://./m``
+    -> ``file:///cwd/m``); anything else unchanged."""
+    stripped = (uri or "").strip()
+    relative = _relative_part(stripped)
+    if relative is None:
+        return uri
+    # abspath, not resolve(): ".." is folded but a symlink the user named stays as named.
+    path = os.path.abspath(os.path.join(base or Path.cwd(), relative))
+    return f"file://{path}" if stripped.lower().startswith("file://") else path
+
+
 def _file_path(uri: str, variable: str) -> Path:
+    uri = absolute(uri)
     if uri.startswith("/"):
         return Path(uri)
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-        raise BadInputError(f"{variable} {uri!r} must name an absolute path (/abs/path or "
-                            "file:///abs/path)")
+        raise BadInputError(f"{variable} {uri!r} must name a local path ({FILE_FORMS}; "
+                            "file://./rel/path for one relative to the working directory)")
     return Path(parts.path)
 
 
@@ -112,7 +145,7 @@ def _no_userinfo(uri: str, variable: str) -> None:
 
 def parse(uri: str, variable: str, forms: str) -> StorageUri:
     """Split ``uri`` at its scheme; ``forms`` lists the accepted ones for the messages."""
-    uri = (uri or "").strip()
+    uri = absolute((uri or "").strip())
     if not uri:
         raise BadInputError(f"{variable} is empty; supported forms: {forms}")
     if uri.startswith("/"):
@@ -120,7 +153,12 @@ def parse(uri: str, variable: str, forms: str) -> StorageUri:
     _no_userinfo(uri, variable)
     parts = urlsplit(uri)
     if not parts.scheme or "://" not in uri:
-        raise BadInputError(f"storage URI {uri!r} is malformed; supported forms: {forms}")
+        # A bare name could be a repo id or a directory: say which spelling means the
+        # directory, only when there is one.
+        hint = f" (for the local {uri} write ./{uri})" if "://" not in uri and \
+            Path(uri).exists() else ""
+        raise BadInputError(f"storage URI {uri!r} is malformed; supported forms: {forms}"
+                            f"{hint}")
     scheme = parts.scheme.lower()
     location = uri.split("://", 1)[1]
     if scheme == "file":
@@ -158,7 +196,7 @@ def local(uri: StorageUri) -> FileUri:
 
 def export_destination(uri: str) -> TypedUri:
     """``EXPORT_URI`` as one of the three places an export can go."""
-    uri = (uri or "").strip()
+    uri = absolute((uri or "").strip())
     _no_userinfo(uri, env.EXPORT_URI)
     scheme = uri.split("://", 1)[0] if "://" in uri else ""
     if uri.startswith("/") or scheme == "file":

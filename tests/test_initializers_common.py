@@ -22,10 +22,10 @@ def test_initializer_imports_pull_no_torch_stack():
 
 
 @pytest.mark.parametrize("uri, expected", [
-    ("gs://bucket/model", "unsupported storage scheme 'gs'; supported forms: /abs/path or "
-                          "file:///abs/path, hf://org/name[/sub/path], s3://bucket/prefix"),
-    ("org/name", "storage URI 'org/name' is malformed; supported forms: /abs/path or "
-                 "file:///abs/path, hf://org/name[/sub/path], s3://bucket/prefix"),
+    ("gs://bucket/model", "unsupported storage scheme 'gs'; supported forms: /abs/path, "
+                          "./rel/path or file:///abs/path, hf://org/name[/sub/path], s3://bucket/prefix"),
+    ("org/name", "storage URI 'org/name' is malformed; supported forms: /abs/path, "
+                 "./rel/path or file:///abs/path, hf://org/name[/sub/path], s3://bucket/prefix"),
     ("hf://", "storage URI 'hf://' names nothing after hf://"),
     ("s3://Bad_Bucket!/x", "STORAGE_URI 's3://Bad_Bucket!/x' names no valid bucket"),
     ("hf://org/na$me", "STORAGE_URI 'hf://org/na$me' names no valid hub repo id"),
@@ -71,3 +71,67 @@ def test_names_escaping_the_output_are_refused(tmp_path, name):
     with pytest.raises(BadInputError, match="refusing remote file name"):
         safe_join(root, name)
     assert safe_join(root, "a/b.json") == root / "a" / "b.json"
+
+
+def test_relative_paths_are_read_from_the_working_directory(tmp_path, tiny_model_dir):
+    # The user's directory holds the model; the step writes elsewhere. Both relative
+    # spellings mean that directory, and the manifest records where it really was, so a
+    # later run from another directory is not taken for the same request.
+    import shutil
+
+    here = tmp_path / "project"
+    shutil.copytree(tiny_model_dir, here / "my-model")
+    for uri, expected in (("./my-model", str(here / "my-model")),
+                          ("file://./my-model", f"file://{here / 'my-model'}"),
+                          ("file://../project/my-model/", f"file://{here / 'my-model'}")):
+        out = tmp_path / "out" / uri.replace("/", "_")
+        result = kubetune("init-model", env=clean_env(STORAGE_URI=uri, OUTPUT_PATH=str(out)),
+                          cwd=here, timeout=60)
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads((out / ".kubetune-manifest.json").read_text())
+        assert manifest["storage_uri"] == expected
+        assert (out / "model.safetensors").read_bytes() == \
+            (here / "my-model" / "model.safetensors").read_bytes()
+    missing = kubetune("init-model", env=clean_env(STORAGE_URI="./no-such-model",
+                                                   OUTPUT_PATH=str(tmp_path / "c")),
+                       cwd=here, timeout=60)
+    assert missing.returncode == 65
+    assert error_lines(missing) == [
+        f"error: model-initializer: model source {here / 'no-such-model'} does not exist"]
+    # A bare name stays malformed (it could be a hub repo id); where a directory of that
+    # name is here, the line says how to write it.
+    bare = kubetune("init-model", env=clean_env(STORAGE_URI="my-model",
+                                                OUTPUT_PATH=str(tmp_path / "d")),
+                    cwd=here, timeout=60)
+    assert bare.returncode == 65
+    assert "malformed" in error_lines(bare)[0] and "write ./my-model" in error_lines(bare)[0]
+
+
+@pytest.mark.parametrize("uri, base, expected", [
+    ("./m", "/home/u", "/home/u/m"),
+    ("../m/", "/home/u", "/home/m"),
+    (".", "/home/u", "/home/u"),
+    ("file://./m", "/home/u", "file:///home/u/m"),
+    ("file://../x/m", "/home/u", "file:///home/x/m"),
+    ("/abs/m", "/home/u", "/abs/m"),
+    ("file:///abs/m", "/home/u", "file:///abs/m"),
+    ("s3://bucket/./m", "/home/u", "s3://bucket/./m"),
+    ("hf://org/name", "/home/u", "hf://org/name"),
+    ("org/name", "/home/u", "org/name"),
+])
+def test_absolute_changes_only_relative_local_paths(uri, base, expected):
+    from pathlib import Path
+
+    from kubetune.storage_uri import absolute
+
+    assert absolute(uri, Path(base)) == expected
+
+
+def test_export_destination_reads_a_relative_path_from_the_working_directory(
+        tmp_path, monkeypatch):
+    from kubetune.storage_uri import FileUri, export_destination
+
+    monkeypatch.chdir(tmp_path)
+    for uri in ("./exports/run1", "file://./exports/run1"):
+        where = export_destination(uri)
+        assert isinstance(where, FileUri) and where.path == tmp_path / "exports" / "run1"
