@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -12,6 +13,7 @@ import click
 
 from kubetune import env, file_lock
 from kubetune.entrypoints.extras import require
+from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
@@ -20,14 +22,8 @@ from kubetune.trainer.request.methods import METHODS, recipe_for
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
 
-# Training arguments for the embedded tiny model: enough steps for the loss to fall
-# clearly, in seconds on two CPU cores.
-DEMO_TRAIN_ARGS = [
-    "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train",
-    "epochs=3", "batch_size=8", "gradient_accumulation_steps=1", "optimizer.lr=3e-3",
-    "lr_scheduler.num_warmup_steps=10", "model.lora_rank=8", "model.lora_alpha=16",
-    "model.apply_lora_to_output=True", "seed=0",
-]
+# The demo's trainer defaults, and which of them a run keeps: `train_args`' docstring.
+DEMO_TRAIN_ARGS = train_args_rules.DEMO_TRAIN_ARGS
 
 
 # In the work directory: held by the `kubetune local` running there.
@@ -109,18 +105,34 @@ def summary_lines(workdir: Path) -> list[str]:
     return lines
 
 
+def _tune_run_args(stages: list[list[Step]]) -> list[str]:
+    """The trainer step's arguments after `tune run`."""
+    command = stages[1][0].command
+    return command[command.index("run") + 1:]
+
+
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None) -> list[str]:
-    """Run the pipeline; return the summary lines."""
+    """Check, then run the pipeline; return the summary lines. ``train_args`` override
+    the demo defaults that apply (`kubetune.tools.local.train_args`) key by key."""
     # Its steps run here, in this interpreter: every stack, before the demo model is made.
     require("all", "kubetune local")
     workdir = Path(workdir)
+    # Relative paths mean the directory the user ran us in: made absolute once, here.
+    model_uri, dataset_uri, export_uri = preflight.resolve_sources(
+        model_uri, dataset_uri, export_uri, Path.cwd())
+    args = train_args_rules.effective_train_args(
+        list(train_args or []), demo_model=model_uri is None,
+        demo_dataset=dataset_uri is None, method=method)
     if model_uri is None or dataset_uri is None:
         demo_model, demo_dataset = demo_sources(workdir / "sources")
         model_uri, dataset_uri = model_uri or demo_model, dataset_uri or demo_dataset
-    args = DEMO_TRAIN_ARGS if train_args is None else train_args
     stages = pipeline(workdir, model_uri, dataset_uri, method, args, export_uri)
+    # What was checked and will run: the demo defaults kept, then the user's.
+    logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
+    preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
+                            (workdir / "workspace").resolve(), model_uri, dataset_uri)
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
     run_stages(stages, workdir / "logs")
     return summary_lines(workdir)
@@ -162,6 +174,10 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 
     workdir = Path(workdir)
     jobset = merged_jobset(runtime_path, trainjob_path)
+    # Relative source paths mean the user's directory; then every container is checked
+    # before the first one starts.
+    preflight.resolve_runtime_uris(jobset, Path.cwd())
+    LocalJobSet(jobset, workdir, engine).check()
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
     # As processes, a runtime's `tune run` must reach our launcher, as in our images, where
     # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
@@ -214,30 +230,29 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
     """Run the whole pipeline here: both initializers, trainer, exporter.
 
     TRAIN_ARGS are `key=value` trainer arguments, as a TrainJob's spec.trainer.args;
-    given, they replace the tiny demo's defaults. With --runtime, the runtime and the
-    TrainJob say everything instead (the other options and TRAIN_ARGS are refused).
+    each overrides the demo default of the same key, the other defaults stay. The
+    defaults sized for the tiny model (learning rate, LoRA rank/alpha) apply only
+    without --model, those sized for the demo dataset (its format, epochs, batch size,
+    warm-up) only without --dataset; seed=0 always. Relative paths (./my-model,
+    file://./my-model) are read from the current directory. With --runtime, the runtime
+    and the TrainJob say everything instead (the other options and TRAIN_ARGS are
+    refused). Every option is checked before the first step starts.
     """
     from kubetune.entrypoints.step import run_step
-    from kubetune.errors import BadInputError
     from kubetune.tools.local.containers import EngineOptions, parse_image_overrides
 
     def body() -> int:
-        if runtime_path is None and engine != "process":
-            raise BadInputError(f"--engine {engine} runs a runtime's images: give --runtime "
-                                "(e.g. runtimes/base/kubetune-byo-model.yaml)")
-        if engine == "process" and (gpus or images):
-            raise BadInputError("--gpus and --image need a container engine (--engine podman "
-                                "or docker)")
+        given = preflight.Options(workdir, model_uri, dataset_uri, method, export_uri,
+                                    runtime_path, trainjob_path, print_jobset, engine, gpus,
+                                    tuple(images), tuple(train_args))
+        ctx = click.get_current_context()
+        preflight.check_combinations(given, {opt for p in ctx.command.params
+                                               for opt in p.opts if opt.startswith("--")})
         if runtime_path is None:
-            if trainjob_path or print_jobset:
-                raise BadInputError("--trainjob and --print-jobset need --runtime")
             with workdir_held(workdir):
                 lines = run_local(workdir, model_uri, dataset_uri, method,
                                   list(train_args) if train_args else None, export_uri)
         else:
-            if model_uri or dataset_uri or train_args:
-                raise BadInputError("with --runtime, set sources and trainer args in the "
-                                    "TrainJob (--trainjob), not --model/--dataset/TRAIN_ARGS")
             if print_jobset:
                 emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))
                 return 0

@@ -145,6 +145,76 @@ def test_containers_are_labelled_with_their_workdir_for_the_next_run_to_find(
     assert f"kubetune.local/workdir={workdir_id}" in option_values(network, "--label")
 
 
+@pytest.mark.parametrize("model_uri, dataset_uri", [
+    ("./src/model", "file://./src/data"),
+    ("file://../project/src/model", "src/../src/data"),
+])
+def test_a_relative_source_is_mounted_from_the_users_directory(tmp_path, monkeypatch,
+                                                               model_uri, dataset_uri):
+    # `kubetune local --runtime` run from the project directory, its workdir elsewhere: the
+    # container (whose own cwd is the image's) gets the absolute path, mounted there.
+    from kubetune.tools.local.preflight import resolve_runtime_uris
+
+    project = tmp_path / "project"
+    model, data = project / "src" / "model", project / "src" / "data"
+    model.mkdir(parents=True)
+    data.mkdir(parents=True)
+    job = project / "job.yaml"
+    job.write_text(f"""apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: tiny}}
+spec:
+  runtimeRef: {{name: kubetune-byo-model}}
+  initializer:
+    model: {{storageUri: "{model_uri}"}}
+    dataset: {{storageUri: "{dataset_uri}"}}
+""")
+    monkeypatch.chdir(project)
+    jobset = merged_jobset(runtime_file("kubetune-byo-model.yaml"), job)
+    if not dataset_uri.startswith(("./", "file://")):
+        # A bare relative name is refused before anything runs, as the initializer would.
+        with pytest.raises(BadInputError, match="malformed"):
+            resolve_runtime_uris(jobset, Path.cwd())
+        return
+    resolve_runtime_uris(jobset, Path.cwd())
+    js = LocalJobSet(jobset, tmp_path / "run", EngineOptions("podman"))
+    js.logs.mkdir(parents=True, exist_ok=True)
+    steps = {}
+    for name in ("model-initializer", "dataset-initializer"):
+        j = job_named(js, name)
+        steps[name] = js.step(j, j["template"]["spec"]["template"]["spec"]["containers"][0],
+                              0, 1)
+    model_step, data_step = steps["model-initializer"], steps["dataset-initializer"]
+    assert f"type=bind,source={model},target={model},readonly" in \
+        option_values(model_step.command, "--mount")
+    assert f"type=bind,source={data},target={data},readonly" in \
+        option_values(data_step.command, "--mount")
+    assert model_step.env["STORAGE_URI"] == (
+        str(model) if model_uri.startswith(".") else f"file://{model}")
+    assert data_step.env["STORAGE_URI"] == f"file://{data}"
+
+
+def test_a_missing_relative_source_names_the_absolute_path(tmp_path, monkeypatch):
+    from kubetune.tools.local.preflight import resolve_runtime_uris
+
+    job = tmp_path / "job.yaml"
+    job.write_text("""apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {name: tiny}
+spec:
+  runtimeRef: {name: kubetune-byo-model}
+  initializer:
+    model: {storageUri: "./no-such-model"}
+    dataset: {storageUri: "hf://org/data"}
+""")
+    monkeypatch.chdir(tmp_path)
+    jobset = merged_jobset(runtime_file("kubetune-byo-model.yaml"), job)
+    with pytest.raises(BadInputError) as caught:
+        resolve_runtime_uris(jobset, Path.cwd())
+    assert f"{tmp_path / 'no-such-model'} does not exist ('./no-such-model' relative to " \
+        f"{tmp_path})" in caught.value.message
+
+
 def test_image_overrides_by_name_or_reference():
     overrides = parse_image_overrides(["trainer=localhost/t:dev",
                                        "ghcr.io/kubetune/exporter:0.1.0=localhost/e:dev"])

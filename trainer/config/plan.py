@@ -249,6 +249,22 @@ def _kubetune_section(cfg: DictConfig, settings: LauncherSettings) -> None:
     cfg.kubetune = section
 
 
+def check_request(request: TuneRunRequest) -> list[str]:
+    """The checks of `plan` that need no checkpoint and no data, for a caller that has
+    neither yet (`kubetune local` before its initializers): the recipe and config exist,
+    the overrides parse and apply, their keys, choices and numbers; return the warnings.
+    ``model.*`` keys are checked against the config's model builder, whose LoRA
+    parameters every family's builder shares (the rebuilt model keeps only those)."""
+    recipe_path, _ = resolve_recipe(request.recipe)
+    base, notes = _config_for(request.config)
+    cfg = apply_overrides(base, request.overrides)
+    check_choices(cfg)
+    in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
+    notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
+    check_values(cfg)
+    return notes
+
+
 def plan(request: TuneRunRequest, workspace: Workspace,
          settings: LauncherSettings | None = None,
          resolved: topology.Topology | None = None) -> RunPlan:

@@ -70,14 +70,16 @@ def parse_image_overrides(values: list[str] | tuple[str, ...]) -> dict[str, str]
     return overrides
 
 
-def file_sources(texts: list[str]) -> list[Path]:
-    """Host paths of the `file://` URIs in ``texts`` that exist here."""
-    found = []
-    for text in texts:
-        for match in _FILE_URI.finditer(text):
-            path = Path(match.group(1))
-            if path.exists() and path not in found:
-                found.append(path)
+def file_sources(texts: list[str], storage_uri: str | None = None) -> list[Path]:
+    """Host paths of the `file://` URIs in ``texts`` that exist here, and of
+    ``storage_uri`` (an initializer's STORAGE_URI) where it is a bare absolute path."""
+    candidates = [Path(m.group(1)) for text in texts for m in _FILE_URI.finditer(text)]
+    if storage_uri and storage_uri.startswith("/"):
+        candidates.append(Path(storage_uri))
+    found: list[Path] = []
+    for path in candidates:
+        if path.exists() and path not in found:
+            found.append(path)
     return found
 
 
@@ -187,7 +189,8 @@ class ContainerSession:
         command = list(container.get("command") or [])
         args = list(container.get("args") or [])
         sources = [Mount(p, str(p), read_only=True)
-                   for p in file_sources(command + args + list(env.values()))
+                   for p in file_sources(command + args + list(env.values()),
+                                         env.get(envnames.STORAGE_URI))
                    if not any(m.target == str(p) for m in mounts)]
         engine_name = f"kubetune-{self.run_id}-{name}-{len(self.started)}"
         run = ContainerRun(

@@ -134,6 +134,29 @@ class LocalJobSet:
         return [[jobs[n] for n in jobs if depth[n] == d]
                 for d in range(max(depth.values()) + 1)]
 
+    def check(self) -> None:
+        """Raise, before anything runs, what running would raise only when it reaches the
+        container: the job order, each container's env (a Secret value not exported), its
+        volumes, its command (processes) or image (containers). Writes nothing."""
+        self.stages()
+        for job in self.spec["replicatedJobs"]:
+            pod_spec = job["template"]["spec"]["template"]["spec"]
+            volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+            for container in (pod_spec.get("initContainers") or []) + pod_spec["containers"]:
+                pod = f"{self.name}-{job['name']}-0-0"
+                if self.session is not None and not container.get("image"):
+                    raise BadInputError(f"container {container['name']} of job {job['name']} "
+                                        "has no image")
+                if self.session is None and not (container.get("command")
+                                                  or container.get("args")):
+                    raise BadInputError(f"container {container['name']} of job {job['name']} "
+                                        "has no command: kubetune local runs commands, not "
+                                        "image entrypoints")
+                self._env(container, 0, pod)  # every pod's env differs only by its index
+                for mount in container.get("volumeMounts") or []:
+                    if mount["mountPath"].rstrip("/") not in SCRATCH_MOUNTS:
+                        self._volume_dir(volumes, mount["name"], container, pod)
+
     # -- one container -> one process -------------------------------------------------
 
     def _mounts(self, pod_spec: dict, container: dict, pod: str) -> list[tuple[str, Path]]:

@@ -1,0 +1,226 @@
+"""Check everything `kubetune local` was given before any step starts.
+
+A mistake a step would find (a malformed URI, a source that is not there, a typo in a
+trainer argument, a runtime whose container needs a Secret not exported) would otherwise
+surface after both initializers have copied the model and the dataset: minutes, and a
+half-filled workspace. Each check here is the one the step itself makes, called with the
+same parser or planner (`kubetune.storage_uri`, the initializers' scheme registry, the
+trainer's `plan`), so the two cannot disagree; nothing here writes under the workdir.
+
+Relative local paths (``./my-model``, ``file://./my-model``) are made absolute here,
+against the directory `kubetune local` was started in, once: the steps get absolute paths,
+whatever their own working directory or container mounts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune import env, storage_uri
+from kubetune.errors import BadInputError
+from kubetune.suggest import closest
+from kubetune.tools.local.jobset import SCRATCH_MOUNTS
+from kubetune.tools.local.train_args import arg_key
+
+log = logging.getLogger("local")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`kubetune local`'s options and arguments, as click parsed them."""
+
+    workdir: Path
+    model_uri: str | None
+    dataset_uri: str | None
+    method: str
+    export_uri: str | None
+    runtime_path: Path | None
+    trainjob_path: Path | None
+    print_jobset: bool
+    engine: str
+    gpus: bool
+    images: tuple[str, ...]
+    train_args: tuple[str, ...]
+
+
+def check_combinations(o: Options, option_names: set[str]) -> None:
+    """Options that do not go together, and command-line words that are not TRAIN_ARGS."""
+    if o.runtime_path is None and o.engine != "process":
+        raise BadInputError(f"--engine {o.engine} runs a runtime's images: give --runtime "
+                            "(e.g. runtimes/base/kubetune-byo-model.yaml)")
+    if o.engine == "process" and (o.gpus or o.images):
+        raise BadInputError("--gpus and --image need a container engine (--engine podman "
+                            "or docker)")
+    if o.runtime_path is None and (o.trainjob_path or o.print_jobset):
+        raise BadInputError("--trainjob and --print-jobset need --runtime")
+    if o.runtime_path is not None and (o.model_uri or o.dataset_uri or o.train_args):
+        raise BadInputError("with --runtime, set sources and trainer args in the TrainJob "
+                            "(--trainjob), not --model/--dataset/TRAIN_ARGS")
+    check_train_arg_words(list(o.train_args), option_names)
+    if o.engine != "process" and not o.print_jobset and shutil.which(o.engine) is None:
+        raise BadInputError(f"--engine {o.engine}: `{o.engine}` is not installed or not on "
+                            "PATH")
+
+
+def check_train_arg_words(args: list[str], option_names: set[str]) -> None:
+    """Each TRAIN_ARG is ``key=value`` (or ``~key``): an option-like word is a mistyped
+    option of ours or a trainer setting written as a flag (``--epochs 1``)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("-"):
+            name, _, value = arg.partition("=")
+            guess = closest(name, option_names)
+            if guess is not None:
+                raise BadInputError(f"no such option {name} (did you mean {guess}?)")
+            value = value or (args[i + 1] if i + 1 < len(args) and "=" not in args[i + 1]
+                              and not args[i + 1].startswith("-") else "<value>")
+            key = name.lstrip("-").replace("-", "_")
+            raise BadInputError(f"{name} is not an option of kubetune local; trainer "
+                                f"arguments are key=value: {key}={value}")
+        if "=" not in arg and not arg.startswith("~"):
+            raise BadInputError(f"trainer argument {arg!r} is not key=value (e.g. epochs=2, "
+                                "optimizer.lr=2e-4)")
+        if not arg_key(arg):
+            raise BadInputError(f"trainer argument {arg!r} has no key before '='")
+
+
+def _typed(uri: str, what: str, cwd: Path) -> str:
+    """``uri`` (a model or dataset source) made absolute and parsed as the initializer
+    parses it; a local path must exist. Errors name the option: ``what``."""
+    from kubetune.initializers.storage_uri import parse, source_class
+
+    resolved = storage_uri.absolute(uri, cwd)
+    try:
+        generic = parse(resolved)
+        source_class(generic.scheme)
+        if generic.scheme == "hf":
+            storage_uri.hub(generic, env.STORAGE_URI)
+        elif generic.scheme == "s3":
+            storage_uri.s3(generic, env.STORAGE_URI)
+        elif generic.scheme == "file" and not Path(generic.location).exists():
+            relative = f" ({uri!r} relative to {cwd})" if resolved != uri.strip() else ""
+            raise BadInputError(f"{generic.location} does not exist{relative}")
+    except BadInputError as exc:
+        raise BadInputError(f"{what}: {exc.message}") from None
+    return resolved
+
+
+def local_source(uri: str) -> Path | None:
+    """The directory a resolved ``file`` source names, if it is one."""
+    generic = storage_uri.parse(uri, env.STORAGE_URI, "")
+    path = Path(generic.location)
+    return path if generic.scheme == "file" and path.is_dir() else None
+
+
+def resolve_sources(model_uri: str | None, dataset_uri: str | None,
+                    export_uri: str | None, cwd: Path
+                    ) -> tuple[str | None, str | None, str | None]:
+    """The three URIs absolute and checked (None: the demo's, or the default export)."""
+    model = _typed(model_uri, "--model", cwd) if model_uri else None
+    dataset = _typed(dataset_uri, "--dataset", cwd) if dataset_uri else None
+    export = None
+    if export_uri:
+        export = storage_uri.absolute(export_uri, cwd)
+        try:
+            storage_uri.export_destination(export)
+        except BadInputError as exc:
+            raise BadInputError(f"--export-uri: {exc.message}") from None
+    return model, dataset, export
+
+
+def _verified_sources(model_dir: Path, dataset_dir: Path, view: Path) -> Path:
+    """Run the initializers' own checks on the two source directories (read-only: what
+    they find is said in their words, naming the option); return a dataset directory as
+    the dataset initializer leaves it for the trainer: links to the data files and the
+    descriptor, made under ``view`` (the user's source gets no file of ours)."""
+    from kubetune.initializers import verify_dataset, verify_model
+
+    try:
+        verify_model.verify(model_dir)
+    except BadInputError as exc:
+        raise BadInputError(f"--model {model_dir}: {exc.message}") from None
+    try:
+        descriptor = verify_dataset.describe(dataset_dir)
+    except BadInputError as exc:
+        raise BadInputError(f"--dataset {dataset_dir}: {exc.message}") from None
+    for name in descriptor["files"]:
+        (view / name).parent.mkdir(parents=True, exist_ok=True)
+        (view / name).symlink_to(dataset_dir / name)
+    verify_dataset.write_descriptor(view, descriptor)
+    return view
+
+
+def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
+                  model_uri: str, dataset_uri: str):
+    """Plan the trainer step (``tune_run``: its argv after ``run``) as the trainer will,
+    before the initializers have filled the workspace; return the planned config (an
+    OmegaConf DictConfig), or None where a source is remote.
+
+    With both sources local directories, they are checked as their initializers will
+    check them, then the trainer's whole `plan` runs against them: keys, values, the
+    method against the model, the LoRA rank, the dataset's columns and split, whether the
+    rows make a step. With a remote source, only the checks that need no checkpoint and
+    no data."""
+    from kubetune.trainer.config.plan import check_request, plan
+    from kubetune.trainer.request.settings import LauncherSettings
+    from kubetune.trainer.request.tune_command import parse_tune_run
+    from kubetune.workspace import Workspace
+
+    model_dir, dataset_dir = local_source(model_uri), local_source(dataset_uri)
+    if model_dir is None or dataset_dir is None:
+        for note in check_request(parse_tune_run(tune_run)):
+            log.debug("trainer plan: %s", note)
+        return None
+    # The workspace paths the pipeline gives the trainer, pointed at the model source.
+    in_pvc = str(pvc / "model")
+    argv = [a.replace(f"={in_pvc}", f"={model_dir}", 1) for a in tune_run]
+    # The step's own environment (PET_*): the topology the trainer will see.
+    settings = LauncherSettings({**os.environ, **step_env})  # a child's env, built here
+    with tempfile.TemporaryDirectory(prefix="kubetune-preflight-") as tmp:
+        dataset_view = _verified_sources(model_dir, dataset_dir, Path(tmp))
+        here = Workspace(root=pvc, dataset_dir=dataset_view, model_dir=model_dir,
+                         output_dir=pvc / "output", export_dir=pvc / "export")
+        planned = plan(parse_tune_run(argv), here, settings)
+    for note in planned.notes:  # the trainer logs them itself when it runs
+        log.debug("trainer plan: %s", note)
+    return planned.cfg
+
+
+def resolve_runtime_uris(jobset: dict, cwd: Path) -> None:
+    """STORAGE_URI and EXPORT_URI values of the merged JobSet's containers: relative local
+    paths made absolute against ``cwd`` (in place), every value parsed as its step will,
+    and a local source that is neither under one of the container's mounts nor on this
+    machine refused."""
+    from kubetune.initializers.storage_uri import parse, source_class
+
+    for job in jobset["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        for container in (pod.get("initContainers") or []) + pod.get("containers", []):
+            # A path on a volume appears when the pod runs; /tmp and /dev/shm stay this
+            # machine's own (as `jobset` runs them), so a source there must exist now.
+            mounts = [m["mountPath"].rstrip("/") for m in container.get("volumeMounts") or []
+                      if m["mountPath"].rstrip("/") not in SCRATCH_MOUNTS]
+            for var in container.get("env") or []:
+                value = var.get("value")
+                if var["name"] not in (env.STORAGE_URI, env.EXPORT_URI) or not value \
+                        or "$(" in value:
+                    continue
+                var["value"] = resolved = storage_uri.absolute(value, cwd)
+                where = f"container {container['name']}: {var['name']}"
+                try:
+                    if var["name"] == env.EXPORT_URI:
+                        storage_uri.export_destination(resolved)
+                        continue
+                    generic = parse(resolved)
+                    source_class(generic.scheme)
+                except BadInputError as exc:
+                    raise BadInputError(f"{where}: {exc.message}") from None
+                path = generic.location
+                on_a_volume = any(path == m or path.startswith(m + "/") for m in mounts)
+                if generic.scheme == "file" and not on_a_volume and not Path(path).exists():
+                    relative = f" ({value!r} relative to {cwd})" if resolved != value else ""
+                    raise BadInputError(f"{where}: {path} does not exist{relative}")

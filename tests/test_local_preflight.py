@@ -1,0 +1,148 @@
+"""`kubetune local` checks every option and argument before any step starts.
+
+Table-driven: each row is one mistake a user makes on the command line. For each: exit 65,
+exactly one `error:` line naming the option and the cause (also in the termination log),
+and no step started: no workspace (nothing staged) and no step log under the workdir.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.support.cli import clean_env, error_lines, kubetune
+from tests.support.runtimes import runtime_file
+
+BAD_INPUT = 65
+SECRET_NAME = "KUBETUNE_TEST_NOT_EXPORTED_TOKEN"
+
+
+@dataclass
+class Ctx:
+    project: Path  # the user's working directory
+    workdir: Path  # --workdir: elsewhere
+
+
+@dataclass
+class Row:
+    id: str
+    args: Callable[[Ctx], list[str]]
+    fragments: Callable[[Ctx], tuple[str, ...]]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _trainjob(ctx: Ctx, initializer: str) -> str:
+    job = ctx.project / "job.yaml"
+    job.write_text(f"""apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: tiny}}
+spec:
+  runtimeRef: {{name: kubetune-byo-model}}
+  initializer:
+{initializer}""")
+    return str(job)
+
+
+def _bad_yaml(ctx: Ctx) -> str:
+    path = ctx.project / "runtime.yaml"
+    path.write_text("kind: ClusterTrainingRuntime\n  spec: [\n")
+    return str(path)
+
+
+BYO = str(runtime_file("kubetune-byo-model.yaml"))
+ROWS = [
+    # -- TRAIN_ARGS, checked as the trainer checks them --------------------------------
+    Row("trainer-setting-as-a-flag", lambda c: ["--epochs", "1"],
+        lambda c: ("--epochs is not an option of kubetune local; trainer arguments are "
+                   "key=value: epochs=1",)),
+    Row("mistyped-option", lambda c: ["--modle", "./my-model"],
+        lambda c: ("no such option --modle (did you mean --model?)",)),
+    Row("not-key-value", lambda c: ["epochs"], lambda c: ("'epochs' is not key=value",)),
+    Row("unknown-key", lambda c: ["epochz=2"],
+        lambda c: ("unknown key epochz (did you mean epochs?)",)),
+    Row("unknown-model-key", lambda c: ["model.lora_rnk=4"],
+        lambda c: ("unknown key model.lora_rnk (did you mean model.lora_rank?)",)),
+    Row("bad-number", lambda c: ["optimizer.lr=fast"],
+        lambda c: ("optimizer.lr=fast: must be a number > 0",)),
+    Row("no-optimizer-step", lambda c: ["batch_size=100000"],
+        lambda c: ("the run makes no optimizer step", "batch_size=100000")),
+    Row("method-the-model-cannot-take", lambda c: ["--method", "qlora"],
+        lambda c: ("QLoRA cannot quantize this model",)),
+    # -- sources and destination, parsed as the steps parse them ------------------------
+    Row("relative-model-missing", lambda c: ["--model", "./no-such-model"],
+        lambda c: (f"--model: {c.project / 'no-such-model'} does not exist ('./no-such-model'"
+                   f" relative to {c.project})",)),
+    Row("relative-file-uri-dataset-missing", lambda c: ["--dataset", "file://./no-data"],
+        lambda c: (f"--dataset: {c.project / 'no-data'} does not exist",)),
+    Row("malformed-dataset-uri", lambda c: ["--dataset", "relative/path"],
+        lambda c: ("--dataset: storage URI 'relative/path' is malformed",
+                   "./rel/path")),
+    Row("unsupported-scheme", lambda c: ["--model", "gs://bucket/model"],
+        lambda c: ("--model: unsupported storage scheme 'gs'",)),
+    Row("bad-hub-repo-id", lambda c: ["--model", "hf://org/na$me"],
+        lambda c: ("--model: STORAGE_URI 'hf://org/na$me' names no valid hub repo id",)),
+    Row("bad-export-uri", lambda c: ["--export-uri", "gs://bucket/out"],
+        lambda c: ("--export-uri: EXPORT_URI 'gs://bucket/out' is not supported",)),
+    # -- options that do not go together ------------------------------------------------
+    Row("gpus-without-engine", lambda c: ["--gpus", "--runtime", BYO],
+        lambda c: ("--gpus and --image need a container engine",)),
+    Row("engine-not-installed", lambda c: ["--engine", "podman", "--runtime", BYO],
+        lambda c: ("--engine podman: `podman` is not installed or not on PATH",),
+        env={"PATH": "/nonexistent"}),
+    # -- a runtime and a TrainJob: merged and checked before the first container -------
+    Row("runtime-not-yaml", lambda c: ["--runtime", _bad_yaml(c)],
+        lambda c: (f"{c.project / 'runtime.yaml'}: not valid YAML (line 2)",)),
+    Row("trainjob-secret-not-exported", lambda c: [
+        "--runtime", BYO, "--trainjob", _trainjob(c, f"""    model:
+      storageUri: hf://org/model
+      env: [{{name: {SECRET_NAME}, valueFrom: {{secretKeyRef: {{name: s, key: k}}}}}}]
+    dataset: {{storageUri: hf://org/data}}
+""")], lambda c: (f"env {SECRET_NAME} comes from secretKeyRef; export {SECRET_NAME}",)),
+    Row("trainjob-relative-source-missing", lambda c: [
+        "--runtime", BYO, "--trainjob", _trainjob(c, """    model: {storageUri: ./no-such-model}
+    dataset: {storageUri: hf://org/data}
+""")], lambda c: (f"STORAGE_URI: {c.project / 'no-such-model'} does not exist",)),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_a_bad_option_fails_before_any_step(row: Row, tmp_path):
+    ctx = Ctx(project=tmp_path / "project", workdir=tmp_path / "run")
+    ctx.project.mkdir()
+    term = tmp_path / "termination-log"
+    env = clean_env(KUBETUNE_TERMINATION_LOG=str(term), **row.env)
+    result = kubetune("local", "--workdir", str(ctx.workdir), *row.args(ctx), env=env,
+                      cwd=ctx.project, timeout=300)
+    report = result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.returncode == BAD_INPUT, report
+    assert "Traceback" not in result.stderr, report
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("error: local: "), report
+    for fragment in row.fragments(ctx):
+        assert fragment in lines[0], (fragment, lines[0])
+    assert term.read_text().strip() == lines[0].removeprefix("error: ")
+    # No step started: nothing staged in the stand-in PVC, no step's log, no step line.
+    assert not (ctx.workdir / "workspace").exists(), report
+    assert not (ctx.workdir / "logs").exists(), report
+    assert "==> " not in result.stdout, report
+
+
+def test_relative_sources_are_read_from_the_users_directory(tmp_path, tiny_model_dir,
+                                                            tiny_dataset_dir):
+    # Run from the project directory with relative paths and a workdir elsewhere: the
+    # steps get absolute paths. A batch size the dataset cannot fill stops the run after
+    # the sources were found (they were: the error is the trainer's plan, not a path).
+    project = tmp_path / "project"
+    shutil.copytree(tiny_model_dir, project / "my-model")
+    shutil.copytree(tiny_dataset_dir, project / "data")
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--model", "./my-model",
+                      "--dataset", "file://./data", "--export-uri", "./exports/run1",
+                      "batch_size=100000", "dataset=torchtune.datasets.instruct_dataset",
+                      env=clean_env(), cwd=project, timeout=300)
+    assert result.returncode == BAD_INPUT, result.stderr[-3000:]
+    assert "the run makes no optimizer step" in error_lines(result)[0]
+    assert not (tmp_path / "run" / "workspace").exists()
