@@ -176,7 +176,7 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
     jobset = merged_jobset(runtime_path, trainjob_path)
     # Relative source paths mean the user's directory; then every container is checked
     # before the first one starts.
-    preflight.resolve_runtime_uris(jobset, Path.cwd())
+    preflight.resolve_runtime_uris(jobset, Path.cwd(), in_images=engine is not None)
     LocalJobSet(jobset, workdir, engine).check()
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
     # As processes, a runtime's `tune run` must reach our launcher, as in our images, where

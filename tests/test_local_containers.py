@@ -215,6 +215,36 @@ spec:
         f"{tmp_path})" in caught.value.message
 
 
+@pytest.mark.parametrize("model, dataset, refused_as_processes", [
+    ("hf://org/model", "kubetunetestonly://bucket/data",
+     "unsupported storage scheme 'kubetunetestonly'"),
+    ("file:///models/baked-into-the-image", "hf://org/data",
+     "/models/baked-into-the-image does not exist"),
+])
+def test_an_images_own_scheme_and_paths_are_left_to_the_image(
+        tmp_path, monkeypatch, model, dataset, refused_as_processes):
+    # With an engine, a plugin scheme installed only in the image and a path inside the
+    # image are the image's business; as processes, this machine must serve both.
+    from kubetune.tools.local.preflight import resolve_runtime_uris
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"""apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: tiny}}
+spec:
+  runtimeRef: {{name: kubetune-byo-model}}
+  initializer:
+    model: {{storageUri: "{model}"}}
+    dataset: {{storageUri: "{dataset}"}}
+""")
+    monkeypatch.chdir(tmp_path)
+    resolve_runtime_uris(merged_jobset(runtime_file("kubetune-byo-model.yaml"), job),
+                         Path.cwd(), in_images=True)
+    with pytest.raises(BadInputError, match=refused_as_processes):
+        resolve_runtime_uris(merged_jobset(runtime_file("kubetune-byo-model.yaml"), job),
+                             Path.cwd())
+
+
 def test_image_overrides_by_name_or_reference():
     overrides = parse_image_overrides(["trainer=localhost/t:dev",
                                        "ghcr.io/kubetune/exporter:0.1.0=localhost/e:dev"])

@@ -190,11 +190,13 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     return planned.cfg
 
 
-def resolve_runtime_uris(jobset: dict, cwd: Path) -> None:
+def resolve_runtime_uris(jobset: dict, cwd: Path, in_images: bool = False) -> None:
     """STORAGE_URI and EXPORT_URI values of the merged JobSet's containers: relative local
     paths made absolute against ``cwd`` (in place), every value parsed as its step will,
     and a local source that is neither under one of the container's mounts nor on this
-    machine refused."""
+    machine refused. ``in_images`` (a container engine): the scheme may be a plugin's
+    installed in the image only, and an absolute path may be the image's own; a relative
+    one is still this machine's."""
     from kubetune.initializers.storage_uri import parse, source_class
 
     for job in jobset["spec"]["replicatedJobs"]:
@@ -216,11 +218,14 @@ def resolve_runtime_uris(jobset: dict, cwd: Path) -> None:
                         storage_uri.export_destination(resolved)
                         continue
                     generic = parse(resolved)
-                    source_class(generic.scheme)
+                    if not in_images:
+                        source_class(generic.scheme)
                 except BadInputError as exc:
                     raise BadInputError(f"{where}: {exc.message}") from None
                 path = generic.location
                 on_a_volume = any(path == m or path.startswith(m + "/") for m in mounts)
-                if generic.scheme == "file" and not on_a_volume and not Path(path).exists():
+                in_image = in_images and resolved == value
+                if generic.scheme == "file" and not (on_a_volume or in_image) \
+                        and not Path(path).exists():
                     relative = f" ({value!r} relative to {cwd})" if resolved != value else ""
                     raise BadInputError(f"{where}: {path} does not exist{relative}")
