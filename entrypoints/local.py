@@ -22,9 +22,6 @@ from kubetune.trainer.request.methods import METHODS, recipe_for
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
 
-# The demo's trainer defaults, and which of them a run keeps: `train_args`' docstring.
-DEMO_TRAIN_ARGS = train_args_rules.DEMO_TRAIN_ARGS
-
 
 # In the work directory: held by the `kubetune local` running there.
 WORKDIR_LOCK_NAME = ".kubetune-local.lock"

@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from kubetune.entrypoints.cli import COMMANDS
-from kubetune.entrypoints.local import DEMO_TRAIN_ARGS
 from tests.support.cli import clean_env, kubetune
 from tests.support.processes import processes_mentioning
 from tests.support.runtimes import runtime_file
@@ -147,8 +146,9 @@ def writable_dir(path: Path) -> Path:
     # The demo exactly as shipped (the image's CMD), as its own user.
     ("65532:65532", []),
     # OpenShift's restricted SCC: an arbitrary uid, gid 0. Fewer steps: the same code path.
-    ("1000770000:0", ["local", "--workdir", "/workspace/kubetune-local", *DEMO_TRAIN_ARGS,
-                      "epochs=1", "max_steps_per_epoch=4"]),
+    # The demo's other defaults stay (user arguments override them key by key).
+    ("1000770000:0", ["local", "--workdir", "/workspace/kubetune-local", "epochs=1",
+                      "max_steps_per_epoch=4"]),
 ], ids=["uid-65532", "arbitrary-uid-gid-0"])
 def test_all_in_one_demo_read_only_root(tmp_path, user, args):
     ws = writable_dir(tmp_path / "ws")
