@@ -243,8 +243,10 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                                     runtime_path, trainjob_path, print_jobset, engine, gpus,
                                     tuple(images), tuple(train_args))
         ctx = click.get_current_context()
+        typed = frozenset(p.name for p in ctx.command.params if ctx.get_parameter_source(
+            p.name) == click.core.ParameterSource.COMMANDLINE)
         preflight.check_combinations(given, {opt for p in ctx.command.params
-                                               for opt in p.opts if opt.startswith("--")})
+                                             for opt in p.opts if opt.startswith("--")}, typed)
         if runtime_path is None:
             with workdir_held(workdir):
                 lines = run_local(workdir, model_uri, dataset_uri, method,

@@ -94,10 +94,14 @@ ROWS = [
     # -- options that do not go together ------------------------------------------------
     Row("gpus-without-engine", lambda c: ["--gpus", "--runtime", BYO],
         lambda c: ("--gpus and --image need a container engine",)),
+    Row("method-with-runtime", lambda c: ["--runtime", BYO, "--method", "full"],
+        lambda c: ("with --runtime, --method would be ignored",)),
     Row("engine-not-installed", lambda c: ["--engine", "podman", "--runtime", BYO],
         lambda c: ("--engine podman: `podman` is not installed or not on PATH",),
         env={"PATH": "/nonexistent"}),
     # -- a runtime and a TrainJob: merged and checked before the first container -------
+    Row("trainjob-file-missing", lambda c: ["--runtime", BYO, "--trainjob", "no-job.yaml"],
+        lambda c: ("no-job.yaml: cannot read: No such file or directory",)),
     Row("runtime-not-yaml", lambda c: ["--runtime", _bad_yaml(c)],
         lambda c: (f"{c.project / 'runtime.yaml'}: not valid YAML (line 2)",)),
     Row("trainjob-secret-not-exported", lambda c: [

@@ -48,8 +48,11 @@ class Options:
     train_args: tuple[str, ...]
 
 
-def check_combinations(o: Options, option_names: set[str]) -> None:
-    """Options that do not go together, and command-line words that are not TRAIN_ARGS."""
+def check_combinations(o: Options, option_names: set[str],
+                       on_command_line: frozenset[str] = frozenset()) -> None:
+    """Options that do not go together, and command-line words that are not TRAIN_ARGS.
+    ``on_command_line``: the parameters typed as flags (not from a variable, which the
+    runtime's own steps may read from the environment they inherit)."""
     if o.runtime_path is None and o.engine != "process":
         raise BadInputError(f"--engine {o.engine} runs a runtime's images: give --runtime "
                             "(e.g. runtimes/base/kubetune-byo-model.yaml)")
@@ -61,6 +64,11 @@ def check_combinations(o: Options, option_names: set[str]) -> None:
     if o.runtime_path is not None and (o.model_uri or o.dataset_uri or o.train_args):
         raise BadInputError("with --runtime, set sources and trainer args in the TrainJob "
                             "(--trainjob), not --model/--dataset/TRAIN_ARGS")
+    ignored = sorted({"method", "export_uri"} & on_command_line)
+    if o.runtime_path is not None and ignored:
+        flags = "/".join("--" + name.replace("_", "-") for name in ignored)
+        raise BadInputError(f"with --runtime, {flags} would be ignored: the runtime and the "
+                            "TrainJob set the method and the export destination")
     check_train_arg_words(list(o.train_args), option_names)
     if o.engine != "process" and not o.print_jobset and shutil.which(o.engine) is None:
         raise BadInputError(f"--engine {o.engine}: `{o.engine}` is not installed or not on "
