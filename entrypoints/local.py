@@ -22,7 +22,6 @@ from kubetune.trainer.request.methods import METHODS, recipe_for
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
 
-
 # In the work directory: held by the `kubetune local` running there.
 WORKDIR_LOCK_NAME = ".kubetune-local.lock"
 
@@ -240,8 +239,8 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
 
     def body() -> int:
         given = preflight.Options(workdir, model_uri, dataset_uri, method, export_uri,
-                                    runtime_path, trainjob_path, print_jobset, engine, gpus,
-                                    tuple(images), tuple(train_args))
+                                  runtime_path, trainjob_path, print_jobset, engine, gpus,
+                                  tuple(images), tuple(train_args))
         ctx = click.get_current_context()
         typed = frozenset(p.name for p in ctx.command.params if ctx.get_parameter_source(
             p.name) == click.core.ParameterSource.COMMANDLINE)
