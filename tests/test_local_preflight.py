@@ -54,6 +54,12 @@ def _bad_yaml(ctx: Ctx) -> str:
     return str(path)
 
 
+def _empty_dir(ctx: Ctx) -> str:
+    (ctx.project / "empty").mkdir()
+    (ctx.project / "empty" / "README.md").write_text("no data here")
+    return "./empty"
+
+
 BYO = str(runtime_file("kubetune-byo-model.yaml"))
 ROWS = [
     # -- TRAIN_ARGS, checked as the trainer checks them --------------------------------
@@ -85,6 +91,9 @@ ROWS = [
     Row("malformed-dataset-uri", lambda c: ["--dataset", "relative/path"],
         lambda c: ("--dataset: storage URI 'relative/path' is malformed",
                    "./rel/path")),
+    Row("local-dataset-without-data-beside-a-remote-model", lambda c: [
+        "--model", "hf://org/model", "--dataset", _empty_dir(c)],
+        lambda c: (f"--dataset {c.project / 'empty'}: no data files found",)),
     Row("unsupported-scheme", lambda c: ["--model", "gs://bucket/model"],
         lambda c: ("--model: unsupported storage scheme 'gs'",)),
     Row("bad-hub-repo-id", lambda c: ["--model", "hf://org/na$me"],

@@ -140,21 +140,33 @@ def resolve_sources(model_uri: str | None, dataset_uri: str | None,
     return model, dataset, export
 
 
-def _verified_sources(model_dir: Path, dataset_dir: Path, view: Path) -> Path:
-    """Run the initializers' own checks on the two source directories (read-only: what
-    they find is said in their words, naming the option); return a dataset directory as
-    the dataset initializer leaves it for the trainer: links to the data files and the
-    descriptor, made under ``view`` (the user's source gets no file of ours)."""
-    from kubetune.initializers import verify_dataset, verify_model
+def _verified_model(model_dir: Path) -> None:
+    """The model initializer's own check of a local source (read-only), naming --model."""
+    from kubetune.initializers import verify_model
 
     try:
         verify_model.verify(model_dir)
     except BadInputError as exc:
         raise BadInputError(f"--model {model_dir}: {exc.message}") from None
+
+
+def _verified_dataset(dataset_dir: Path) -> dict:
+    """The dataset initializer's own check of a local source (read-only), naming
+    --dataset; the descriptor it would write."""
+    from kubetune.initializers import verify_dataset
+
     try:
-        descriptor = verify_dataset.describe(dataset_dir)
+        return verify_dataset.describe(dataset_dir)
     except BadInputError as exc:
         raise BadInputError(f"--dataset {dataset_dir}: {exc.message}") from None
+
+
+def _dataset_view(dataset_dir: Path, descriptor: dict, view: Path) -> Path:
+    """A dataset directory as the dataset initializer leaves it for the trainer: links to
+    the data files and the descriptor, made under ``view`` (the user's source gets no file
+    of ours)."""
+    from kubetune.initializers import verify_dataset
+
     for name in descriptor["files"]:
         (view / name).parent.mkdir(parents=True, exist_ok=True)
         (view / name).symlink_to(dataset_dir / name)
@@ -168,8 +180,8 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     before the initializers have filled the workspace; return the planned config (an
     OmegaConf DictConfig), or None where a source is remote.
 
-    With both sources local directories, they are checked as their initializers will
-    check them, then the trainer's whole `plan` runs against them: keys, values, the
+    A local source directory is checked as its initializer will check it. With both
+    local, the trainer's whole `plan` then runs against them: keys, values, the
     method against the model, the LoRA rank, the dataset's columns and split, whether the
     rows make a step. With a remote source, only the checks that need no checkpoint and
     no data."""
@@ -179,7 +191,11 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     from kubetune.workspace import Workspace
 
     model_dir, dataset_dir = local_source(model_uri), local_source(dataset_uri)
-    if model_dir is None or dataset_dir is None:
+    # A local source is checked as its initializer will check it, whatever the other.
+    if model_dir is not None:
+        _verified_model(model_dir)
+    descriptor = _verified_dataset(dataset_dir) if dataset_dir is not None else None
+    if model_dir is None or descriptor is None:
         for note in check_request(parse_tune_run(tune_run)):
             log.debug("trainer plan: %s", note)
         return None
@@ -189,7 +205,7 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     # The step's own environment (PET_*): the topology the trainer will see.
     settings = LauncherSettings({**os.environ, **step_env})  # a child's env, built here
     with tempfile.TemporaryDirectory(prefix="kubetune-preflight-") as tmp:
-        dataset_view = _verified_sources(model_dir, dataset_dir, Path(tmp))
+        dataset_view = _dataset_view(dataset_dir, descriptor, Path(tmp))
         here = Workspace(root=pvc, dataset_dir=dataset_view, model_dir=model_dir,
                          output_dir=pvc / "output", export_dir=pvc / "export")
         planned = plan(parse_tune_run(argv), here, settings)
