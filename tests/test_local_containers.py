@@ -263,3 +263,62 @@ def test_engine_options_need_a_runtime_and_an_engine(tmp_path):
     result = kubetune("local", "--gpus", "--runtime", str(BASE / "kubetune-byo-model.yaml"),
                       "--workdir", str(tmp_path), env=clean_env())
     assert result.returncode == 65 and "need a container engine" in result.stderr
+
+
+def byo_runtime_exporting_to(tmp_path: Path, export_uri: str) -> Path:
+    """kubetune-byo-model with its exporter's EXPORT_URI set to ``export_uri``."""
+    import yaml
+
+    runtime = yaml.safe_load(runtime_file("kubetune-byo-model.yaml").read_text())
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        for c in job["template"]["spec"]["template"]["spec"]["containers"]:
+            for var in c.get("env") or []:
+                if var["name"] == "EXPORT_URI":
+                    var["value"] = export_uri
+    path = tmp_path / "runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    return path
+
+
+@pytest.mark.parametrize("export_uri, exists", [
+    ("{project}/exports/tiny", False), ("./exports/tiny", False),
+    ("file://./exports/tiny", False), ("file://{project}/exports/tiny", True)])
+def test_a_host_export_destination_is_mounted_read_write_at_its_own_path(
+        tmp_path, monkeypatch, export_uri, exists):
+    # The exporter in its container writes where the URI says, on this host: the
+    # destination (made here if missing) bind-mounted writable, the URI unchanged.
+    from kubetune.tools.local.preflight import resolve_runtime_uris
+
+    project = tmp_path / "project"
+    project.mkdir()
+    destination = project / "exports" / "tiny"
+    if exists:  # the user's own directory: mounted as it is, its mode untouched
+        destination.mkdir(parents=True, mode=0o750)
+    monkeypatch.chdir(project)
+    runtime = byo_runtime_exporting_to(tmp_path, export_uri.format(project=project))
+    jobset = merged_jobset(runtime, None)
+    resolve_runtime_uris(jobset, Path.cwd(), in_images=True)
+    js = LocalJobSet(jobset, tmp_path / "run", EngineOptions("podman"))
+    js.logs.mkdir(parents=True, exist_ok=True)
+    j = job_named(js, "exporter")
+    step = js.step(j, j["template"]["spec"]["template"]["spec"]["containers"][0], 0, 1)
+    mounts = option_values(step.command, "--mount")
+    assert f"type=bind,source={destination},target={destination}" in mounts
+    assert not any(f"target={destination}," in m for m in mounts)  # not read-only too
+    assert destination.is_dir()
+    assert destination.stat().st_mode & 0o777 == (0o750 if exists else 0o777)
+    assert step.env["EXPORT_URI"] in (str(destination), f"file://{destination}")
+
+
+@pytest.mark.parametrize("export_uri", ["s3://bucket/exports/tiny", "/workspace/export"])
+def test_a_remote_or_workspace_export_gets_no_mount_of_its_own(tmp_path, export_uri):
+    runtime = byo_runtime_exporting_to(tmp_path, export_uri)
+    js = LocalJobSet(merged_jobset(runtime, None), tmp_path / "run",
+                     EngineOptions("podman"))
+    js.logs.mkdir(parents=True, exist_ok=True)
+    j = job_named(js, "exporter")
+    step = js.step(j, j["template"]["spec"]["template"]["spec"]["containers"][0], 0, 1)
+    targets = [m.split("target=")[1].split(",")[0]
+               for m in option_values(step.command, "--mount")]
+    assert sorted(targets) == ["/dev/termination-log", "/tmp", "/workspace"]
+    assert step.env["EXPORT_URI"] == export_uri

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune import env as envnames
+from kubetune import env as envnames, storage_uri
 from kubetune.errors import BadInputError, StepFailedError
 from kubetune.tools.local.container_argv import Mount
 from kubetune.tools.local.containers import ContainerSession, EngineOptions
@@ -78,6 +78,39 @@ class JobFailure:
     job: str
     reason: str  # PodFailurePolicy | BackoffLimitExceeded, as the Job controller reports
     failure: PodFailure
+
+
+def export_mount(export_uri: str | None, mounts: list[Mount]) -> Mount | None:
+    """The read-write bind mount a container engine needs for a host-path EXPORT_URI
+    (absolute here: preflight made a relative one so), at the same path so the URI stays
+    as written; None for a remote destination or one on a volume the container mounts.
+    The process engine writes there directly; a container would write into its own, then
+    discarded, filesystem. The destination directory itself is mounted (made first if
+    missing), not a parent: the container may write nowhere else of the user's, and the
+    exporter, finding a mount point, builds the export inside it."""
+    if not export_uri:
+        return None
+    try:
+        where = storage_uri.export_destination(export_uri)
+    except BadInputError:
+        return None  # preflight reported it; the step will again
+    if not isinstance(where, storage_uri.FileUri):
+        return None
+    path = Path(os.path.abspath(where.path))
+    volumes = [m.target.rstrip("/") for m in mounts
+               if m.target.rstrip("/") not in SCRATCH_MOUNTS]
+    if any(str(path) == v or str(path).startswith(v + "/") for v in volumes):
+        return None
+    if not path.exists():
+        try:
+            path.mkdir(parents=True)
+            # Writable by the pod's user (uid 65532 in our runtimes), as the workspace
+            # is: only the directory made here for the export, never one the user had.
+            path.chmod(0o777)
+        except OSError as exc:
+            raise BadInputError(f"{envnames.EXPORT_URI} {export_uri}: cannot create "
+                                f"{path}: {exc.strerror}") from None
+    return Mount(path, str(path))
 
 
 class LocalJobSet:
@@ -214,6 +247,9 @@ class LocalJobSet:
                     "command": [expand(a, env) for a in container.get("command") or []],
                     "args": [expand(a, env) for a in container.get("args") or []]}
         mounts, tmpfs = self._container_mounts(pod_spec, container, pod)
+        destination = export_mount(env.get(envnames.EXPORT_URI), mounts)
+        if destination is not None:
+            mounts.append(destination)
         name = container["name"] if pod_count == 1 else f"{container['name']}-{index}"
         return self.session.step(name=name, pod=pod, aliases=[f"{pod}.{self.subdomain}"],
                                  pod_spec=pod_spec, container=resolved, env=env,
