@@ -244,6 +244,36 @@ def test_byo_runtime_on_the_images(tmp_path, tiny_model_dir, tiny_dataset_dir):
     assert "Skipping import of cpp extensions" not in result.stdout
 
 
+def test_export_to_a_host_directory_from_the_exporter_image(tmp_path, tiny_model_dir,
+                                                            tiny_dataset_dir):
+    """EXPORT_URI a path of this host, relative to where `kubetune local` runs: the
+    exporter's container writes the export there (not into its own filesystem)."""
+    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    job = write_trainjob(tmp_path, "kubetune-byo-model", {
+        "initializer": {"model": {"storageUri": f"file://{model}"},
+                        "dataset": {"storageUri": f"file://{dataset}"}},
+        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": "2"},
+                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
+                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]}})
+    runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        for c in rjob["template"]["spec"]["template"]["spec"]["containers"]:
+            for var in c.get("env") or []:
+                if var["name"] == "EXPORT_URI":
+                    var["value"] = "./exports/tiny"
+    (tmp_path / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+    result = kubetune("local", "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
+                      "--runtime", str(tmp_path / "runtime.yaml"), "--trainjob", str(job),
+                      env=clean_env(), cwd=tmp_path, timeout=1500)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    export = tmp_path / "exports" / "tiny"
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert manifest["files"] and all((export / f["path"]).is_file()
+                                     for f in manifest["files"])
+    assert not (tmp_path / "run" / "workspace" / "export").exists()
+    assert_nothing_left(result)
+
+
 def test_torchtune_dropin_runtime_on_the_images(tmp_path, tiny_model_dir, tiny_dataset_dir):
     """torchtune-llama3.2-1b with what the SDK's BuiltinTrainer submits (`tune run` + LoRA
     args): the trainer image's `tune` is ours (it picks the recipe and writes the
