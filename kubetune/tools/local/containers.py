@@ -6,7 +6,7 @@ What the kubelet gives a pod is mapped here: the per-job PVC and other volumes a
 directories under the work directory (made writable by any user, as fsGroup makes a
 volume writable by the pod's user); a `file://` path named in the container's env or
 args that exists on this host is bind-mounted read-only at the same path, so the URI is
-unchanged; pods find each other by their JobSet DNS names (network aliases) on one
+unchanged (a host-path EXPORT_URI is mounted read-write: `jobset.export_mount`); pods find each other by their JobSet DNS names (network aliases) on one
 network per run.
 
 Every container and network of a run is labelled with the run, the work directory (a
