@@ -423,14 +423,15 @@ def start_long_training(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: 
                             env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     run_id = proc.stdout.readline().split("network kubetune-")[1].split(")")[0]
-    for line in proc.stdout:  # the initializers ran; the trainer's container starts
-        if "==> model-initializer: ok" in line:
-            break
+    # The initializers run in parallel and either may still be running when the other
+    # reports ok: wait for the trainer's (`node`) container itself.
     trainer = ""
-    while not trainer and proc.poll() is None:
-        trainer = engine("ps", "--filter", f"label=kubetune.local/run={run_id}",
+    deadline = time.monotonic() + 300
+    while not trainer and proc.poll() is None and time.monotonic() < deadline:
+        running = engine("ps", "--filter", f"label=kubetune.local/run={run_id}",
                          "--filter", "status=running", "--format", "{{.Names}}",
-                         timeout=60).stdout.strip()
+                         timeout=60).stdout.split()
+        trainer = next((name for name in running if "-node-" in name), "")
         time.sleep(0.5)
     assert "-node-" in trainer, proc.stdout.read() if proc.poll() is not None else trainer
     return proc, run_id, trainer, job
