@@ -18,7 +18,7 @@ from kubetune.tools.local.containers import (EngineOptions, file_sources,
                                              parse_image_overrides, workdir_identity)
 from kubetune.tools.local.jobset import LocalJobSet
 from tests.support.cli import clean_env, kubetune
-from tests.support.runtimes import runtime_file
+from tests.support.runtimes import initializer_uris, runtime_file, write_trainjob
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 BASE = Path(__file__).resolve().parents[1] / "runtimes" / "base"
@@ -45,14 +45,8 @@ def option_values(argv: list[str], option: str) -> list[str]:
 
 def test_trainer_container_runs_the_runtime_command_in_its_image(tmp_path):
     # A TrainJob with spec.trainer: only then does the controller inject PET_* (as upstream).
-    job = tmp_path / "job.yaml"
-    job.write_text("""apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata: {name: tiny}
-spec:
-  runtimeRef: {name: torchtune-llama3.2-1b}
-  trainer: {numNodes: 1}
-""")
+    job = write_trainjob(tmp_path / "job.yaml", "torchtune-llama3.2-1b",
+                         {"trainer": {"numNodes": 1}})
     js, step = container_step(tmp_path, "torchtune-llama3.2-1b.yaml", "node", trainjob=job)
     argv = step.command
     image = argv.index("ghcr.io/kubetune/trainer:0.1.0")
@@ -101,16 +95,8 @@ def test_gpus_go_to_the_containers_that_request_them(tmp_path, engine, flags):
 def test_a_file_source_is_mounted_read_only_at_its_own_path(tmp_path):
     model = tmp_path / "src" / "model"
     model.mkdir(parents=True)
-    job = tmp_path / "job.yaml"
-    job.write_text(f"""apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata: {{name: tiny}}
-spec:
-  runtimeRef: {{name: kubetune-byo-model}}
-  initializer:
-    model: {{storageUri: "file://{model}"}}
-    dataset: {{storageUri: "file:///not/on/this/host"}}
-""")
+    job = write_trainjob(tmp_path / "job.yaml", "kubetune-byo-model",
+                         initializer_uris(f"file://{model}", "file:///not/on/this/host"))
     _, step = container_step(tmp_path / "run", "kubetune-byo-model.yaml",
                              "model-initializer", trainjob=job)
     assert f"type=bind,source={model},target={model},readonly" in \
@@ -159,16 +145,8 @@ def test_a_relative_source_is_mounted_from_the_users_directory(tmp_path, monkeyp
     model, data = project / "src" / "model", project / "src" / "data"
     model.mkdir(parents=True)
     data.mkdir(parents=True)
-    job = project / "job.yaml"
-    job.write_text(f"""apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata: {{name: tiny}}
-spec:
-  runtimeRef: {{name: kubetune-byo-model}}
-  initializer:
-    model: {{storageUri: "{model_uri}"}}
-    dataset: {{storageUri: "{dataset_uri}"}}
-""")
+    job = write_trainjob(project / "job.yaml", "kubetune-byo-model",
+                         initializer_uris(model_uri, dataset_uri))
     monkeypatch.chdir(project)
     jobset = merged_jobset(runtime_file("kubetune-byo-model.yaml"), job)
     if not dataset_uri.startswith(("./", "file://")):
@@ -197,16 +175,8 @@ spec:
 def test_a_missing_relative_source_names_the_absolute_path(tmp_path, monkeypatch):
     from kubetune.tools.local.preflight import resolve_runtime_uris
 
-    job = tmp_path / "job.yaml"
-    job.write_text("""apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata: {name: tiny}
-spec:
-  runtimeRef: {name: kubetune-byo-model}
-  initializer:
-    model: {storageUri: "./no-such-model"}
-    dataset: {storageUri: "hf://org/data"}
-""")
+    job = write_trainjob(tmp_path / "job.yaml", "kubetune-byo-model",
+                         initializer_uris("./no-such-model", "hf://org/data"))
     monkeypatch.chdir(tmp_path)
     jobset = merged_jobset(runtime_file("kubetune-byo-model.yaml"), job)
     with pytest.raises(BadInputError) as caught:
@@ -227,16 +197,8 @@ def test_an_images_own_scheme_and_paths_are_left_to_the_image(
     # image are the image's business; as processes, this machine must serve both.
     from kubetune.tools.local.preflight import resolve_runtime_uris
 
-    job = tmp_path / "job.yaml"
-    job.write_text(f"""apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata: {{name: tiny}}
-spec:
-  runtimeRef: {{name: kubetune-byo-model}}
-  initializer:
-    model: {{storageUri: "{model}"}}
-    dataset: {{storageUri: "{dataset}"}}
-""")
+    job = write_trainjob(tmp_path / "job.yaml", "kubetune-byo-model",
+                         initializer_uris(model, dataset))
     monkeypatch.chdir(tmp_path)
     resolve_runtime_uris(merged_jobset(runtime_file("kubetune-byo-model.yaml"), job),
                          Path.cwd(), in_images=True)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.support.cli import clean_env, error_lines, kubetune
-from tests.support.runtimes import runtime_file
+from tests.support.runtimes import runtime_file, write_trainjob
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 
 # The SDK 0.5.0's own pydantic models warn on import; nothing of ours.
@@ -22,11 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`
 
 
 def trainjob(tmp_path: Path, runtime: str, spec: dict, name: str = "tiny") -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-        "metadata": {"name": name}, "spec": {"runtimeRef": {"name": runtime}, **spec}}))
-    return path
+    return write_trainjob(tmp_path / f"{name}.yaml", runtime, spec, name)
 
 
 def sources(model: Path, dataset: Path) -> dict:

@@ -22,7 +22,7 @@ import yaml
 from kubetune.entrypoints.cli import COMMANDS
 from tests.support.cli import clean_env, kubetune
 from tests.support.processes import processes_mentioning
-from tests.support.runtimes import runtime_file
+from tests.support.runtimes import runtime_file, write_trainjob as write_job_file
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 
 pytestmark = [pytest.mark.images,
@@ -195,11 +195,7 @@ def readable_sources(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: Pat
 
 
 def write_trainjob(tmp_path: Path, runtime: str, spec: dict) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-        "metadata": {"name": "tiny"}, "spec": {"runtimeRef": {"name": runtime}, **spec}}))
-    return path
+    return write_job_file(tmp_path / "job.yaml", runtime, spec)
 
 
 def local_podman(tmp_path: Path, runtime: Path, job: Path) -> subprocess.CompletedProcess:

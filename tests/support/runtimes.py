@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "runtimes" / "base"
 DROPIN = REPO / "runtimes" / "overlays" / "dropin"
@@ -20,3 +22,17 @@ def runtime_file(name: str) -> Path:
     """A runtime's file by its name, with or without `.yaml`."""
     file_name = name if name.endswith(".yaml") else f"{name}.yaml"
     return (DROPIN if file_name.startswith("torchtune-") else BASE) / file_name
+
+
+def write_trainjob(path: Path, runtime: str, spec: dict | None = None, name: str = "tiny"
+                   ) -> Path:
+    """A TrainJob YAML at ``path`` referencing ``runtime``, with ``spec`` beside runtimeRef."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": name}, "spec": {"runtimeRef": {"name": runtime}, **(spec or {})}}))
+    return path
+
+
+def initializer_uris(model: str, dataset: str) -> dict:
+    """A TrainJob spec's initializer block naming both STORAGE_URIs."""
+    return {"initializer": {"model": {"storageUri": model}, "dataset": {"storageUri": dataset}}}
