@@ -24,6 +24,7 @@ COMMANDS = {
     "train": "kubetune.entrypoints.train:train",
     "export": "kubetune.entrypoints.export:export_command",
     "local": "kubetune.entrypoints.local:local",
+    "size": "kubetune.entrypoints.size:size",
     "install-tune": "kubetune.entrypoints.shims:install_tune_command",
 }
 

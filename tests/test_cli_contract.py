@@ -17,7 +17,7 @@ from kubetune.entrypoints.shims import install_tune
 from tests.support.cli import clean_env, kubetune
 
 REPO = Path(__file__).resolve().parents[1]
-STEP_COMMANDS = ["init-dataset", "init-model", "train", "export", "local"]
+STEP_COMMANDS = ["init-dataset", "init-model", "train", "export", "local", "size"]
 
 
 def test_every_step_is_a_subcommand():

@@ -271,3 +271,30 @@ def test_gang_runtime_without_spec_trainer_fails_at_once(tmp_path):
     assert result.returncode == 65, result.stdout[-2000:] + result.stderr[-2000:]
     assert "no PET_NNODES: the TrainJob needs spec.trainer" in result.stdout + result.stderr
     assert "restarting" not in result.stdout
+
+
+def test_env_injection_reaches_an_init_container_of_each_node(tmp_path):
+    """A runtime whose mlPolicy.torch.envInjection names an init container of the node
+    job (v2.3, #3516): on each of two nodes it runs with the torch env -- its node rank, the
+    node count, the master address (this machine here) -- before the node container."""
+    runtime = yaml.safe_load(policy_runtime(tmp_path, 0).read_text())
+    runtime["spec"]["mlPolicy"]["torch"] = {"envInjection": {"targets": [
+        {"jobName": "node", "containerNames": ["preflight-check"]}]}}
+    script = ("import os, pathlib; e = os.environ; pathlib.Path(e['KUBETUNE_WORKSPACE'], "
+              "'preflight-' + e['PET_NODE_RANK']).write_text(' '.join(e[n] for n in ("
+              "'PET_NNODES', 'PET_NPROC_PER_NODE', 'PET_MASTER_ADDR', 'PET_MASTER_PORT')))")
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        if job["name"] == "node":
+            pod["initContainers"] = [{"name": "preflight-check",
+                                      "command": [sys.executable, "-c", script],
+                                      "volumeMounts": pod["containers"][0]["volumeMounts"]}]
+    path = tmp_path / "injecting-runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    job = trainjob(tmp_path, "kubetune-byo-model", {"trainer": {"numNodes": 2}})
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(path),
+                      "--trainjob", str(job), env=clean_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    ws = tmp_path / "run" / "workspace"
+    for rank in ("0", "1"):
+        assert (ws / f"preflight-{rank}").read_text() == "2 auto 127.0.0.1 29500"

@@ -4,7 +4,8 @@ Every form a secret takes gets a distinctive value: a token file with a trailing
 a token file of two lines, user and password inside each endpoint and URI variable, S3
 keys inline and as ``*_FILE``. Then every step runs as a pod runs it, against the local
 hub server and moto S3: successes (init-model from the hub and from S3, init-dataset, a
-short training, export to a directory and to S3), failures (credentials refused, an
+short training, export to a directory and to S3, `kubetune size` of a private hub
+repo), failures (credentials refused, an
 unreachable endpoint, a malformed token file, credentials inside URIs) and internal
 errors with a traceback (a real one: a malformed endpoint that boto3 reads itself and
 rejects with an exception we do not map). The recipe process's environment is written out
@@ -173,6 +174,14 @@ def play(scene: Scene) -> None:
     scene.run("key-id-alone", "init-model", **scene.s3_env(
         ACCESS_KEY_ID=ALONE_KEY_ID, SECRET_ACCESS_KEY="",
         STORAGE_URI="s3://secret-models/tiny", OUTPUT_PATH=str(scene.root / "key-id-alone")))
+    # `kubetune size` reads config.json of a private repo with the token; a refused
+    # token; credentials inside the URI.
+    scene.run("size-hub", "size", "--model", "hf://org/private", "--output", "json",
+              **scene.hub_env())
+    scene.run("size-hub-denied", "size", "--model", "hf://org/private",
+              HF_ENDPOINT=scene.hub.url, ACCESS_TOKEN="hf_CanaryWrongToken0000")
+    scene.run("size-uri-userinfo", "size", "--model",
+              f"hf://{URI_USER}:{URI_PASS}@org/private", **scene.hub_env())
     # Internal errors, tracebacks printed: exceptions libraries raise that we do not map.
     # boto3 reads AWS_ENDPOINT_URL_S3 itself (we name ENDPOINT and AWS_ENDPOINT_URL).
     scene.run("internal-s3-endpoint", "init-model", **scene.s3_env(
@@ -201,10 +210,11 @@ def every_byte(scene: Scene) -> list[tuple[str, bytes]]:
 def test_the_runs_did_what_they_stand_for(scene):
     codes = {name: result.returncode for name, result in scene.results.items()}
     for name in ("init-model-hub", "init-model-s3", "init-dataset-s3", "train", "export-local",
-                 "export-s3"):
+                 "export-s3", "size-hub"):
         assert codes[name] == 0, (name, scene.results[name].stderr[-3000:])
     assert (scene.root / "exported" / "manifest.json").is_file()
     assert codes["s3-denied"] == 65 and codes["hub-denied"] == 65
+    assert codes["size-hub-denied"] == 65 and codes["size-uri-userinfo"] == 65
     assert codes["s3-unreachable"] == 75
     assert codes["two-line-token"] == 65 and codes["s3-uri-userinfo"] == 65
     assert codes["hub-userinfo"] != 0 and codes["export-uri-userinfo"] != 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from urllib.parse import quote
 
 from kubetune import env
 
@@ -25,7 +26,7 @@ if _mirror:
 
 import httpx2  # noqa: E402
 from huggingface_hub import HfApi  # noqa: E402
-from huggingface_hub.utils import get_session  # noqa: E402
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # noqa: E402
 
 from kubetune import credentials  # noqa: E402
 
@@ -62,3 +63,19 @@ def api(hub_token: str | None, *, bounded: bool = True) -> HfApi:
     if bounded:
         get_session().timeout = http_timeout()
     return HfApi(endpoint=endpoint(), token=hub_token or False)
+
+
+def file_url(repo_id: str, path: str, revision: str | None = None) -> str:
+    """The hub's download URL of one file of a model repo (``revision``: default main)."""
+    return f"{endpoint()}/{repo_id}/resolve/{quote(revision or 'main', safe='')}/{quote(path)}"
+
+
+def read_small_file(repo_id: str, path: str, hub_token: str | None,
+                    revision: str | None = None) -> bytes:
+    """One file of a model repo, whole, in one bounded request (a single attempt: the
+    caller's `kubetune.retry` loop retries). For small files only: `config.json`."""
+    response = get_session().get(file_url(repo_id, path, revision),
+                                 headers=build_hf_headers(token=hub_token or False),
+                                 timeout=http_timeout(), follow_redirects=True)
+    hf_raise_for_status(response)
+    return response.content

@@ -290,10 +290,10 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
-    too_small = host_memory.note(
-        topo.nproc_per_node, host_memory.checkpoint_bytes(checkpoint.model_dir,
-                                                          checkpoint.weight_files),
-        host_memory.container_memory_bytes())
+    checkpoint_bytes = host_memory.checkpoint_bytes(checkpoint.model_dir,
+                                                    checkpoint.weight_files)
+    too_small = host_memory.note(topo.nproc_per_node, checkpoint_bytes,
+                                 host_memory.container_memory_bytes())
     notes += [too_small] if too_small else []
     cfg.log_peak_memory_stats = hw.device.startswith("cuda")
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
@@ -301,7 +301,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         notes.append("activation offloading needs CUDA: off on cpu")
     found = _locate_data(cfg, workspace, notes)
     compile_before = bool(cfg.get("compile"))
-    notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method)
+    notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
+                             checkpoint_bytes)
 
     limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
         base, "tokenizer.max_seq_len", default=None) is not None
@@ -381,7 +382,7 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str]):
 
 
 def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Topology, found,
-                    checkpoint: CheckpointModel, method: str) -> list[str]:
+                    checkpoint: CheckpointModel, method: str, checkpoint_bytes: int) -> list[str]:
     """Packing, compile and the memory plan, where the user said nothing."""
     max_seq_len = int(cfg.tokenizer.get("max_seq_len") or min(checkpoint.max_seq_len, 2048))
     return speed.apply(
@@ -389,7 +390,8 @@ def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Top
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
         found.total_rows if found else None, max_seq_len, method=method,
         dims=checkpoint.architecture.shape,
-        gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
+        gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None,
+        nodes=topo.nnodes, checkpoint_bytes=checkpoint_bytes)
 
 
 def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
