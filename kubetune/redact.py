@@ -93,7 +93,7 @@ def _file_secret(path: str) -> str:
 def _known_secrets() -> set[str]:
     found = set(_registered)
     # Every secret the environment holds, whoever reads it (a library may print it before
-    # kubetune.credentials ever does): the whole environment, not our settings.
+    # kubetune.remote.credentials ever does): the whole environment, not our settings.
     for name in SECRET_VARIABLES:
         found |= _parts(os.environ.get(name) or "")
         if os.environ.get(name + FILE_SUFFIX):
