@@ -24,7 +24,7 @@ from huggingface_hub.utils import build_hf_headers, get_session  # noqa: E402
 
 from kubetune import retry  # noqa: E402
 from kubetune.errors import BadInputError, TransientError  # noqa: E402
-from kubetune.exporter import manifest as export_manifest  # noqa: E402
+from kubetune.exporter import export_manifest  # noqa: E402
 from kubetune.exporter.build_tree import fresh_build_dir  # noqa: E402
 from kubetune.remote import hub_errors  # noqa: E402
 from kubetune.storage_uri import HubUri  # noqa: E402

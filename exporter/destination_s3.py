@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 
 from kubetune import retry
 from kubetune.errors import BadInputError, TransientError
-from kubetune.exporter import manifest as export_manifest
+from kubetune.exporter import export_manifest
 from kubetune.exporter.build_tree import fresh_build_dir
 from kubetune.remote import s3 as remote_s3
 from kubetune.remote import s3_errors

@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune.exporter import artifact, base_model, manifest as export_manifest, model_card, verify
+from kubetune.exporter import artifact, base_model, export_manifest, model_card, verify
 from kubetune.exporter.destination import open_destination
 from kubetune.exporter.training_output import TrainingOutput, locate
 from kubetune import env

@@ -43,10 +43,14 @@ SLASH_USER, SLASH_PASS = "slashUserCanary71", "slashPieceA72/slashPieceB73"
 # URL credentials inside an override value: the recipe gets them, no saved config does.
 OVERRIDE_USER, OVERRIDE_PASS = "ovrUserCanary81", "ovrPassCanary82"
 ALONE_KEY_ID = "AKIACANARYALONE9999"  # ACCESS_KEY_ID without SECRET_ACCESS_KEY
+# A URL with credentials where a local path belongs (a logger's log_dir): pathlib turns it
+# into "http:/user:password@host", which a logger would print and make a directory of.
+PATH_USER, PATH_PASS = "pathUserCanary91", "pathPassCanary92"
 SECRETS = [TOKEN, "hf_CanaryLineOne0123", "CanaryLineTwo4567", KEY_ID, SECRET_KEY,
            EXPORT_KEY_ID, EXPORT_SECRET, URL_USER, URL_PASS, HUB_USER, HUB_PASS, URI_USER,
            URI_PASS, EXPORT_URI_USER, EXPORT_URI_PASS, SLASH_USER, SLASH_PASS,
-           *SLASH_PASS.split("/"), OVERRIDE_USER, OVERRIDE_PASS, ALONE_KEY_ID]
+           *SLASH_PASS.split("/"), OVERRIDE_USER, OVERRIDE_PASS, ALONE_KEY_ID, PATH_USER,
+           PATH_PASS]
 # Loaded by every Python process of a run through PYTHONPATH; the recipe process alone
 # (it has the launcher's stop file) writes its environment where every_byte searches.
 ENV_PROBE = """import os
@@ -136,6 +140,11 @@ def play(scene: Scene) -> None:
               f"http://{OVERRIDE_USER}:{OVERRIDE_PASS}@notes.example/x",
               **scene.hub_env(HF_ENDPOINT=with_userinfo(scene.hub.url, HUB_USER, HUB_PASS)),
               **scene.s3_env(), PYTHONPATH=str(probe / "code"), SECRETS_PROBE_DIR=str(probe))
+    scene.run("train-url-as-path", "train", *overrides, "max_steps_per_epoch=1",
+              f"output_dir={scene.root / 'url-as-path'}",
+              "metric_logger=torchtune.training.metric_logging.DiskLogger",
+              f"metric_logger.log_dir=http://{PATH_USER}:{PATH_PASS}@logs.example/x",
+              **scene.hub_env(), **scene.s3_env())
     scene.run("export-local", "export", **scene.hub_env(), **scene.s3_env(
         EXPORT_URI=str(scene.root / "exported"), KUBETUNE_EXPORT_DIR=str(scene.root / "x1")))
     scene.run("export-s3", "export", **scene.hub_env(), **scene.export_s3_env(
@@ -231,6 +240,14 @@ def test_a_token_file_of_two_lines_is_one_line_naming_the_file_not_its_value(sce
     result = scene.results["two-line-token"]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "ACCESS_TOKEN_FILE" in lines[0] and "more than one line" in lines[0]
+
+
+def test_a_url_with_credentials_where_a_path_belongs_is_refused_masked(scene):
+    result = scene.results["train-url-as-path"]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 65, result.stderr[-2000:]
+    assert len(lines) == 1 and "metric_logger.log_dir=http://***@logs.example/x" in lines[0]
+    assert not (scene.root / "url-as-path").exists()  # refused before anything was made
 
 
 def test_a_key_id_without_its_secret_is_bad_input_naming_the_missing_one(scene):

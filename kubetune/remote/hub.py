@@ -1,7 +1,7 @@
 """The Hugging Face Hub as every step reaches it: endpoint, token, client, timeouts.
 
 ``HF_ENDPOINT`` names a mirror (default https://huggingface.co); the token is Kubeflow's
-``ACCESS_TOKEN`` or the hub's own ``HF_TOKEN`` / ``HF_TOKEN_PATH`` (`kubetune.credentials`).
+``ACCESS_TOKEN`` or the hub's own ``HF_TOKEN`` / ``HF_TOKEN_PATH`` (`kubetune.remote.credentials`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import httpx2  # noqa: E402
 from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # noqa: E402
 
-from kubetune import credentials  # noqa: E402
+from kubetune.remote import credentials  # noqa: E402
 
 # One INFO line per request would bury the progress lines.
 for _noisy in ("httpx", "httpx2", "huggingface_hub"):

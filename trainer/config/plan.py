@@ -27,8 +27,9 @@ from kubetune.trainer.config.recipe_config import (apply_overrides, configs_dir,
                                    resolve_recipe)
 from kubetune.trainer.request.tune_command import TuneRunRequest
 from kubetune.trainer.config.saved_config import without_credentials
-from kubetune.trainer.config.validate import (check_choices, check_nf4, check_tokenizer,
-                                              check_values, lora_rank_excess)
+from kubetune.trainer.config.validate import (check_choices, check_nf4, check_paths,
+                                              check_tokenizer, check_values,
+                                              lora_rank_excess)
 
 log = logging.getLogger("trainer")
 
@@ -259,6 +260,7 @@ def check_request(request: TuneRunRequest) -> list[str]:
     base, notes = _config_for(request.config)
     cfg = apply_overrides(base, request.overrides)
     check_choices(cfg)
+    check_paths(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
@@ -281,6 +283,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     cfg = apply_overrides(base, request.overrides)
     user_keys = _override_keys(request.overrides)
     check_choices(cfg)
+    check_paths(cfg)
 
     cfg.output_dir = str(cfg.get("output_dir") or workspace.output_dir)
     model_dir = Path(OmegaConf.select(cfg, "checkpointer.checkpoint_dir") or workspace.model_dir)

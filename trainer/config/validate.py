@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kubetune.errors import BadInputError
+from kubetune.redact import has_userinfo, strip_userinfo
 from kubetune.staging import refuse_dangling_link
 
 # torchao's to_nf4 defaults (block_size=64, scaler_block_size=256): a weight quantizes only
@@ -253,6 +254,32 @@ _BOOL_KEYS = ("shuffle", "compile", "enable_activation_checkpointing",
               "enable_activation_offloading", "dataset.packed", "dataset.train_on_input",
               "model.apply_lora_to_mlp", "model.apply_lora_to_output", "model.use_dora",
               "model.quantize_base")
+
+
+# Leaf names of the keys that name a local file or directory (torchtune's and ours).
+_PATH_LEAVES = ("path", "dir", "file", "files")
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """A URL carrying a user or password where a local path belongs is refused: a logger
+    or checkpointer would make a directory named after it, password included (pathlib
+    turns ``http://u:pw@host/x`` into ``http:/u:pw@host/x``) and print it."""
+    from omegaconf import OmegaConf
+
+    def walk(node, prefix: str, leaf: str) -> None:
+        # A list's items are named by the key that holds the list (data_files: [...]).
+        items = node.items() if isinstance(node, dict) else ((i, v) for i, v in enumerate(node))
+        for key, value in items:
+            name = f"{prefix}{key}"
+            kind = str(key).rsplit("_", 1)[-1] if isinstance(node, dict) else leaf
+            if isinstance(value, (dict, list)):
+                walk(value, f"{name}.", kind)
+            elif isinstance(value, str) and kind in _PATH_LEAVES and has_userinfo(value):
+                raise BadInputError(f"{name}={strip_userinfo(value)}: a URL with a user or "
+                                    "password where a local path belongs; give a path "
+                                    "(credentials go in the environment or a Secret)")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "", "")
 
 
 def check_choices(cfg: DictConfig) -> None:
