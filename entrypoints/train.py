@@ -7,6 +7,7 @@ Only the click surface: `kubetune.trainer.request.train_options` turns the optio
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from kubetune.entrypoints.extras import require
 from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
@@ -31,18 +32,33 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
 
 def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "lora",
               overrides: tuple[str, ...] = (), dry_run: bool = False,
-              train_overrides_text: str | None = None, **options) -> int:
+              train_overrides_text: str | None = None,
+              set_by: dict[str, str] | None = None, **options) -> int:
     """Fine-tune the model in ``model_dir`` on ``dataset_dir``; checkpoints to ``output_dir``.
 
     ``options``: `kubetune train`'s (``TrainOptions``' fields); ``train_overrides_text``:
-    space-separated overrides applied before ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``)."""
+    space-separated overrides applied before ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``);
+    ``set_by``: option name -> the variable or option that set it."""
     require("train", "kubetune train")
     from kubetune.trainer import launch
     from kubetune.trainer.request.train_options import plan_training
 
     plan_ = plan_training(TrainOptions(method=method, **options), model_dir, dataset_dir,
-                          output_dir, train_overrides_text, overrides)
+                          output_dir, train_overrides_text, overrides, set_by=set_by)
     return launch.run(plan_, dry_run=dry_run)
+
+
+def _set_by(ctx: click.Context) -> dict[str, str]:
+    """Option name -> the environment variable or option (as typed) that gave its value:
+    a hint about the value then names what the user set."""
+    named = {}
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if source is ParameterSource.ENVIRONMENT and isinstance(param.envvar, str):
+            named[param.name] = param.envvar
+        elif source is ParameterSource.COMMANDLINE and param.opts:
+            named[param.name] = param.opts[0]
+    return named
 
 
 def _opt(flag: str, name: str, help_text: str, **kwargs):
@@ -110,9 +126,11 @@ class _TrainCommand(click.Command):
 @click.option("--train-overrides", "train_overrides_text", envvar=env.TRAIN_OVERRIDES,
               default=None, show_envvar=True,
               help="Space-separated key=value overrides, applied before OVERRIDES")
-@_opt("--dataset-type", env.DATASET_TYPE, "instruct or chat",
+@_opt("--dataset-type", env.DATASET_TYPE,
+      "instruct or chat (default: recognised from the data's columns)",
       type=click.Choice(sorted(DATASET_TYPES)))
-@_opt("--column-map", env.COLUMN_MAP, "Role to column, e.g. input=question,output=answer")
+@_opt("--column-map", env.COLUMN_MAP, "Role to column, e.g. input=question,output=answer "
+      "(chat: messages=<column>; plain text: text=<column>)")
 @_opt("--split", env.DATASET_SPLIT, "Dataset split, e.g. train or train[:90%]")
 @_opt("--system-prompt", env.SYSTEM_PROMPT, "System prompt prepended to every sample")
 @_switch("train-on-input", env.TRAIN_ON_INPUT, "Also compute the loss on the prompt")
@@ -133,4 +151,4 @@ def train(**options) -> int:
     OVERRIDES are key=value torchtune config overrides, applied last (also from
     KUBETUNE_TRAIN_OVERRIDES, space-separated).
     """
-    return run_train(**options)
+    return run_train(set_by=_set_by(click.get_current_context()), **options)

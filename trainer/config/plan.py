@@ -15,7 +15,8 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys
-from kubetune.trainer.data import dataset_check, dataset_location, step_count
+from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shape,
+                                   step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
@@ -302,7 +303,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
         notes.append("activation offloading needs CUDA: off on cpu")
-    found = _locate_data(cfg, workspace, notes)
+    builder_named = bool({"dataset", "dataset._component_"} & user_keys) \
+        or _user_config_file(request.config)
+    found = _locate_data(cfg, workspace, notes, builder_named, request.spellings)
     compile_before = bool(cfg.get("compile"))
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
                              checkpoint_bytes)
@@ -372,15 +375,19 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     return notes
 
 
-def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str]):
-    """Point the dataset at local files and check them; the sample found, if any."""
+def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builder_named: bool,
+                 spellings: dict[str, str]):
+    """Point the dataset at local files, choose the builder for their shape where the
+    user named none, and check them; the sample found, if any."""
     if "dataset" not in cfg:
         return None
     notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
     found = dataset_check.sample(cfg.dataset)
     if found is not None:
+        if dataset_shape.may_detect(cfg.dataset, builder_named):
+            notes.append(dataset_shape.choose(cfg.dataset, found, spellings))
         dataset_check.check_split(cfg.dataset, found)
-        dataset_check.check_columns(cfg.dataset, found)
+        dataset_check.check_columns(cfg.dataset, found, spellings)
     return found
 
 
