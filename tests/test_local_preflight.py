@@ -105,6 +105,10 @@ ROWS = [
         lambda c: ("--gpus and --image need a container engine",)),
     Row("method-with-runtime", lambda c: ["--runtime", BYO, "--method", "full"],
         lambda c: ("with --runtime, --method would be ignored",)),
+    Row("trainer-setting-in-the-shell-with-runtime", lambda c: ["--runtime", BYO],
+        lambda c: ("with --runtime, set KUBETUNE_LORA_RANK in the TrainJob's "
+                   "spec.trainer.env, not in this shell",),
+        env={"KUBETUNE_LORA_RANK": "2"}),
     Row("engine-not-installed", lambda c: ["--engine", "podman", "--runtime", BYO],
         lambda c: ("--engine podman: `podman` is not installed or not on PATH",),
         env={"PATH": "/nonexistent"}),

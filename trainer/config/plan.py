@@ -18,7 +18,8 @@ from kubetune.trainer.config import config_keys
 from kubetune.trainer.data import dataset_check, dataset_location, step_count
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.request import methods, topology
-from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
+from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
+                                               DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
 from kubetune.trainer.checkpointing import resume
 from kubetune.model_family.architecture import HF_CHECKPOINTER
 from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
@@ -240,12 +241,12 @@ def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
             f"given ({', '.join(k for k in section if k != '_component_')})"]
 
 
-def _kubetune_section(cfg: DictConfig, settings: LauncherSettings) -> None:
+def _kubetune_section(cfg: DictConfig) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
-        section.grace_period_s = settings.grace_period_s
+        section.grace_period_s = DEFAULT_GRACE_PERIOD_S
     if section.get("save_every_n_steps") is None:
-        section.save_every_n_steps = settings.save_every_n_steps
+        section.save_every_n_steps = DEFAULT_SAVE_EVERY_N_STEPS
     cfg.kubetune = section
 
 
@@ -309,7 +310,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
         cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, settings)
+    _kubetune_section(cfg)
     cfg.kubetune.count_cut_samples = not limit_chosen
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before

@@ -2,4 +2,4 @@
 composes (``tune_command``), the nodes and processes it runs on (``topology``: torchrun
 options, else ``PET_*``), the torchtune recipe for method x topology (``methods``),
 `kubetune train`'s options as the same request (``train_options``), and what the launcher
-reads from its environment (``settings``: ``PET_*``, grace period, save cadence)."""
+reads from its environment (``settings``: ``PET_*``)."""
