@@ -56,6 +56,11 @@ ROWS = [
         "unknown key dataset.colum_map (did you mean dataset.column_map?)"),
     Row("typo optimizer.lrr", ["optimizer.lrr=1e-4"],
         "unknown key optimizer.lrr (did you mean optimizer.lr?)"),
+    # A key the config has only in a section: the run would train without it.
+    Row("section key given top-level", ["lora_rank=4"],
+        "unknown key lora_rank (did you mean model.lora_rank?)"),
+    Row("key nothing reads", ["foo.bar=1"],
+        "unknown key foo.bar: the config has no foo and the recipe reads none"),
     # `tune run` reads `kubetune train`'s variables too, with the same checks.
     Row("KUBETUNE_EPOCHS=abc under tune run", [],
         "invalid value in KUBETUNE_EPOCHS: 'abc' is not a valid integer",
