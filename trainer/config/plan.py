@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from kubetune.errors import BadInputError
 from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys
+from kubetune.trainer.config import config_keys, lora_scale
 from kubetune.trainer.data import dataset_check, dataset_location, step_count
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.request import methods, topology
@@ -351,6 +351,8 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     """The model, scheduler, checkpointer and tokenizer sections rebuilt for the checkpoint,
     with the override keys and values checked against what will be built."""
     notes = _model_section(cfg, checkpoint, method, request.config)
+    if method != "full":
+        notes += lora_scale.keep_alpha_ratio(cfg, base, user_keys, request.config)
     notes += _lr_scheduler_section(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())

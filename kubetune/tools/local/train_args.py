@@ -21,8 +21,9 @@ stays. LoRA-only defaults are left out for ``--method full``, whose model takes 
 
 from __future__ import annotations
 
-DEMO_MODEL_ARGS = ["optimizer.lr=3e-3", "model.lora_rank=8", "model.lora_alpha=16",
-                   "model.apply_lora_to_output=True"]
+# No alpha: the trainer keeps the config's alpha/rank ratio (2) for rank 8, and for any
+# rank the user sets instead.
+DEMO_MODEL_ARGS = ["optimizer.lr=3e-3", "model.lora_rank=8", "model.apply_lora_to_output=True"]
 DEMO_DATASET_ARGS = ["dataset=torchtune.datasets.instruct_dataset", "dataset.split=train",
                      "epochs=3", "batch_size=8", "gradient_accumulation_steps=1",
                      "lr_scheduler.num_warmup_steps=10"]
