@@ -230,6 +230,7 @@ def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: st
 # so a warm-up length given there (`--warmup-steps`) would leave a section the recipe cannot
 # instantiate.
 WARMUP_SCHEDULER = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
+WARMUP_KEY = "lr_scheduler.num_warmup_steps"
 
 
 def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
@@ -312,6 +313,10 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     notes += _metric_logger_section(cfg, user_keys, request.config)
     _kubetune_section(cfg)
     cfg.kubetune.count_cut_samples = not limit_chosen
+    # A warm-up the user chose stays; the config's is capped to the run's length in the
+    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
+    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
+                                   or _user_config_file(request.config))
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     check_values(cfg)
