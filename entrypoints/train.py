@@ -1,10 +1,16 @@
 """`kubetune train` (direct use) and `run_tune` (the `tune run` Kubeflow Trainer sends).
 
 Only the click surface: `kubetune.trainer.request.train_options` turns the options into the
-`tune run` request they stand for, and both run through the same launcher.
+`tune run` request they stand for, and both run through the same launcher. The options'
+variables (``KUBETUNE_EPOCHS``, ``KUBETUNE_LORA_RANK``, ...) are read by these click
+options on every path: `tune run` and `kubetune local` take no such flags, so they read
+the environment through ``environment_settings``.
 """
 
 from __future__ import annotations
+
+import logging
+from dataclasses import fields
 
 import click
 from click.core import ParameterSource
@@ -13,21 +19,68 @@ from kubetune.entrypoints.extras import require
 from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
 from kubetune.entrypoints.step import step_command
 from kubetune import env
+from kubetune.errors import BadInputError
 from kubetune.suggest import closest
 from kubetune.workspace import workspace
 from kubetune.trainer.request.methods import METHOD_NAMES
-from kubetune.trainer.request.train_options import DATASET_TYPES, TrainOptions
+from kubetune.trainer.request.train_options import (DATASET_TYPES, TrainOptions,
+                                                    setting_overrides)
+
+log = logging.getLogger("trainer")
+_OPTION_FIELDS = {f.name for f in fields(TrainOptions)}
+
+
+def environment_settings(method: str | None = None) -> tuple[list[str], str | None]:
+    """The overrides the `kubetune train` settings set in this process's environment stand
+    for (none for a variable left unset), read by `kubetune train`'s own click options;
+    and KUBETUNE_METHOD's value (None: unset). ``method``: the one the caller runs, whose
+    LoRA settings apply only to LoRA methods (default: KUBETUNE_METHOD's, else LoRA's)."""
+    try:
+        ctx = train.make_context("train", [])
+    except click.ClickException as exc:  # a bad value in a variable: click names it
+        from kubetune.entrypoints.cli import usage_message
+
+        raise BadInputError(usage_message(exc)) from None
+    given = {name: value for name, value in ctx.params.items()
+             if ctx.get_parameter_source(name) == ParameterSource.ENVIRONMENT}
+    named_method = given.pop("method", None)
+    options = TrainOptions(method=method or named_method or "lora",
+                           **{k: v for k, v in given.items() if k in _OPTION_FIELDS})
+    return setting_overrides(options, given.get("train_overrides_text")), named_method
+
+
+def setting_variables_set() -> list[str]:
+    """The variables of `kubetune train`'s settings (not the method, nor the workspace's
+    directories) that this process's environment sets."""
+    ctx = train.make_context("train", [], resilient_parsing=True)
+    return sorted(param.envvar for param in train.params
+                  if (param.name in _OPTION_FIELDS - {"method"}
+                      or param.name == "train_overrides_text")
+                  and ctx.get_parameter_source(param.name) == ParameterSource.ENVIRONMENT)
 
 
 def run_tune(argv: list[str], dry_run: bool = False) -> int:
-    """Run ``tune run <argv...>`` as Kubeflow Trainer composes it."""
+    """Run ``tune run <argv...>`` as Kubeflow Trainer composes it; the settings of the
+    environment's ``KUBETUNE_*`` variables apply before the command's own overrides."""
     require("train", "tune run")
     # The torch stack (omegaconf, torchtune) only now: `--help` works in every image.
     from kubetune.trainer import launch
     from kubetune.trainer.config.plan import plan
     from kubetune.trainer.request.tune_command import parse_tune_run
 
-    return launch.run(plan(parse_tune_run(argv), workspace()), dry_run=dry_run)
+    request = parse_tune_run(argv)
+    from_env, named_method = environment_settings()
+    if from_env:
+        log.info("settings from the environment: %s (the command's own key=value "
+                 "arguments win)", " ".join(from_env))
+    request.overrides = [*from_env, *request.overrides]
+    plan_ = plan(request, workspace())
+    if named_method is not None and named_method != plan_.method:
+        raise BadInputError(f"{env.METHOD}={named_method}, but the command runs "
+                            f"{request.recipe} as {plan_.method}: the recipe and its "
+                            f"arguments choose the method in `tune run`; unset {env.METHOD} "
+                            f"or set it to {plan_.method}")
+    return launch.run(plan_, dry_run=dry_run)
 
 
 def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "lora",

@@ -27,6 +27,7 @@ from kubetune import env, file_lock
 from kubetune.atomic_write import write_atomic
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
+from kubetune.restart_advice import restart_advice
 from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
                                 TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME)
 from kubetune.workspace.model_files import original_repo_id
@@ -398,10 +399,11 @@ def _raise_stopped(plan_: RunPlan) -> None:
     if record is not None and record.fingerprint == plan_.fingerprint:
         raise TransientError(
             f"stopped by signal; resumable checkpoint {output_dir / record.checkpoint} "
-            f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): a restart "
-            "with the same config resumes from it")
+            f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): "
+            f"{restart_advice(resumes=True)}")
     raise TransientError(f"stopped by signal before any resumable checkpoint within the "
-                         f"{plan_.grace_period_s:.0f} s grace period: a restart starts over")
+                         f"{plan_.grace_period_s:.0f} s grace period: "
+                         f"{restart_advice(resumes=False)}")
 
 
 def _raise_failed(plan_: RunPlan, ran: _RecipeRun) -> None:

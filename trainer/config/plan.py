@@ -14,12 +14,13 @@ from omegaconf import DictConfig, OmegaConf
 from kubetune.errors import BadInputError
 from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys
+from kubetune.trainer.config import config_keys, lora_scale
 from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.request import methods, topology
-from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
+from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
+                                               DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
 from kubetune.trainer.checkpointing import resume
 from kubetune.model_family.architecture import HF_CHECKPOINTER
 from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
@@ -231,6 +232,7 @@ def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: st
 # so a warm-up length given there (`--warmup-steps`) would leave a section the recipe cannot
 # instantiate.
 WARMUP_SCHEDULER = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
+WARMUP_KEY = "lr_scheduler.num_warmup_steps"
 
 
 def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
@@ -242,12 +244,12 @@ def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
             f"given ({', '.join(k for k in section if k != '_component_')})"]
 
 
-def _kubetune_section(cfg: DictConfig, settings: LauncherSettings) -> None:
+def _kubetune_section(cfg: DictConfig) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
-        section.grace_period_s = settings.grace_period_s
+        section.grace_period_s = DEFAULT_GRACE_PERIOD_S
     if section.get("save_every_n_steps") is None:
-        section.save_every_n_steps = settings.save_every_n_steps
+        section.save_every_n_steps = DEFAULT_SAVE_EVERY_N_STEPS
     cfg.kubetune = section
 
 
@@ -316,8 +318,12 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
         cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, settings)
+    _kubetune_section(cfg)
     cfg.kubetune.count_cut_samples = not limit_chosen
+    # A warm-up the user chose stays; the config's is capped to the run's length in the
+    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
+    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
+                                   or _user_config_file(request.config))
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     check_values(cfg)
@@ -357,6 +363,8 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     """The model, scheduler, checkpointer and tokenizer sections rebuilt for the checkpoint,
     with the override keys and values checked against what will be built."""
     notes = _model_section(cfg, checkpoint, method, request.config)
+    if method != "full":
+        notes += lora_scale.keep_alpha_ratio(cfg, base, user_keys, request.config)
     notes += _lr_scheduler_section(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())

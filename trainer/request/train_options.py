@@ -1,11 +1,17 @@
 """`kubetune train`'s options -> the `tune run` request they stand for: the `key=value`
 overrides a TrainJob's args would carry, and the recipe the method needs on the topology
 (``PET_*``), chosen as the controller would. The click surface is `entrypoints/train.py`.
+
+`train_overrides` is the one mapping of these settings to overrides, on every path: the
+options of `kubetune train`, and their ``KUBETUNE_*`` variables where no option is given
+(`tune run` and `kubetune local` read them through the same click options:
+``kubetune.entrypoints.train.environment_settings``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,7 @@ SCHEDULERS = {"cosine": COSINE, "constant": COSINE,
               "linear": "kubetune.trainer.schedules.linear_schedule_with_warmup"}
 DATASET_TYPES = {"instruct": "torchtune.datasets.instruct_dataset",
                  "chat": "torchtune.datasets.chat_dataset"}
+log = logging.getLogger("trainer")
 # PEFT / Hugging Face module names -> torchtune's.
 _ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj",
                       "o_proj": "output_proj", "output_proj": "output_proj"}
@@ -176,7 +183,8 @@ def _column_map(text: str) -> str:
 
 
 def train_overrides(options: TrainOptions) -> list[str]:
-    """The `key=value` overrides that ``options`` stand for."""
+    """The `key=value` overrides that ``options`` stand for; an option left None sets
+    nothing."""
     o = options
     args: list[str] = []
 
@@ -204,6 +212,8 @@ def train_overrides(options: TrainOptions) -> list[str]:
         put_all(_LORA_OVERRIDES)
         if o.lora_target_modules:
             args += lora_target_overrides(o.lora_target_modules.split(","))
+    else:
+        _warn_lora_settings_unused(o)
     # No dataset type: the config's default builder stands, and the plan replaces it with
     # the one the data's columns need (`kubetune.trainer.data.dataset_shape`).
     if o.dataset_type is not None and o.dataset_type not in DATASET_TYPES:
@@ -220,6 +230,23 @@ def train_overrides(options: TrainOptions) -> list[str]:
     put("kubetune.save_every_n_steps", o.save_every_n_steps)
     put("kubetune.grace_period_s", o.grace_period)
     return args
+
+
+def _warn_lora_settings_unused(o: TrainOptions) -> None:
+    """A runtime's LoRA defaults (its env) stay set when a TrainJob switches the method to
+    full: not an error, but never without a word."""
+    given = [name for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
+                               "lora_config") if getattr(o, name) is not None]
+    if given:
+        log.warning("method full trains every weight: the LoRA settings given (%s) are not "
+                    "used", ", ".join(given))
+
+
+def setting_overrides(options: TrainOptions, overrides_text: str | None) -> list[str]:
+    """What the settings given stand for, on a path whose command already names its config
+    (`tune run`, `kubetune local`): their overrides, then ``KUBETUNE_TRAIN_OVERRIDES``'
+    (``overrides_text``)."""
+    return [*train_overrides(options), *split_overrides(overrides_text)]
 
 
 def split_overrides(text: str | None) -> list[str]:

@@ -32,7 +32,8 @@ from kubetune import env as envnames, storage_uri
 from kubetune.errors import BadInputError, StepFailedError
 from kubetune.tools.local.container_argv import Mount
 from kubetune.tools.local.containers import ContainerSession, EngineOptions
-from kubetune.tools.local.steps import Step, StepResult, emit, run_process, stop_requested
+from kubetune.tools.local.steps import (Step, StepResult, emit, run_process, status_text,
+                                        stop_requested, stopped_cause)
 from kubetune.tools.local.runtime_merge import COMPLETION_INDEX_PATH
 from kubetune.workspace import DEFAULT_ROOT
 
@@ -400,9 +401,7 @@ class LocalJobSet:
         for t in threads:
             t.join()
         for container, result in results:
-            emit(f"==> {result.name}: " + ("ok" if result.exit_code == 0 else
-                                          f"FAILED (exit {result.exit_code})") +
-                 f" in {result.seconds:.1f}s\n")
+            emit(f"==> {result.name}: {status_text(result)} in {result.seconds:.1f}s\n")
             if result.exit_code != 0:
                 return PodFailure(job["name"], container, result.exit_code, result.error or "")
         return None
@@ -457,8 +456,9 @@ class LocalJobSet:
                  + (" -> restarting\n" if can_restart else " -> JobSet failed\n"))
             if not can_restart:
                 pod = failure.failure
-                raise StepFailedError(pod.container, _cause(pod.error, pod.container) or
-                                      f"exited with code {pod.exit_code}", pod.exit_code)
+                raise StepFailedError(pod.container, stopped_cause(
+                    _cause(pod.error, pod.container) or f"exited with code {pod.exit_code}"),
+                    pod.exit_code)
             if counted:
                 restarts += 1
             else:

@@ -46,6 +46,8 @@ class Options:
     gpus: bool
     images: tuple[str, ...]
     train_args: tuple[str, ...]
+    # Trainer settings' variables (KUBETUNE_EPOCHS, ...) this shell sets.
+    settings_in_shell: tuple[str, ...] = ()
 
 
 def check_combinations(o: Options, option_names: set[str],
@@ -64,6 +66,11 @@ def check_combinations(o: Options, option_names: set[str],
     if o.runtime_path is not None and (o.model_uri or o.dataset_uri or o.train_args):
         raise BadInputError("with --runtime, set sources and trainer args in the TrainJob "
                             "(--trainjob), not --model/--dataset/TRAIN_ARGS")
+    if o.runtime_path is not None and o.settings_in_shell:
+        # A pod gets the TrainJob's env, never this shell's (nor does --engine's container).
+        raise BadInputError(f"with --runtime, set {', '.join(o.settings_in_shell)} in the "
+                            "TrainJob's spec.trainer.env, not in this shell: the runtime's "
+                            "pods get only the TrainJob's env")
     ignored = sorted({"method", "export_uri"} & on_command_line)
     if o.runtime_path is not None and ignored:
         flags = "/".join("--" + name.replace("_", "-") for name in ignored)
