@@ -24,17 +24,19 @@ from kubetune.suggest import closest
 from kubetune.workspace import workspace
 from kubetune.trainer.request.methods import METHOD_NAMES
 from kubetune.trainer.request.train_options import (DATASET_TYPES, TrainOptions,
-                                                    setting_overrides)
+                                                    setting_overrides, spellings_of)
 
 log = logging.getLogger("trainer")
 _OPTION_FIELDS = {f.name for f in fields(TrainOptions)}
 
 
-def environment_settings(method: str | None = None) -> tuple[list[str], str | None]:
+def environment_settings(method: str | None = None
+                         ) -> tuple[list[str], str | None, dict[str, str]]:
     """The overrides the `kubetune train` settings set in this process's environment stand
     for (none for a variable left unset), read by `kubetune train`'s own click options;
-    and KUBETUNE_METHOD's value (None: unset). ``method``: the one the caller runs, whose
-    LoRA settings apply only to LoRA methods (default: KUBETUNE_METHOD's, else LoRA's)."""
+    KUBETUNE_METHOD's value (None: unset); and option name -> the variable that set it
+    (hints then name the variable). ``method``: the one the caller runs, whose LoRA
+    settings apply only to LoRA methods (default: KUBETUNE_METHOD's, else LoRA's)."""
     try:
         ctx = train.make_context("train", [])
     except click.ClickException as exc:  # a bad value in a variable: click names it
@@ -46,7 +48,9 @@ def environment_settings(method: str | None = None) -> tuple[list[str], str | No
     named_method = given.pop("method", None)
     options = TrainOptions(method=method or named_method or "lora",
                            **{k: v for k, v in given.items() if k in _OPTION_FIELDS})
-    return setting_overrides(options, given.get("train_overrides_text")), named_method
+    set_by = {param.name: param.envvar for param in train.params
+              if param.name in given and isinstance(param.envvar, str)}
+    return setting_overrides(options, given.get("train_overrides_text")), named_method, set_by
 
 
 def setting_variables_set() -> list[str]:
@@ -69,10 +73,11 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
     from kubetune.trainer.request.tune_command import parse_tune_run
 
     request = parse_tune_run(argv)
-    from_env, named_method = environment_settings()
+    from_env, named_method, set_by = environment_settings()
     if from_env:
         log.info("settings from the environment: %s (the command's own key=value "
                  "arguments win)", " ".join(from_env))
+    request.spellings = spellings_of(set_by, request.overrides)
     request.overrides = [*from_env, *request.overrides]
     plan_ = plan(request, workspace())
     if named_method is not None and named_method != plan_.method:

@@ -193,6 +193,22 @@ def test_a_column_map_typo_is_named_in_the_runtimes_syntax(sources, tiny_model_d
     assert line.endswith("set KUBETUNE_COLUMN_MAP=input=question,output=answer")
 
 
+def test_a_column_map_typo_from_a_drop_in_trainjobs_env_names_the_variable(
+        sources, tiny_model_dir, tmp_path):
+    # A drop-in runs `tune run`; its TrainJob's env still sets KUBETUNE_COLUMN_MAP, so the
+    # hint names that variable, not a dataset.column_map the user never wrote.
+    spec = sdk_trainjob_spec(runtime_file("torchtune-llama3.2-1b"),
+                             dataset_preprocess_config=None, batch_size=2)
+    spec["trainer"]["env"] = [{"name": "KUBETUNE_COLUMN_MAP",
+                               "value": "input=questoin,output=answer"}]
+    result = _dry_run_trainer("torchtune-llama3.2-1b.yaml", spec, tiny_model_dir,
+                              sources["qa"], tmp_path)
+    assert result.returncode == 65, result.stderr[-2000:]
+    [line] = error_lines(result)
+    assert "KUBETUNE_COLUMN_MAP maps input to it; did you mean 'question'?" in line
+    assert line.endswith("set KUBETUNE_COLUMN_MAP=input=question,output=answer")
+
+
 def test_a_column_map_typo_is_named_in_tune_runs_syntax(sources, tiny_model_dir, tmp_path):
     with pytest.raises(BadInputError) as raised:
         _plan(tmp_path, tiny_model_dir, sources["qa"],
