@@ -28,7 +28,7 @@ from kubetune.atomic_write import write_atomic
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
 from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
-                                TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME)
+                                TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME, TRAINING_SAMPLES_NAME)
 from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
 from kubetune.logs import json_mode, wrap_foreign_line
@@ -280,6 +280,8 @@ def _run_holding_output(plan_: RunPlan, config_path: Path, command: list[str]) -
     if primary:
         (output_dir / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
         (output_dir / SUMMARY_NAME).unlink(missing_ok=True)
+        # This run records its own (a text-completion run none): never an earlier run's.
+        (output_dir / TRAINING_SAMPLES_NAME).unlink(missing_ok=True)
         if plan_.resumed_from is None:
             (output_dir / METRICS_NAME).unlink(missing_ok=True)
             resume.clear(output_dir)

@@ -4,6 +4,7 @@ and no CUDA calls on CPU), ``step_guard`` (stop on SIGTERM with a resumable save
 resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step or non-finite
 weights: nothing is saved, one line, exit 65), ``fallbacks`` (torch.compile that fails ->
 eager; out of memory at the first step -> a smaller micro-batch, same effective batch),
-``recipe_noise`` (torchtune's dumps kept at debug) and ``passed_env`` (what torchrun and
+``sample_capture`` (a few training samples as the tokenizer made them, for the exporter's
+chat-template check), ``recipe_noise`` (torchtune's dumps kept at debug) and ``passed_env`` (what torchrun and
 the launcher tell this process through its environment: rank, stop file, compile backend,
 test hooks; read there alone)."""
