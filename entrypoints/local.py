@@ -129,6 +129,7 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
     preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
                             (workdir / "workspace").resolve(), model_uri, dataset_uri)
+    preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
     (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
     run_stages(stages, workdir / "logs")
     return summary_lines(workdir)
