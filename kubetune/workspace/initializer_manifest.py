@@ -7,6 +7,7 @@ is incomplete. The exporter reads it once per tree and passes the result around.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,14 @@ class InitializerManifest:
     def revision(self) -> str | None:
         """The revision a reader should name: the one resolved, else the one asked for."""
         return self.resolved_revision or self.requested_revision
+
+    def content_digest(self) -> str | None:
+        """What the tree holds, by its files' paths and sha256 (None: no manifest): the
+        same URI fetched again with other files in it gives another digest."""
+        if not self.files:
+            return None
+        listed = sorted(f"{f.get('path')}\0{f.get('sha256')}" for f in self.files)
+        return hashlib.sha256("\n".join(listed).encode()).hexdigest()[:16]
 
     @classmethod
     def read(cls, tree: Path) -> "InitializerManifest":
