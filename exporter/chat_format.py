@@ -123,6 +123,18 @@ def _no_template_known(samples: TrainingSamples) -> str:
             f"{', '.join(known_tokenizers())})")
 
 
+def _encoder(model_dir: Path) -> tuple[rendering.TextTokenizer | None, str]:
+    """The base's tokenizer.json as transformers encodes with it, or why there is none."""
+    if not (model_dir / rendering.TOKENIZER_JSON).is_file():
+        return None, f"the base model has no {rendering.TOKENIZER_JSON} to tokenize it with"
+    try:
+        return rendering.TextTokenizer(model_dir), ""
+    except Exception as exc:  # the tokenizers library's own error: one that holds only
+        # the special tokens (what torchtune reads) is no tokenizer to encode with
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, f"the base model's {rendering.TOKENIZER_JSON} does not load ({first})"
+
+
 def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check") -> ChatFormat:
     """The chat template and stop tokens the export carries (``model_dir``: the base model's
     tokenizer files); a base template that prompts otherwise than training is exit 65."""
@@ -142,11 +154,10 @@ def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check"
                                 "dataset has no chat format): leave it at check")
         reason = "the run recorded no conversation (text-completion data, or an older trainer)"
         return ChatFormat(None, where, stops, {"chat_template": f"not checked: {reason}"})
-    if not (model_dir / rendering.TOKENIZER_JSON).is_file():
-        reason = f"the base model has no {rendering.TOKENIZER_JSON} to tokenize it with"
+    encoder, reason = _encoder(model_dir)
+    if encoder is None:
         log.warning("chat template not checked: %s", reason)
         return ChatFormat(None, where, stops, {"chat_template": f"not checked: {reason}"})
-    encoder = rendering.TextTokenizer(model_dir)
     named = rendering.named_tokens(model_dir)
     if base is not None and mode == "check":
         problem = _first_problem(base.text, samples, encoder, named, exact=False)
