@@ -16,7 +16,7 @@ from kubetune.entrypoints.extras import require
 from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
-from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
+from kubetune.workspace import SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
 
 if TYPE_CHECKING:
@@ -136,7 +136,9 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
     preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
                             (workdir / "workspace").resolve(), model_uri, dataset_uri)
-    (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
+    preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
+    # A completed run of the same config and inputs stays: its trainer says so and the
+    # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
     run_stages(stages, workdir / "logs")
     return summary_lines(workdir)
 
@@ -181,7 +183,6 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
     # before the first one starts.
     preflight.resolve_runtime_uris(jobset, Path.cwd(), in_images=engine is not None)
     LocalJobSet(jobset, workdir, engine).check()
-    (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
     # As processes, a runtime's `tune run` must reach our launcher, as in our images, where
     # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
     # interpreter. Written on each run, for this interpreter. Containers have their own.

@@ -29,9 +29,10 @@ from kubetune.errors import BadInputError, KilledError, KubetuneError, Transient
 from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
 from kubetune.restart_advice import restart_advice
 from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
-                                TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME)
+                                TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME, TRAINING_SAMPLES_NAME)
 from kubetune.workspace.model_files import original_repo_id
-from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
+from kubetune.workspace.trainer_output import (CompletionMarker, completed_fingerprint,
+                                               read_marker)
 from kubetune.logs import json_mode, wrap_foreign_line
 from kubetune.parent_death import die_with_parent
 from kubetune.trainer.checkpointing import resume
@@ -233,6 +234,13 @@ def _print_dry_run(plan_: RunPlan, command: list[str]) -> None:
     print("command: " + " ".join(command))
 
 
+def _finished_at(output_dir: Path) -> str:
+    try:
+        return read_marker(output_dir).finished_at or "earlier"
+    except KubetuneError:
+        return "earlier"
+
+
 def _already_complete(plan_: RunPlan) -> bool:
     return completed_fingerprint(plan_.output_dir) == plan_.fingerprint
 
@@ -276,11 +284,15 @@ def _run_holding_output(plan_: RunPlan, config_path: Path, command: list[str]) -
     if _already_complete(plan_):
         # Every node decides the same from the shared volume: a node that went on alone
         # would wait for the others at the rendezvous forever.
-        log.info("%s already holds this run's completed training: nothing to do", output_dir)
+        log.info("%s already holds this run's completed training (same config and inputs, "
+                 "finished %s): nothing to do, on to the export", output_dir,
+                 _finished_at(output_dir))
         return 0
     if primary:
         (output_dir / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
         (output_dir / SUMMARY_NAME).unlink(missing_ok=True)
+        # This run records its own (a text-completion run none): never an earlier run's.
+        (output_dir / TRAINING_SAMPLES_NAME).unlink(missing_ok=True)
         if plan_.resumed_from is None:
             (output_dir / METRICS_NAME).unlink(missing_ok=True)
             resume.clear(output_dir)

@@ -49,19 +49,21 @@ def token(given: str | None = None) -> str | None:
     return given or credentials.hf_token()
 
 
-def http_timeout() -> httpx2.Timeout:
-    seconds = settings.http_timeout_s()
+def http_timeout(seconds: float | None = None) -> httpx2.Timeout:
+    """``seconds`` (default ``KUBETUNE_HTTP_TIMEOUT_S``) per request; connecting, at most 30."""
+    seconds = settings.http_timeout_s() if seconds is None else seconds
     return httpx2.Timeout(seconds, connect=min(seconds, 30.0))
 
 
-def api(hub_token: str | None, *, bounded: bool = True) -> HfApi:
+def api(hub_token: str | None, *, bounded: bool = True, timeout_s: float | None = None) -> HfApi:
     """An `HfApi` on `endpoint` with ``hub_token`` (None: anonymous, never a cached login).
 
     ``bounded``: huggingface_hub's shared client has no timeout, and a stalled hub would
-    hang the pod; a download bounds every request by ``KUBETUNE_HTTP_TIMEOUT_S``.
+    hang the pod; a download bounds every request by ``KUBETUNE_HTTP_TIMEOUT_S`` (or
+    ``timeout_s``: a quick check's shorter bound).
     """
     if bounded:
-        get_session().timeout = http_timeout()
+        get_session().timeout = http_timeout(timeout_s)
     return HfApi(endpoint=endpoint(), token=hub_token or False)
 
 

@@ -9,6 +9,7 @@ passes the result around). One module for the one file, writer and readers toget
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,14 @@ class InitializerManifest:
     def revision(self) -> str | None:
         """The revision a reader should name: the one resolved, else the one asked for."""
         return self.resolved_revision or self.requested_revision
+
+    def content_digest(self) -> str | None:
+        """What the tree holds, by its files' paths and sha256 (None: no manifest): the
+        same URI fetched again with other files in it gives another digest."""
+        if not self.files:
+            return None
+        listed = sorted(f"{f.get('path')}\0{f.get('sha256')}" for f in self.files)
+        return hashlib.sha256("\n".join(listed).encode()).hexdigest()[:16]
 
     @classmethod
     def read(cls, tree: Path) -> "InitializerManifest":

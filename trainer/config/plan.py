@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
 from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
+from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys, lora_scale
 from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shape,
@@ -332,7 +333,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                                                 topo.world_size)
         if no_step:
             raise BadInputError(no_step)
-    fingerprint, resumed = _resume(cfg, notes)
+    fingerprint, resumed = _resume(cfg, notes, _inputs(checkpoint.model_dir,
+                                                       workspace.dataset_dir))
     return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
@@ -424,13 +426,22 @@ def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
             "would resume)")
 
 
-def _resume(cfg: DictConfig, notes: list[str]):
-    """The config's fingerprint, and the earlier run of the same config to resume, if any."""
+def _inputs(model_dir: Path, dataset_dir: Path) -> str:
+    """What the initializers fetched into ``model_dir`` and ``dataset_dir``, by content
+    ("" where neither left a manifest: a directory given by hand)."""
+    digests = [(name, InitializerManifest.read(tree).content_digest())
+               for name, tree in (("model", model_dir), ("dataset", dataset_dir))]
+    return " ".join(f"{name}={digest}" for name, digest in digests if digest)
+
+
+def _resume(cfg: DictConfig, notes: list[str], inputs: str):
+    """The run's fingerprint (the config and ``inputs``), and the earlier run of the same
+    one to resume, if any."""
     cfg.resume_from_checkpoint = False
-    fingerprint = resume.fingerprint(cfg)
+    fingerprint = resume.fingerprint(cfg, inputs)
     cfg.kubetune.fingerprint = fingerprint
     earlier = resume.read_record(Path(cfg.output_dir))
-    resumed = resume.apply(cfg, Path(cfg.output_dir))
+    resumed = resume.apply(cfg, Path(cfg.output_dir), fingerprint)
     if resumed is None and earlier is not None and earlier.fingerprint != fingerprint:
         notes.append(_not_resumed(earlier, cfg))
     if resumed is not None:

@@ -5,6 +5,7 @@ resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step or n
 weights: nothing is saved, one line, exit 65), ``fallbacks`` (torch.compile that fails ->
 eager; out of memory at the first step -> a smaller micro-batch, same effective batch),
 ``warmup_cap`` (a warm-up the user did not set capped to a tenth of the run's steps),
-``recipe_noise`` (torchtune's dumps kept at debug) and ``passed_env`` (what torchrun and
+``sample_capture`` (a few training samples as the tokenizer made them, for the exporter's
+chat-template check), ``recipe_noise`` (torchtune's dumps kept at debug) and ``passed_env`` (what torchrun and
 the launcher tell this process through its environment: rank, stop file, compile backend,
 test hooks; read there alone)."""

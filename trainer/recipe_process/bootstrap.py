@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from kubetune import logs
 from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, passed_env, recipe_noise,
-                                             run_sanity, warmup_cap)
+                                             run_sanity, sample_capture, warmup_cap)
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.data import truncation
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
@@ -56,11 +56,14 @@ def defines_save(cls: type) -> bool:
 
 
 def install(cls: type, guard: Guard, count_cut_samples: bool = False,
-            cap_warmup: bool = False) -> None:
+            cap_warmup: bool = False, fingerprint: str = "") -> None:
     if count_cut_samples and hasattr(cls, "_setup_data"):
         cls._setup_data = truncation.wrap_setup_data(cls._setup_data)
     if cap_warmup and hasattr(cls, "_setup_lr_scheduler"):
         cls._setup_lr_scheduler = warmup_cap.wrap_setup_lr_scheduler(cls._setup_lr_scheduler)
+    if hasattr(cls, "_setup_data"):
+        cls._setup_data = sample_capture.wrap_setup_data(cls._setup_data, guard.output_dir,
+                                                         fingerprint)
     original_setup = cls.setup
 
     @functools.wraps(original_setup)
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     module = load_recipe_module(recipe_path)
     cls = recipe_class(module)
     install(cls, guard, bool(settings.get("count_cut_samples")),
-            bool(settings.get("cap_warmup")))
+            bool(settings.get("cap_warmup")), str(settings.get("fingerprint") or ""))
     fallbacks.install(cls, guard, compile_on=bool(cfg.get("compile")),
                       compile_ours=bool(settings.get("compile_default")))
 

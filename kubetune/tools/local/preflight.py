@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune import env, storage_uri
-from kubetune.errors import BadInputError
+from kubetune.errors import BadInputError, TransientError
 from kubetune.suggest import closest
 from kubetune.tools.local.jobset import SCRATCH_MOUNTS
 from kubetune.tools.local.train_args import arg_key
@@ -145,6 +145,27 @@ def resolve_sources(model_uri: str | None, dataset_uri: str | None,
         except BadInputError as exc:
             raise BadInputError(f"--export-uri: {exc.message}") from None
     return model, dataset, export
+
+
+def check_export_destination(export_uri: str | None, work_dir: Path) -> None:
+    """The exporter's own check of ``export_uri`` (absolute; None: the workspace's), made
+    before any step rather than after the training: a directory holding what no export
+    wrote, S3 credentials missing or refused, a bucket that does not exist, a hub token
+    missing or read-only. Each failure is the exporter's line, naming --export-uri.
+    Credentials are this process's environment, which the exporter step inherits. One
+    attempt per request, each bounded (``destination.PROBE_TIMEOUT_S``): an endpoint that
+    does not answer is exit 75 here, not minutes of retries."""
+    if export_uri is None:
+        return
+    from kubetune.exporter.destination import open_destination
+
+    try:
+        open_destination(export_uri, None, work_dir, probe=True).check()
+    except BadInputError as exc:
+        raise BadInputError(f"--export-uri: {exc.message}") from None
+    except TransientError as exc:
+        raise TransientError(f"--export-uri: {exc.message} (checked before any step: fix "
+                             "the endpoint, or run again when it answers)") from None
 
 
 def _verified_model(model_dir: Path) -> None:
