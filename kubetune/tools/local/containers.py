@@ -102,11 +102,11 @@ def _security(pod_spec: dict, container: dict, who: container_user.RunAs) -> dic
     user running `kubetune local` (``who``): the files the steps read and write are theirs."""
     pod = pod_spec.get("securityContext") or {}
     own = container.get("securityContext") or {}
+    pod_groups = ([pod["fsGroup"]] if "fsGroup" in pod else []) + list(
+        pod.get("supplementalGroups") or [])
     return {
         "user": who.user, "userns": who.userns,
-        "groups": [*who.groups, *(str(g) for g in ([pod["fsGroup"]] if "fsGroup" in pod
-                                                   else [])
-                                  + list(pod.get("supplementalGroups") or []))],
+        "groups": [*who.groups, *(str(g) for g in pod_groups)],
         "read_only": bool(own.get("readOnlyRootFilesystem")),
         "cap_drop": _cap_drop(container),
         "no_new_privileges": own.get("allowPrivilegeEscalation") is False,
@@ -115,9 +115,9 @@ def _security(pod_spec: dict, container: dict, who: container_user.RunAs) -> dic
 
 def _source_paths(container: dict, env: dict[str, str]) -> list[Path]:
     """The host paths a container's (expanded) command, args and env name as sources."""
-    return file_sources(list(container.get("command") or []) + list(container.get("args")
-                                                                     or [])
-                        + list(env.values()), env.get(envnames.STORAGE_URI))
+    texts = [*(container.get("command") or []), *(container.get("args") or []),
+             *env.values()]
+    return file_sources(texts, env.get(envnames.STORAGE_URI))
 
 
 def _wants_gpu(container: dict) -> bool:
