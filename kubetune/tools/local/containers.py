@@ -178,6 +178,9 @@ class ContainerSession:
         """Remove what a dead run in this work directory left (the caller holds the work
         directory's lock), start this run's watchdog (its log in ``logs_dir``), then make
         this run's network."""
+        # Asked now, not by the first containers: they start in parallel, none waiting
+        # on the engine for the others.
+        self.identify()
         self.remove_orphans()
         self._watchdog = container_watchdog.start(
             self.options.engine, RUN_LABEL, self.run_id, self.network,
