@@ -8,29 +8,12 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 import pytest
 
 from kubetune.atomic_write import umask_mode, write_atomic
 from tests.support.cli import clean_env, kubetune
-
-# Written executable on purpose: our `tune` for the steps run as processes.
-EXECUTABLES = {"bin/tune", "bin/tune-torchtune"}
-
-
-def wrong_modes(root: Path, umask: int) -> list[str]:
-    """Every path under ``root`` whose permission bits are not the umask's, with both."""
-    wrong = []
-    for path in sorted(root.rglob("*")):
-        if path.is_symlink():
-            continue
-        rel = path.relative_to(root).as_posix()
-        full = 0o777 if path.is_dir() or rel in EXECUTABLES else 0o666
-        want, got = full & ~umask, stat.S_IMODE(path.stat().st_mode)
-        if got != want:
-            wrong.append(f"{rel}: {got:04o}, expected {want:04o}")
-    return wrong
+from tests.support.file_modes import wrong_modes
 
 
 @pytest.mark.slow
