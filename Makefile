@@ -71,12 +71,17 @@ image-kubetune:
 # install gives on the slim base, without reaching the PyTorch index.
 CI_PYTHON_IMAGE := localhost/kubetune-ci-python:bookworm
 CI_TORCH_IMAGE := localhost/kubetune-ci-torch:bookworm
+# The images run under podman and under docker (Debian's docker.io, its daemon started by
+# hand, the images copied in from podman's store), as root and as a non-root user.
+IMAGE_REFS = $(foreach name,initializer trainer exporter kubetune,$(IMAGE_REPO)/$(name):$(VERSION))
 images-test: venv
 	bash images/ci/podman-setup.sh
 	bash images/ci/bases.sh
 	$(MAKE) images ENGINE=podman IMAGE_BUILD_FLAGS="--network host --no-cache" PYTHON_IMAGE=$(CI_PYTHON_IMAGE) \
 		TORCH_IMAGE=$(CI_TORCH_IMAGE) EXPORTER_BASE_IMAGE=$(CI_TORCH_IMAGE)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
+	bash images/ci/docker-setup.sh $(IMAGE_REFS)
+	bash images/ci/rootless-user.sh
+	IMAGE_REPO=$(IMAGE_REPO) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
 
 # The runtimes with every image pinned by digest, into dist/:
 #   make release-manifests RELEASE_ARGS="--digest trainer=sha256:... ..."  (or --podman)

@@ -23,6 +23,8 @@ import torch
 from torchtune import training
 from torchtune.training.checkpointing._checkpointer import FullModelHFCheckpointer
 
+from kubetune.atomic_write import atomic_path
+
 log = logging.getLogger("trainer")
 
 # torchtune module (in a layer) -> (HF fused module, its parts in HF row order)
@@ -129,6 +131,7 @@ class Phi3HFCheckpointer(FullModelHFCheckpointer):
         epoch_dir = Path(self._output_dir) / f"epoch_{epoch}"
         config = peft_config(tune_config, ranks, self.repo_id)
         (epoch_dir / "adapter_config.json").write_text(json.dumps(config))
-        save_file({k: v.contiguous() for k, v in weights.items()},
-                  str(epoch_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+        with atomic_path(epoch_dir / "adapter_model.safetensors") as tmp:  # the umask's mode
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
+                      metadata={"format": "pt"})
         log.info("PEFT adapter written for the fused Phi-3 modules: %s", sorted(ranks))

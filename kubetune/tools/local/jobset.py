@@ -57,6 +57,14 @@ def expand(text: str, variables: dict[str, str]) -> str:
     return _VAR_REF.sub(sub, text)
 
 
+def _expanded(container: dict, env: dict[str, str]) -> dict:
+    """``container`` with $(VAR) in its command and args expanded against its env, as
+    Kubernetes does."""
+    return {**container,
+            "command": [expand(a, env) for a in container.get("command") or []],
+            "args": [expand(a, env) for a in container.get("args") or []]}
+
+
 STEP_NAMES = ("dataset-initializer", "model-initializer", "trainer", "exporter")
 
 
@@ -104,10 +112,9 @@ def export_mount(export_uri: str | None, mounts: list[Mount]) -> Mount | None:
         return None
     if not path.exists():
         try:
+            # The container runs as this user (`container_user`): theirs, with the
+            # umask's mode, as every directory a step makes.
             path.mkdir(parents=True)
-            # Writable by the pod's user (uid 65532 in our runtimes), as the workspace
-            # is: only the directory made here for the export, never one the user had.
-            path.chmod(0o777)
         except OSError as exc:
             raise BadInputError(f"{envnames.EXPORT_URI} {export_uri}: cannot create "
                                 f"{path}: {exc.strerror}") from None
@@ -171,7 +178,8 @@ class LocalJobSet:
     def check(self) -> None:
         """Raise, before anything runs, what running would raise only when it reaches the
         container: the job order, each container's env (a Secret value not exported), its
-        volumes, its command (processes) or image (containers). Writes nothing."""
+        volumes, its command (processes) or image and sources the engine's containers
+        could not read (containers). Writes nothing."""
         self.stages()
         for job in self.spec["replicatedJobs"]:
             pod_spec = job["template"]["spec"]["template"]["spec"]
@@ -186,7 +194,9 @@ class LocalJobSet:
                     raise BadInputError(f"container {container['name']} of job {job['name']} "
                                         "has no command: kubetune local runs commands, not "
                                         "image entrypoints")
-                self._env(container, 0, pod)  # every pod's env differs only by its index
+                env = self._env(container, 0, pod)  # pods' envs differ only by index
+                if self.session is not None:
+                    self.session.check_sources(_expanded(container, env), env)
                 for mount in container.get("volumeMounts") or []:
                     if mount["mountPath"].rstrip("/") not in SCRATCH_MOUNTS:
                         self._volume_dir(volumes, mount["name"], container, pod)
@@ -228,10 +238,9 @@ class LocalJobSet:
                 continue
             base = self._volume_dir(volumes, name, container, pod)
             local = base / mount["subPath"] if mount.get("subPath") else base
+            # The container runs as this user (`container_user`), so the directory made
+            # here is its own, as fsGroup makes a volume the pod's on a cluster.
             local.mkdir(parents=True, exist_ok=True)
-            # Writable by the pod's user, whichever it is: what fsGroup does on a cluster.
-            for path in {base, local}:
-                path.chmod(0o777)
             mounts.append(Mount(local, target, bool(mount.get("readOnly"))))
         return mounts, tmpfs
 
@@ -243,10 +252,7 @@ class LocalJobSet:
             raise BadInputError(f"container {container['name']} of job {job['name']} has "
                                 "no image")
         env = self._env(container, index, pod)
-        # Kubernetes expands $(VAR) in command and args against the container's env.
-        resolved = {**container,
-                    "command": [expand(a, env) for a in container.get("command") or []],
-                    "args": [expand(a, env) for a in container.get("args") or []]}
+        resolved = _expanded(container, env)
         mounts, tmpfs = self._container_mounts(pod_spec, container, pod)
         destination = export_mount(env.get(envnames.EXPORT_URI), mounts)
         if destination is not None:

@@ -270,9 +270,8 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     """Run one step to its end; its output goes to stdout prefixed with its name."""
     termination = termination_log(logs_dir, step.name)
     # Empty, not absent: a container step has this file bind-mounted, which needs it to
-    # exist; any user its container runs as may write it.
+    # exist; its container runs as this user (`container_user`), who may write it.
     termination.write_text("")
-    termination.chmod(0o666)
     # A step's process inherits this shell's environment, as a pod inherits its image's.
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
                  env.LOCAL_RUN: "1", env.PYTHONUNBUFFERED: "1"}
