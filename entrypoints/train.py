@@ -165,7 +165,8 @@ class _TrainCommand(click.Command):
 @_opt("--lr-scheduler", env.LR_SCHEDULER, "cosine, linear, constant or a dotted path")
 @_opt("--warmup-steps", env.WARMUP_STEPS, "Learning-rate warm-up steps", type=int)
 @_opt("--max-seq-len", env.MAX_SEQ_LEN, "Maximum tokens per sample (and pack)", type=int)
-@_switch("packing", env.PACKING, "Pack short samples into max-seq-len sequences")
+@_switch("packing", env.PACKING, "Pack short samples into max-seq-len sequences",
+         "on for CUDA with many short samples, off on CPU")
 @_switch("activation-checkpointing", env.ACTIVATION_CHECKPOINTING,
          "Recompute activations in backward")
 @_switch("activation-offloading", env.ACTIVATION_OFFLOADING,

@@ -166,6 +166,13 @@ HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub
 # only rank 0 reports).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
+# ...and these, which torch.distributed reads to form the process group; the launcher sets
+# all six itself for a one-process group, which it starts without torchrun
+# (kubetune.trainer.request.topology).
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
 # The launcher sets these for the recipe processes; the libraries inside read them.
 TQDM_DISABLE = "TQDM_DISABLE"  # progress comes from our metric logger instead
 OMP_NUM_THREADS = "OMP_NUM_THREADS"  # CPU threads per process (torch)

@@ -58,6 +58,7 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     child = {k: without_userinfo(v) for k, v in os.environ.items() if k not in SECRET_VARIABLES
              and not k.endswith(tuple(f"{s}_FILE" for s in SECRET_VARIABLES))}
     child.update(OFFLINE_ENV)
+    child.update(plan_.worker_env())
     child[env.STOP_FILE] = str(stop_file)
     child[env.PYTHONUNBUFFERED] = "1"
     # torchtune's own bars are off either way: our metric logger draws the one bar (in a

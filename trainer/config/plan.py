@@ -65,10 +65,17 @@ class RunPlan:
     def command(self, config_path: Path) -> list[str]:
         bootstrap = ["-m", "kubetune.trainer.recipe_process.bootstrap", str(self.recipe_path), "--config",
                      str(config_path)]
-        if self.distributed:
+        if self.distributed and self.topology.needs_torchrun:
             return [sys.executable, "-m", "torch.distributed.run",
                     *self.topology.torchrun_args(), *bootstrap]
         return [sys.executable, *bootstrap]
+
+    def worker_env(self) -> dict[str, str]:
+        """What the command's process needs in its environment beyond the launcher's: a
+        distributed recipe run as a one-process group gets torchrun's variables from us."""
+        if self.distributed and not self.topology.needs_torchrun:
+            return self.topology.one_process_env()
+        return {}
 
 
 def _override_keys(overrides: list[str]) -> set[str]:

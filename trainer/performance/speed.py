@@ -1,10 +1,11 @@
 """Speed defaults a practitioner would pick, applied only where the user said nothing;
 each one is a note (logged, and shown by ``--kubetune-dry-run``) naming its off switch.
 
-- packing: short samples waste most of each padded batch; packing them into
+- packing (CUDA): short samples waste most of each padded batch; packing them into
   ``max_seq_len`` sequences trains the same tokens in fewer steps. Only when the data is
   large enough to fill many packs (on a tiny set packing would leave a handful of steps);
-  the row count covers every shard (``kubetune.trainer.data.dataset_check``).
+  the row count covers every shard (``kubetune.trainer.data.dataset_check``). Not on CPU,
+  where a pack's attention is dense (a note says so where packing would otherwise apply).
 - chunked cross-entropy: never materializes the full fp32 logits (vocab x sequence).
 - fused AdamW on CUDA (one kernel per step, not one per tensor); not on CPU.
 - torch.compile (model and loss) on CUDA; off on CPU, where inductor's compile time
@@ -35,6 +36,13 @@ CHARS_PER_TOKEN = 4.0
 SHORT_FACTOR = 4
 # ...and the data fills at least this many optimizer steps' worth of packs.
 MIN_PACKED_STEPS = 20
+# Why not on CPU: torchtune 0.6.1 keeps a pack's documents apart with flex attention's
+# block mask only on CUDA; elsewhere it builds a dense max_seq_len x max_seq_len mask, so
+# every pack pays attention over all its positions. Measured on CPU (alpaca-like rows,
+# batch 4, trained tokens per CPU second): 0.50x of unpacked on the tiny Llama-3, 0.74x
+# at dim 512, and the dense attention's activations raise the peak memory too.
+_DENSE_PACKS = ("without flex attention (CUDA only) each pack attends over all its "
+                "positions, slower per trained token than padded batches")
 
 
 def _user_set(user_keys: set[str], key: str) -> bool:
@@ -94,10 +102,15 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
         packs = rows * tokens_per_sample / max_seq_len
         steps = packs / max(1, int(cfg.get("batch_size") or 1) * world_size)
         if tokens_per_sample * SHORT_FACTOR <= max_seq_len and steps >= MIN_PACKED_STEPS:
-            dataset.packed = True
-            notes.append(f"speed: packing {rows} samples (~{tokens_per_sample:.0f} tokens "
-                         f"each) into {max_seq_len}-token sequences "
-                         "(dataset.packed=False to turn off)")
+            if device.startswith("cuda"):
+                dataset.packed = True
+                notes.append(f"speed: packing {rows} samples (~{tokens_per_sample:.0f} "
+                             f"tokens each) into {max_seq_len}-token sequences "
+                             "(dataset.packed=False to turn off)")
+            else:
+                notes.append(f"speed: not packing {rows} samples (~{tokens_per_sample:.0f} "
+                             f"tokens each) on {device}: {_DENSE_PACKS} "
+                             "(dataset.packed=True to force)")
     if isinstance(dataset, DictConfig) and dataset.get("packed") \
             and cfg.tokenizer.get("max_seq_len") is None:
         cfg.tokenizer.max_seq_len = max_seq_len  # packing needs a pack length
