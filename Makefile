@@ -27,7 +27,7 @@ IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
 IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
 	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
-.PHONY: venv demo test clean images images-test image-initializer image-trainer image-exporter image-kubetune release-manifests
+.PHONY: venv demo test matrix-test matrix-results clean images images-test image-initializer image-trainer image-exporter image-kubetune release-manifests
 
 venv: $(VENV)/.installed
 
@@ -46,6 +46,15 @@ demo: venv
 
 test: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every cell of the support matrix (tests/test_support_matrix.py; `make test` runs a fast
+# subset), cells in parallel, one per CPU; matrix-results reruns them and records the
+# outcomes in docs/support-matrix.json and docs/runtimes.md's table.
+matrix-test: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py $(PYTEST_ARGS)
+
+matrix-results: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py --matrix-write $(PYTEST_ARGS)
 
 images: image-initializer image-trainer image-exporter image-kubetune
 

@@ -106,7 +106,8 @@ def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: s
 
             config = artifact.adapter_config(training, base)
             result = verify_logits.check(request.model_dir / MODEL_CONFIG_NAME, base_files,
-                                         adapter_file, config, merged_files)
+                                         adapter_file, config, merged_files,
+                                         quantized_base=training.method == "qlora")
             report["logits"] = result.as_dict()
     return report
 

@@ -110,6 +110,40 @@ def test_multinode_full_finetune_runtime_on_two_nodes(tmp_path, tiny_model_dir,
     assert any(f["path"].endswith(".safetensors") for f in manifest["files"])
 
 
+@pytest.mark.parametrize("runtime, trainer", [
+    ("kubetune-byo-model", {"numNodes": 2, "numProcPerNode": 1}),
+    ("torchtune-llama3.3-70b", {"command": ["tune", "run"], "numNodes": 2}),
+])
+def test_each_run_here_rendezvous_on_a_port_of_its_own(tmp_path, runtime, trainer):
+    """On a cluster every pod has an address of its own; here every pod is 127.0.0.1, so
+    two runs at once (two users, two CI jobs) would meet on the runtime's 29500: each run
+    gets a free loopback port, in PET_MASTER_PORT and in `tune run`'s --rdzv_endpoint."""
+    from kubetune.tools.local.jobset import LocalJobSet
+    from kubetune.tools.local.runtime_merge import TRAINER_PORT, merge
+    from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime
+
+    spec = load_runtime(runtime_file(runtime))
+    job = default_trainjob(spec)
+    job["spec"]["trainer"] = trainer
+    endpoints = []
+    for run in ("first", "second"):
+        jobset = LocalJobSet(merge(spec, job), tmp_path / run)
+        node = next(j for j in jobset.spec["replicatedJobs"] if j["name"] == "node")
+        container = node["template"]["spec"]["template"]["spec"]["containers"][0]
+        steps = [jobset.step(node, container, index, 2) for index in (0, 1)]
+        seen = set()
+        for step in steps:
+            rdzv = [a.split("=", 1)[1] for a in step.command if a.startswith("--rdzv_endpoint=")]
+            if rdzv:
+                seen |= set(rdzv)
+            else:
+                seen.add(f"{step.env['PET_MASTER_ADDR']}:{step.env['PET_MASTER_PORT']}")
+        assert len(seen) == 1, seen  # both nodes meet at one endpoint
+        endpoints.append(seen.pop())
+    assert all(e.startswith("127.0.0.1:") for e in endpoints), endpoints
+    assert endpoints[0] != endpoints[1] and f"127.0.0.1:{TRAINER_PORT}" not in endpoints
+
+
 def policy_runtime(tmp_path: Path, node_exit: int) -> Path:
     """The BYO-model runtime with steps that only exit: the node fails once with
     ``node_exit``, then succeeds (a marker on the PVC remembers the first attempt)."""

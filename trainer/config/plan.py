@@ -15,7 +15,7 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys, lora_scale
+from kubetune.trainer.config import config_keys, lora_scale, model_shaped
 from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
@@ -107,8 +107,7 @@ def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
     if model_cfg.get("_component_") != component:
         notes.append(f"model: config {config_name} names {model_cfg.get('_component_')}; "
                      f"the checkpoint's config.json is {arch.family} "
-                     f"(layers={arch.dims['num_layers']}, dim={arch.dims['embed_dim']}, "
-                     f"vocab={arch.dims['vocab_size']}): using {component}, tokenizer "
+                     f"({arch.summary}): using {component}, tokenizer "
                      f"{checkpoint.tokenizer.component}, checkpointer {arch.checkpointer} "
                      f"(model_type {arch.model_type})")
     new_model = {"_component_": component, **arch.dims}
@@ -304,6 +303,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
+    notes += model_shaped.fit(cfg, checkpoint, method, request.config, user_keys,
+                              topo.world_size, hardware.gpu_memory_bytes()
+                              if hw.device.startswith("cuda") else None)
     checkpoint_bytes = host_memory.checkpoint_bytes(checkpoint.model_dir,
                                                     checkpoint.weight_files)
     too_small = host_memory.note(topo.nproc_per_node, checkpoint_bytes,

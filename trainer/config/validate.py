@@ -22,12 +22,18 @@ NF4_BLOCK = 64
 NF4_SCALER_BLOCK = 256
 
 
-def nf4_quantizable(numel: int) -> bool:
-    return numel % NF4_BLOCK == 0 and (numel // NF4_BLOCK) % NF4_SCALER_BLOCK == 0
+def nf4_quantizable(numel: int, rows: int = 0, processes: int = 1) -> bool:
+    """Whether a ``rows`` x (numel / rows) weight quantizes to NF4 and, on ``processes``
+    processes, splits into one NF4 shard per process (FSDP shards dim 0, and torchao
+    splits each of the NF4 tensor's inner tensors, the per-256-block scale factors
+    included, into that many equal parts)."""
+    blocks = NF4_BLOCK * NF4_SCALER_BLOCK * processes
+    return numel % blocks == 0 and rows % processes == 0
 
 
-def check_nf4(dims: dict) -> None:
-    """QLoRA quantizes every attention and MLP projection: all must fit NF4's blocks."""
+def check_nf4(dims: dict, processes: int = 1) -> None:
+    """QLoRA quantizes every attention and MLP projection: all must fit NF4's blocks, and
+    on several processes split into whole blocks per process."""
     d, heads, kv = dims["embed_dim"], dims["num_heads"], dims["num_kv_heads"]
     head_dim = dims.get("head_dim") or d // heads
     shapes = {
@@ -37,13 +43,20 @@ def check_nf4(dims: dict) -> None:
         "w2 (down)": (d, dims["intermediate_dim"]),
     }
     bad = [f"{name} {rows}x{cols}" for name, (rows, cols) in shapes.items()
-           if not nf4_quantizable(rows * cols)]
-    if bad:
+           if not nf4_quantizable(rows * cols, rows, processes)]
+    if not bad:
+        return
+    if processes > 1 and not [n for n, (r, c) in shapes.items() if not nf4_quantizable(r * c)]:
         raise BadInputError(
-            f"QLoRA cannot quantize this model: NF4 needs every projection's size to be a "
-            f"multiple of {NF4_BLOCK * NF4_SCALER_BLOCK} elements, and {', '.join(bad)} "
-            "are not; use method lora (model.quantize_base=False)"
-        )
+            f"QLoRA cannot shard this model's NF4 weights over {processes} processes: each "
+            f"projection's size must be a multiple of {NF4_BLOCK * NF4_SCALER_BLOCK} x "
+            f"{processes} elements and its rows of {processes}, and {', '.join(bad)} are "
+            "not; use 1 process, or method lora")
+    raise BadInputError(
+        f"QLoRA cannot quantize this model: NF4 needs every projection's size to be a "
+        f"multiple of {NF4_BLOCK * NF4_SCALER_BLOCK} elements, and {', '.join(bad)} "
+        "are not; use method lora (model.quantize_base=False)"
+    )
 
 
 def _readable(path: Path, what: str) -> bytes:

@@ -5,4 +5,5 @@ them per format with ``dataset_rows``; ``column_map`` the user's map and hints i
 syntax they set it in; ``conversations`` what a chat message holds; ``step_count``: do the
 rows make an optimizer step), the builder for the data's shape where the user named none
 (``dataset_shape``), and, inside the recipe process, the samples the tokenizer cuts to
-the context counted (``truncation``)."""
+the context counted (``truncation``) and batches padded to whole output chunks where FSDP
+shards the output apart (``whole_chunks``)."""

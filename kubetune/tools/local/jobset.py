@@ -8,7 +8,10 @@
   paths rewritten to those directories wherever they appear in its command, args and env
   (there is no container filesystem here to mount them into).
 - Env is resolved as the kubelet does: `$(VAR)` expansion, the Job completion index for
-  `PET_NODE_RANK`; pod DNS names of the JobSet resolve to 127.0.0.1.
+  `PET_NODE_RANK`; pod DNS names of the JobSet resolve to 127.0.0.1, and each port a
+  container declares (the trainer's rendezvous port) becomes a free loopback port of this
+  run: on a cluster every pod has an address of its own, here two runs at once would
+  otherwise meet on one port.
 - A failed pod goes through the Job's podFailurePolicy and backoffLimit, a failed Job
   through the JobSet's failurePolicy, so a runtime's restart rules can be seen working.
 With no engine (`--engine process`), the image of each container is not used: this
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -121,6 +125,19 @@ def export_mount(export_uri: str | None, mounts: list[Mount]) -> Mount | None:
     return Mount(path, str(path))
 
 
+def _loopback_ports(spec: dict) -> dict[int, int]:
+    """Each containerPort of the JobSet -> a loopback port free now (the OS picks it)."""
+    declared = {p["containerPort"] for job in spec["replicatedJobs"]
+                for c in job["template"]["spec"]["template"]["spec"].get("containers") or []
+                for p in c.get("ports") or [] if p.get("containerPort")}
+    ports = {}
+    for number in sorted(declared):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports[int(number)] = sock.getsockname()[1]
+    return ports
+
+
 class LocalJobSet:
     """One run of a merged JobSet under ``workdir``."""
 
@@ -143,7 +160,8 @@ class LocalJobSet:
         names = "|".join(re.escape(j["name"]) for j in self.spec["replicatedJobs"])
         self._pod_dns = re.compile(
             rf"\b{re.escape(self.name)}-(?:{names})-\d+-\d+\.{re.escape(subdomain)}"
-            r"(?:\.[A-Za-z0-9.-]*svc[A-Za-z0-9.-]*)?\b")
+            r"(?:\.[A-Za-z0-9.-]*svc[A-Za-z0-9.-]*)?\b(?::(\d+)\b)?")
+        self._ports = {} if self.session else _loopback_ports(self.spec)
 
     # -- ordering --------------------------------------------------------------------
 
@@ -270,7 +288,11 @@ class LocalJobSet:
             pattern = "|".join(re.escape(path) for path, _ in mounts)
             text = re.sub(rf"(?<![\w./-])({pattern})(?=/|\b|$)",
                           lambda m: str(local[m.group(1)]), text)
-        return self._pod_dns.sub("127.0.0.1", text)
+        return self._pod_dns.sub(self._loopback, text)
+
+    def _loopback(self, match: re.Match) -> str:
+        port = match.group(1)
+        return f"127.0.0.1:{self._ports.get(int(port), port)}" if port else "127.0.0.1"
 
     def _env(self, container: dict, index: int, pod: str) -> dict[str, str]:
         resolved: dict[str, str] = {}
@@ -310,6 +332,9 @@ class LocalJobSet:
         # Kubernetes expands $(VAR) in command and args against the container's env.
         argv = [self._localize(expand(a, env), mounts) for a in argv]
         env = {k: self._localize(v, mounts) for k, v in env.items()}
+        port = env.get(envnames.PET_MASTER_PORT, "")
+        if port.isdigit():
+            env[envnames.PET_MASTER_PORT] = str(self._ports.get(int(port), port))
         root = next((local for path, local in mounts if path == DEFAULT_ROOT), None)
         if root is not None:
             env.setdefault(envnames.WORKSPACE, str(root))
