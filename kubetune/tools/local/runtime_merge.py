@@ -20,6 +20,7 @@ from kubetune import env as envnames
 from kubetune.errors import BadInputError
 from kubetune.tools.local import admission_rules, node_resources
 from kubetune.tools.local.admission import admission_errors
+from kubetune.trainer.request import methods
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 DATASET_INITIALIZER = "dataset-initializer"
@@ -96,22 +97,10 @@ def _dora_drops_qlora(args: list[str]) -> bool:
 
 def tune_recipe_and_config(num_nodes: int, nproc: int | str, gpus: int, args: list[str],
                            runtime_name: str) -> tuple[str, str]:
-    """The recipe and config the controller picks (getRecipeAndConfig)."""
-    recipe, suffix = "full_finetune_distributed", "_full"
-    single = nproc == 1 or gpus == 1
-    if num_nodes == 1 and single:
-        if _uses_qlora(args):
-            recipe, suffix = "lora_finetune_single_device", "_qlora_single_device"
-        elif _uses_lora(args):
-            recipe, suffix = "lora_finetune_single_device", "_lora_single_device"
-        else:
-            recipe, suffix = "full_finetune_single_device", "_full_single_device"
-    elif num_nodes == 1 and _uses_qlora(args):
-        recipe, suffix = "lora_finetune_distributed", "_qlora"
-    elif num_nodes == 1 and _uses_lora(args):
-        recipe, suffix = "lora_finetune_distributed", "_lora"
-    elif num_nodes > 1:
-        suffix = "_full_multinode"
+    """The recipe and config the controller picks (getRecipeAndConfig): the method its
+    args ask for, as the controller reads them, put to the trainer's one table."""
+    method = "qlora" if _uses_qlora(args) else "lora" if _uses_lora(args) else "full"
+    recipe, suffix = methods.controller_choice(method, num_nodes, nproc == 1 or gpus == 1)
     return recipe, tune_model(runtime_name) + suffix
 
 
