@@ -1,7 +1,8 @@
 """`kubetune train` (direct use) and `run_tune` (the `tune run` Kubeflow Trainer sends).
 
 Only the click surface: `kubetune.trainer.request.train_options` turns the options into the
-`tune run` request they stand for, and both run through the same launcher. The options'
+overrides of the `tune run` request they stand for, `kubetune.trainer.planning.train_plan`
+plans that request, and both run through the same launcher. The options'
 variables (``KUBETUNE_EPOCHS``, ``KUBETUNE_LORA_RANK``, ...) are read by these click
 options on every path: `tune run` and `kubetune local` take no such flags, so they read
 the environment through ``environment_settings``.
@@ -69,7 +70,7 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
     require("train", "tune run")
     # The torch stack (omegaconf, torchtune) only now: `--help` works in every image.
     from kubetune.trainer import launch
-    from kubetune.trainer.config.plan import plan
+    from kubetune.trainer.planning.plan import plan
     from kubetune.trainer.request.tune_command import parse_tune_run
 
     request = parse_tune_run(argv)
@@ -99,7 +100,7 @@ def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "
     ``set_by``: option name -> the variable or option that set it."""
     require("train", "kubetune train")
     from kubetune.trainer import launch
-    from kubetune.trainer.request.train_options import plan_training
+    from kubetune.trainer.planning.train_plan import plan_training
 
     plan_ = plan_training(TrainOptions(method=method, **options), model_dir, dataset_dir,
                           output_dir, train_overrides_text, overrides, set_by=set_by)

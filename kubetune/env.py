@@ -3,7 +3,7 @@
 Names that Kubeflow Trainer or its SDK set are spelled exactly as upstream sets them;
 names of our own carry the ``KUBETUNE_`` prefix. The values are read in one settings place
 per concern (``kubetune.remote.settings``, ``kubetune.initializers.settings``,
-``kubetune.trainer.request.settings``, ``kubetune.trainer.recipe_process.passed_env``,
+``kubetune.trainer.request.settings``, ``kubetune.trainer.request.passed_env``,
 the workspace, credentials, logs) or as a click option's ``envvar``.
 """
 
@@ -162,7 +162,7 @@ AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub's own name)
 
-# torchrun sets these in each recipe process (read in kubetune.trainer.recipe_process.passed_env:
+# torchrun sets these in each recipe process (read in kubetune.trainer.request.passed_env:
 # only rank 0 reports).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"

@@ -46,7 +46,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
 
 def _plan(tmp_path: Path, model: Path, dataset: Path, *args: str):
     """The trainer's plan of `tune run` on a stand-in PVC holding ``dataset``."""
-    from kubetune.trainer.config.plan import plan
+    from kubetune.trainer.planning.plan import plan
     from kubetune.trainer.request.tune_command import parse_tune_run
 
     pvc = make_pvc(Path(tempfile.mkdtemp(prefix="pvc-", dir=tmp_path)), model, dataset)

@@ -185,7 +185,7 @@ def test_product_modules_resolve_under_the_root():
     assert {n: p.relative_to(REPO).as_posix() for n, p in package_dirs().items()} == \
         {ROOT: ROOT, **{f"{ROOT}.{old}": old for old in OLD_ROOTS}}
     for name in ("kubetune.entrypoints.cli", "kubetune.initializers.storage_uri",
-                 "kubetune.trainer.config.plan", "kubetune.exporter.export"):
+                 "kubetune.trainer.planning.plan", "kubetune.exporter.export"):
         assert name in modules, name
 
 

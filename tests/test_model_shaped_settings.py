@@ -1,5 +1,5 @@
 """Settings a torchtune config wrote for its own model, outside the model section, fitted
-to the checkpoint trained (trainer/config/model_shaped.py): FSDP's separately sharded
+to the checkpoint trained (trainer/planning/model_shaped.py): FSDP's separately sharded
 layers, FSDP's CPU offload, tensor parallelism. Each change is one line; the same value
 given as an override is the user's, and one this checkpoint cannot run is exit 65 before
 launch. Shown on the plans (dry runs) of the runtimes and `tune run` commands that carry
@@ -172,7 +172,7 @@ def test_on_gpus_offload_stays_only_where_the_sharded_state_does_not_fit(config,
                                                                          offloaded):
     from kubetune.model_family.architecture import architecture_of
     from kubetune.trainer.checkpointing.checkpoint_model import CheckpointModel
-    from kubetune.trainer.config import model_shaped
+    from kubetune.trainer.planning import model_shaped
 
     checkpoint = CheckpointModel(Path("model"), config, architecture_of(config), [], None)
     cfg = OmegaConf.create({"device": "cuda", "dtype": "bf16", "fsdp_cpu_offload": True})
@@ -189,7 +189,7 @@ def test_tensor_parallelism_is_refused_for_a_tied_output():
     from kubetune.errors import BadInputError
     from kubetune.model_family.architecture import architecture_of
     from kubetune.trainer.checkpointing.checkpoint_model import CheckpointModel
-    from kubetune.trainer.config import model_shaped
+    from kubetune.trainer.planning import model_shaped
 
     checkpoint = CheckpointModel(Path("model"), LLAMA_3_2_1B, architecture_of(LLAMA_3_2_1B),
                                  [], None)
@@ -210,7 +210,7 @@ def test_qlora_on_several_processes_needs_whole_nf4_blocks_per_process(processes
     from kubetune.errors import BadInputError
     from kubetune.model_family.architecture import architecture_of
     from kubetune.trainer.checkpointing.checkpoint_model import CheckpointModel
-    from kubetune.trainer.config import model_shaped
+    from kubetune.trainer.planning import model_shaped
 
     config = {"model_type": "qwen3", "vocab_size": 320, "hidden_size": 256,
               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -58,8 +58,10 @@ def test_full_recipe_with_lora_args_is_refused():
 def test_topology_from_pet_variables_and_rendezvous_option():
     request = TuneRunRequest("full_finetune_distributed", "c",
                              torchrun_args=["--rdzv_endpoint=job-node-0-0.job:29500"])
+    # `auto` on CPU is one process, whatever GPUs the machine counts.
     topo = topology.resolve(request, "cpu", LauncherSettings(
-        {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "1"}))
+        {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "1"}),
+        cuda_device_count=lambda: 8)
     assert (topo.nnodes, topo.nproc_per_node, topo.node_rank) == (2, 1, 1)
     assert "--rdzv_endpoint=job-node-0-0.job:29500" in topo.torchrun_args()
     assert "--node_rank=1" in topo.torchrun_args()

@@ -3,13 +3,21 @@
 
 The rooms, in the order a run goes through them:
 
-- ``request/``: what was asked (the `tune run` command, topology, recipe for the method);
-- ``config/``: torchtune's config + overrides, checked, merged by ``config.plan`` with
-  what ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
+- ``request/``: what was asked (the `tune run` command, topology, recipe for the method,
+  and what the recipe process is told through its environment, ``passed_env``);
+- ``config/``: torchtune's config + overrides, read and checked;
+- ``performance/``, ``data/``, ``checkpointing/``, ``metric_logging/``: the machine, the
+  dataset, the checkpoint and the reports, each a room of its own;
+- ``planning/``: the request merged (``planning.plan``) with what
+  ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
 - ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the
   summary and the completion marker;
 - ``recipe_process/``: inside the recipe process, around torchtune's own recipe file
   (``checkpointing.checkpoint_store`` saves, ``metric_logging`` reports);
 - ``models/`` and ``schedules``: components torchtune's config instantiates by
   ``_component_`` path (stable names: saved configs refer to them).
+
+The rooms are layers (tests/test_import_root.py): a room imports only rooms below it,
+lowest first request, performance, config, data, checkpointing, metric_logging, planning,
+recipe_process, launch; ``models/`` and ``schedules`` import none of them.
 """

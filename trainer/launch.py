@@ -38,7 +38,7 @@ from kubetune.parent_death import die_with_parent
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.checkpointing.checkpoint_model import SPECIAL_TOKENS_FILE
-from kubetune.trainer.config.plan import RunPlan
+from kubetune.trainer.planning.plan import RunPlan
 from kubetune.trainer.config.saved_config import has_credentials, without_credentials
 from kubetune.trainer.metric_logging.summary import summarize
 from kubetune.trainer.config.validate import check_volume, check_writable

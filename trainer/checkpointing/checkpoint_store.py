@@ -38,7 +38,7 @@ from pathlib import Path
 
 from kubetune.atomic_write import fsync_path, umask_mode
 from kubetune.trainer.checkpointing import resume
-from kubetune.trainer.recipe_process import passed_env
+from kubetune.trainer.request import passed_env
 
 STAGING_NAME = ".kubetune-checkpoint-staging"
 _OLD_SUFFIX = ".kubetune-old"

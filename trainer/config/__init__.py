@@ -2,7 +2,6 @@
 by name plus ``key=value`` overrides (``recipe_config``), typos in override keys
 (``config_keys``, reading a component's parameters with ``component_params``), value
 checks that need no torch (``validate``), a LoRA rank set alone keeping the config's
-alpha/rank ratio (``lora_scale``), a config's settings for its own model fitted to the
-checkpoint (``model_shaped``), and ``plan``, which merges the request with what
-the checkpoint, the hardware, the data and an earlier run say into the config that runs;
-``saved_config``: that config as saved where others read it (no URL credentials)."""
+alpha/rank ratio (``lora_scale``), and ``saved_config``: the merged config as saved where
+others read it (no URL credentials). The merge itself is ``planning.plan``'s: it asks the
+rooms above this one (data reads ``component_params``), so it sits above them."""

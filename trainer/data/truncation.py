@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import Any, Callable
 
-from kubetune.trainer.recipe_process import passed_env
+from kubetune.trainer.request import passed_env
 
 
 class CutCounter:

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from kubetune import logs
 from kubetune.remote.trainjob_status import StatusReporter
-from kubetune.trainer.recipe_process import passed_env
+from kubetune.trainer.request import passed_env
 
 COMPONENT = "trainer"
 

@@ -6,6 +6,6 @@ weights: nothing is saved, one line, exit 65), ``fallbacks`` (torch.compile that
 eager; out of memory at the first step -> a smaller micro-batch, same effective batch),
 ``warmup_cap`` (a warm-up the user did not set capped to a tenth of the run's steps),
 ``sample_capture`` (a few training samples as the tokenizer made them, for the exporter's
-chat-template check), ``recipe_noise`` (torchtune's dumps kept at debug) and ``passed_env`` (what torchrun and
-the launcher tell this process through its environment: rank, stop file, compile backend,
-test hooks; read there alone)."""
+chat-template check), ``recipe_noise`` (torchtune's dumps kept at debug). What torchrun and the launcher tell
+this process through its environment is read in ``request.passed_env`` (the data,
+checkpointing and metric_logging rooms read it too, and they sit below this one)."""

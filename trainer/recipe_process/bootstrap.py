@@ -22,8 +22,9 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import logs
-from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, passed_env, recipe_noise,
-                                             run_sanity, sample_capture, warmup_cap)
+from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, recipe_noise, run_sanity,
+                                             sample_capture, warmup_cap)
+from kubetune.trainer.request import passed_env
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.data import truncation
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested

@@ -45,7 +45,7 @@ import os
 from typing import Any
 
 from kubetune import env
-from kubetune.trainer.recipe_process import passed_env
+from kubetune.trainer.request import passed_env
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")

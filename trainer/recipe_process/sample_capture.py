@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from kubetune.atomic_write import write_atomic
 from kubetune.redact import redact
-from kubetune.trainer.recipe_process import passed_env
+from kubetune.trainer.request import passed_env
 from kubetune.workspace import TRAINING_SAMPLES_NAME
 from kubetune.workspace.training_samples import TrainingSample, TrainingSamples
 

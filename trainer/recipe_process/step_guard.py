@@ -35,7 +35,7 @@ from kubetune.errors import EXIT_TRANSIENT
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.recipe_process import run_sanity
 from kubetune.trainer.checkpointing.checkpoint_store import CheckpointStore
-from kubetune.trainer.recipe_process import passed_env
+from kubetune.trainer.request import passed_env
 
 log = logging.getLogger("trainer")
 

@@ -18,7 +18,7 @@ import inspect
 import logging
 from typing import Any, Callable
 
-from kubetune.trainer.recipe_process import passed_env
+from kubetune.trainer.request import passed_env
 
 log = logging.getLogger("trainer")
 

@@ -5,16 +5,18 @@ Upstream's `tune run` leaves these to torchrun, which reads ``PET_*`` itself; we
 them here so the recipe choice, the validation and the dry run see the same numbers the
 run will use. ``auto`` processes per node means one per GPU; without GPUs it means one
 process (torchrun would start one per CPU core, each fighting the others for the same
-cores, and every process holds a whole model copy).
+cores, and every process holds a whole model copy). The GPUs are counted by the caller
+(``cuda_device_count``: ``performance.hardware``'s): what was asked sits below what the
+machine has, so this room imports no performance module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from kubetune import env
 from kubetune.errors import BadInputError
-from kubetune.trainer.performance import hardware
 from kubetune.trainer.request.settings import LauncherSettings
 from kubetune.trainer.request.tune_command import TuneRunRequest
 
@@ -71,16 +73,20 @@ def _int(value: str, what: str) -> int:
     return number
 
 
-def devices_per_node(device: str) -> int:
+def devices_per_node(device: str, cuda_device_count: Callable[[], int]) -> int:
+    # A callable, called only here: counting GPUs may import torch, which a run that
+    # names its processes, or runs on CPU, never needs.
     if device.startswith("cuda"):
-        return max(1, hardware.cuda_device_count())
+        return max(1, cuda_device_count())
     return 1
 
 
 def resolve(request: TuneRunRequest | None, device: str,
-            settings: LauncherSettings | None = None) -> Topology:
+            settings: LauncherSettings | None = None, *,
+            cuda_device_count: Callable[[], int]) -> Topology:
     """The topology of ``request``'s torchrun options, else ``PET_*`` (``request`` None:
-    a run given no torchrun options, as `kubetune train`)."""
+    a run given no torchrun options, as `kubetune train`); ``cuda_device_count`` counts
+    this machine's GPUs for ``auto`` processes per node on CUDA."""
     settings = settings or LauncherSettings()
 
     def option(name: str) -> str | None:
@@ -97,7 +103,7 @@ def resolve(request: TuneRunRequest | None, device: str,
 
     nnodes = _int(*pick("--nnodes", env.PET_NNODES, "1"))
     nproc_raw, nproc_from = pick("--nproc_per_node", env.PET_NPROC_PER_NODE, "auto")
-    nproc = devices_per_node(device) if nproc_raw in ("auto", "gpu") else \
+    nproc = devices_per_node(device, cuda_device_count) if nproc_raw in ("auto", "gpu") else \
         _int(nproc_raw, nproc_from)
     node_rank, rank_from = pick("--node_rank", env.PET_NODE_RANK, "0")
     node_rank = _int(node_rank, rank_from)

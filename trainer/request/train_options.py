@@ -1,6 +1,7 @@
 """`kubetune train`'s options -> the `tune run` request they stand for: the `key=value`
-overrides a TrainJob's args would carry, and the recipe the method needs on the topology
-(``PET_*``), chosen as the controller would. The click surface is `entrypoints/train.py`.
+overrides a TrainJob's args would carry. The click surface is `entrypoints/train.py`; the
+recipe the method needs on the topology (``PET_*``), chosen as the controller would, and the
+plan are ``kubetune.trainer.planning.train_plan``'s (they need the rooms above this one).
 
 `train_overrides` is the one mapping of these settings to overrides, on every path: the
 options of `kubetune train`, and their ``KUBETUNE_*`` variables where no option is given
@@ -14,19 +15,9 @@ import json
 import logging
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kubetune import env
 from kubetune.errors import BadInputError
-from kubetune.workspace import Workspace, workspace
-from kubetune.trainer.request import topology
-from kubetune.trainer.request.methods import recipe_for
-from kubetune.trainer.request.settings import LauncherSettings
-from kubetune.trainer.request.tune_command import TuneRunRequest
-
-if TYPE_CHECKING:  # the plan needs omegaconf: `kubetune train --help` reads this module
-    from kubetune.trainer.config.plan import RunPlan
 
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam": "torch.optim.Adam", "sgd": "torch.optim.SGD"}
 COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
@@ -43,9 +34,6 @@ _ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj"
 _FUSED_ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
 _MLP_MODULES = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "mlp", "w1", "w2", "w3"}
 _OUTPUT_MODULES = {"lm_head", "output"}
-# Every base config `methods.recipe_for` picks says `device: cuda`: the device the topology
-# counts processes for (``auto``: one per GPU, or one without GPUs).
-BASE_CONFIG_DEVICE = "cuda"
 
 
 @dataclass(frozen=True)
@@ -259,12 +247,6 @@ def split_overrides(text: str | None) -> list[str]:
                             "dataset.new_system_prompt='Answer briefly.'") from None
 
 
-def _requested_device(args: list[str]) -> str:
-    """The device the last ``device=`` override names, else the base configs'."""
-    named = [arg.split("=", 1)[1].strip() for arg in args if arg.startswith("device=")]
-    return named[-1] if named and named[-1] else BASE_CONFIG_DEVICE
-
-
 def spellings_of(set_by: dict[str, str], later: list[str]) -> dict[str, str]:
     """Config key -> the variable or option that set it, from ``set_by`` (option name ->
     that setting), for the keys no override in ``later`` sets again."""
@@ -272,32 +254,3 @@ def spellings_of(set_by: dict[str, str], later: list[str]) -> dict[str, str]:
                   for arg in later}
     return {OPTION_KEYS[option]: setting for option, setting in set_by.items()
             if option in OPTION_KEYS and OPTION_KEYS[option] not in overridden}
-
-
-def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, output_dir: str,
-                  overrides_text: str | None = None, overrides: tuple[str, ...] = (),
-                  settings: LauncherSettings | None = None,
-                  set_by: dict[str, str] | None = None) -> RunPlan:
-    """Plan fine-tuning the model in ``model_dir`` on ``dataset_dir`` into ``output_dir``:
-    ``overrides_text`` (space-separated) applies after the options, ``overrides`` last;
-    ``set_by``: option name -> the variable or option the user set it with (its hints
-    name that).
-
-    The topology is resolved here, once: it picks the recipe, and the plan runs on it."""
-    settings = settings or LauncherSettings()
-    extra = split_overrides(overrides_text)
-    user_args = [*train_overrides(options), *extra, *overrides]
-    # `kubetune train` takes no torchrun options: the topology is the PET_* variables', for
-    # the device the run asks for (a `device=cpu` override on a GPU host is one process).
-    topo = topology.resolve(None, _requested_device(user_args), settings)
-    recipe, config, implied = recipe_for(options.method, topo)
-    args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
-            *user_args]
-    shared = workspace()
-    steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
-                      output_dir=Path(output_dir), export_dir=shared.export_dir)
-    request = TuneRunRequest(recipe=recipe, config=config, overrides=args,
-                             spellings=spellings_of(set_by or {}, [*extra, *overrides]))
-    from kubetune.trainer.config.plan import plan
-
-    return plan(request, steps, settings, topo)

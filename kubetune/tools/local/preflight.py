@@ -213,7 +213,7 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     method against the model, the LoRA rank, the dataset's columns and split, whether the
     rows make a step. With a remote source, only the checks that need no checkpoint and
     no data."""
-    from kubetune.trainer.config.plan import check_request, plan
+    from kubetune.trainer.planning.plan import check_request, plan
     from kubetune.trainer.request.settings import LauncherSettings
     from kubetune.trainer.request.tune_command import parse_tune_run
     from kubetune.workspace import Workspace

@@ -15,10 +15,11 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys, lora_scale, model_shaped
+from kubetune.trainer.config import config_keys, lora_scale
 from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
+from kubetune.trainer.planning import model_shaped
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
                                                DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
@@ -360,7 +361,8 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
     cfg.device, cfg.dtype = hw.device, hw.dtype
 
     distributed = request.recipe.endswith("_distributed") or "distributed" in recipe_path.stem
-    topo = resolved if resolved is not None else topology.resolve(request, hw.device, settings)
+    topo = resolved if resolved is not None else topology.resolve(
+        request, hw.device, settings, cuda_device_count=hardware.cuda_device_count)
     if distributed and not supports_distributed:
         raise BadInputError(f"recipe {request.recipe} cannot run distributed")
     notes += methods.check_recipe(request.recipe, method, topo)
