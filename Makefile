@@ -27,7 +27,7 @@ IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
 IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
 	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
-.PHONY: venv demo test matrix-test matrix-results clean images images-test image-initializer image-trainer image-exporter image-kubetune release-manifests
+.PHONY: venv demo test matrix-test matrix-results clean images images-test images-ci-build images-run image-initializer image-trainer image-exporter image-kubetune release-manifests
 
 venv: $(VENV)/.installed
 
@@ -83,13 +83,20 @@ CI_TORCH_IMAGE := localhost/kubetune-ci-torch:bookworm
 # The images run under podman and under docker (Debian's docker.io, its daemon started by
 # hand, the images copied in from podman's store), as root and as a non-root user.
 IMAGE_REFS = $(foreach name,initializer trainer exporter kubetune,$(IMAGE_REPO)/$(name):$(VERSION))
-images-test: venv
+images-test: images-ci-build images-run
+
+# The bases and images, built and loaded into both engines (no venv needed: `.ci/run`
+# builds them while the support matrix trains, the builds waiting mostly on downloads).
+images-ci-build:
 	bash images/ci/podman-setup.sh
 	bash images/ci/bases.sh
 	$(MAKE) images ENGINE=podman IMAGE_BUILD_FLAGS="--network host --no-cache" PYTHON_IMAGE=$(CI_PYTHON_IMAGE) \
 		TORCH_IMAGE=$(CI_TORCH_IMAGE) EXPORTER_BASE_IMAGE=$(CI_TORCH_IMAGE)
 	bash images/ci/docker-setup.sh $(IMAGE_REFS)
 	bash images/ci/rootless-user.sh
+
+# The built images run as users run them.
+images-run: venv
 	IMAGE_REPO=$(IMAGE_REPO) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
 
 # The runtimes with every image pinned by digest, into dist/:

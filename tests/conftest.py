@@ -44,5 +44,9 @@ def pytest_addoption(parser) -> None:
     parser.addoption("--matrix-write", action="store_true",
                      help="write the support matrix's outcomes to docs/support-matrix.json "
                           "and its table into docs/runtimes.md")
+    # .ci/run: `make test` has just run the fast subset's cells; the whole matrix need
+    # not train them twice in one CI run.
+    parser.addoption("--matrix-skip-fast", action="store_true",
+                     help="leave out the fast subset's cells (make test runs them)")
     parser.addoption("--matrix-workers", type=int, default=None,
                      help="support-matrix cells run at once (default: the CPU count)")
