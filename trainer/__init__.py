@@ -8,6 +8,8 @@ The rooms, in the order a run goes through them:
   what ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
 - ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the
   summary and the completion marker;
+- ``failures/``: the failure record a recipe process that fails for a known reason leaves
+  for the launcher (kind, one line, exit code), below both;
 - ``recipe_process/``: inside the recipe process, around torchtune's own recipe file
   (``checkpointing.checkpoint_store`` saves, ``metric_logging`` reports);
 - ``models/`` and ``schedules``: components torchtune's config instantiates by
