@@ -158,7 +158,8 @@ RETRY_TOTAL_S = "KUBETUNE_RETRY_TOTAL_S"
 PROGRESS_INTERVAL_S = "KUBETUNE_PROGRESS_INTERVAL_S"
 
 # Secrets' other spellings (boto3's and huggingface_hub's own), masked in everything we
-# print (kubetune.redact) and kept from the recipe processes (kubetune.trainer.launch).
+# print (kubetune.redact) and kept from the recipe processes
+# (kubetune.trainer.launcher.child_env).
 HUGGING_FACE_HUB_TOKEN = "HUGGING_FACE_HUB_TOKEN"
 AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
 AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"

@@ -7,7 +7,8 @@ The rooms, in the order a run goes through them:
 - ``config/``: torchtune's config + overrides, checked, merged by ``config.plan`` with
   what ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
 - ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the
-  summary and the completion marker;
+  summary and the completion marker; its phases are the rooms of ``launcher/`` (the
+  child's environment, supervision, the outcome, what a finished run leaves);
 - ``failures/``: the failure record a recipe process that fails for a known reason leaves
   for the launcher (kind, one line, exit code), below both;
 - ``recipe_process/``: inside the recipe process, around torchtune's own recipe file
