@@ -117,6 +117,9 @@ TRAIN_OVERRIDES = "KUBETUNE_TRAIN_OVERRIDES"
 GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline
 SAVE_EVERY_N_STEPS = "KUBETUNE_SAVE_EVERY_N_STEPS"  # step-level resumable saves (0: per epoch)
 STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the next step
+# launcher -> recipe processes: the directory, fresh for each run, where a process that fails
+# for a known reason leaves its failure record (kubetune.trainer.failures).
+FAILURE_DIR = "KUBETUNE_FAILURE_DIR"
 # launcher -> rank 0: the path of the launcher's terminal (/dev/pts/N), for the live
 # progress bar (unset without a terminal, or in JSON mode: per-step lines instead).
 PROGRESS_TTY = "KUBETUNE_PROGRESS_TTY"
@@ -155,7 +158,8 @@ RETRY_TOTAL_S = "KUBETUNE_RETRY_TOTAL_S"
 PROGRESS_INTERVAL_S = "KUBETUNE_PROGRESS_INTERVAL_S"
 
 # Secrets' other spellings (boto3's and huggingface_hub's own), masked in everything we
-# print (kubetune.redact) and kept from the recipe processes (kubetune.trainer.launch).
+# print (kubetune.redact) and kept from the recipe processes
+# (kubetune.trainer.launcher.child_env).
 HUGGING_FACE_HUB_TOKEN = "HUGGING_FACE_HUB_TOKEN"
 AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
 AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"

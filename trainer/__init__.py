@@ -11,13 +11,17 @@ The rooms, in the order a run goes through them:
 - ``planning/``: the request merged (``planning.plan``) with what
   ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
 - ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the
-  summary and the completion marker;
+  summary and the completion marker; its phases are the rooms of ``launcher/`` (the
+  child's environment, supervision, the outcome, what a finished run leaves);
+- ``failures/``: the failure record a recipe process that fails for a known reason leaves
+  for the launcher (kind, one line, exit code), below both;
 - ``recipe_process/``: inside the recipe process, around torchtune's own recipe file
   (``checkpointing.checkpoint_store`` saves, ``metric_logging`` reports);
 - ``models/`` and ``schedules``: components torchtune's config instantiates by
   ``_component_`` path (stable names: saved configs refer to them).
 
 The rooms are layers (tests/test_import_root.py): a room imports only rooms below it,
-lowest first request, performance, config, data, checkpointing, metric_logging, planning,
-recipe_process, launch; ``models/`` and ``schedules`` import none of them.
+lowest first request, failures, performance, config, data, checkpointing, metric_logging,
+planning, recipe_process, launcher, launch; ``models/`` and ``schedules`` import none of
+them.
 """

@@ -1,6 +1,6 @@
 """What the trainer leaves in ``output/`` for the next step, and its one reader.
 
-The completion marker is written last (``kubetune.trainer.launch``): it names the
+The completion marker is written last (``kubetune.trainer.launcher.finish``): it names the
 finished checkpoint, the merged config, the fine-tuning method and the run's fingerprint.
 An output directory without it is an unfinished run that nothing downstream trusts.
 """

@@ -22,8 +22,9 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import logs
-from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, recipe_noise, run_sanity,
-                                             sample_capture, warmup_cap)
+from kubetune.trainer.recipe_process import (cpu_adapt, failure_report, fallbacks,
+                                             recipe_noise, run_sanity, sample_capture,
+                                             warmup_cap)
 from kubetune.trainer.request import passed_env
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.data import truncation
@@ -160,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if str(cfg.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
         # The launcher probed the driver without torch; torch disagrees.
-        print(f"error: trainer: the config asks for {cfg.device} but torch sees no CUDA "
-              "device: run with device=cpu or check the GPU driver", file=sys.stderr)
-        return 65
+        record = failure_report.bad_input("no_cuda", f"the config asks for {cfg.device} but "
+                                          "torch sees no CUDA device: run with device=cpu or "
+                                          "check the GPU driver")
+        failure_report.leave(record)
+        print(f"error: trainer: {record.message}", file=sys.stderr)
+        return record.exit_code
     if passed_env.under_torchrun():
         from kubetune.parent_death import die_with_parent
 
@@ -187,11 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         module.recipe_main()
     except StopRequested as stop:
         _exit_now(stop.exit_code)
-    except run_sanity.RunRefused as refused:
-        # The user's to fix: its line is the report (the launcher maps it to exit 65); a
-        # traceback would only bury it.
-        print(f"{type(refused).__name__}: {refused}", file=sys.stderr)
-        _exit_now(run_sanity.EXIT_BAD_INPUT)
+    except Exception as failed:
+        # A failure the user must fix leaves its record (the launcher's report and exit
+        # code), found by type even when wrapped; anything else is reported from stderr.
+        reported = failure_report.report(failed)
+        if isinstance(reported, run_sanity.RunRefused):
+            # Its line is the report; a traceback would only bury it.
+            print(f"{type(reported).__name__}: {reported}", file=sys.stderr)
+            _exit_now(run_sanity.EXIT_BAD_INPUT)
+        raise
     except SystemExit as done:  # torchtune's config.parse ends every recipe with sys.exit
         if passed_env.under_torchrun():
             # A torchrun worker whose recipe finished (checkpoint saved, process group

@@ -54,7 +54,7 @@ log = logging.getLogger("trainer")
 
 class NoFallbackError(RuntimeError):
     """A speed default failed where no fallback is safe; the message is the user's line
-    (the launcher recognizes the class name in the recipe's traceback)."""
+    (carried to the launcher by type, in the failure record: ``failure_report``)."""
 
 
 def describe(exc: BaseException) -> str:

@@ -71,3 +71,9 @@ def test_kill_at() -> int | None:
     """Tests only: SIGKILL at the N-th checkpoint write."""
     value = _environ(None).get(env.TEST_KILL_AT, "")
     return int(value) if value.isdigit() else None
+
+
+def failure_dir() -> str | None:
+    """Where this process leaves its failure record if it fails for a known reason
+    (``kubetune.trainer.failures``); None: not started by the launcher, no record."""
+    return _environ(None).get(env.FAILURE_DIR) or None
