@@ -112,6 +112,11 @@ STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the ne
 # progress bar (unset without a terminal, or in JSON mode: per-step lines instead).
 PROGRESS_TTY = "KUBETUNE_PROGRESS_TTY"
 TEST_KILL_AT = "KUBETUNE_TEST_KILL_AT"  # tests only: SIGKILL at the N-th checkpoint write
+# Tests only: SIGKILL the token cache's builder at a named point of its build
+# (kubetune.trainer.data.token_cache.store.KILL_POINTS).
+TEST_KILL_TOKEN_CACHE_AT = "KUBETUNE_TEST_KILL_TOKEN_CACHE_AT"
+# Where the trainer caches tokenized datasets (default: <workspace>/cache/tokens).
+TOKEN_CACHE_DIR = "KUBETUNE_TOKEN_CACHE_DIR"
 # Tests only (kubetune.trainer.recipe_process.fallbacks; inert unless set): register a dynamo
 # backend of this name that raises, and make a forward above this micro-batch raise
 # torch.OutOfMemoryError, so a CPU test drives the compile and out-of-memory fallbacks.
@@ -157,6 +162,7 @@ HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub
 # only rank 0 reports).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"  # processes on this node: they share its cores
 # The launcher sets these for the recipe processes; the libraries inside read them.
 TQDM_DISABLE = "TQDM_DISABLE"  # progress comes from our metric logger instead
 OMP_NUM_THREADS = "OMP_NUM_THREADS"  # CPU threads per process (torch)

@@ -100,8 +100,10 @@ def _stream(pipe, sink, tail: collections.deque) -> None:
 _OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "can't allocate memory")
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d*\]:\s*")
 # A speed default failed where it cannot fall back (the recipe process's fallbacks), or the
-# run trained nothing or diverged (run_sanity): the message is already the user's line.
-_USER_LINES = ("NoFallbackError: ", "NoStepError: ", "NonFiniteError: ")
+# run trained nothing, had nothing to train on or diverged (run_sanity): the message is
+# already the user's line.
+_USER_LINES = ("NoFallbackError: ", "NoStepError: ", "NonFiniteError: ",
+               "NoTrainableRowsError: ")
 # torchrun's own report of a failed worker: the worker's exception says more.
 _WRAPPER_ERRORS = ("ChildFailedError", "SignalException")
 

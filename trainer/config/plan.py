@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
-from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
+from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys
 from kubetune.trainer.data import dataset_check, dataset_location, step_count
@@ -240,12 +240,25 @@ def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
             f"given ({', '.join(k for k in section if k != '_component_')})"]
 
 
-def _kubetune_section(cfg: DictConfig, settings: LauncherSettings) -> None:
+def _token_cache_dir(settings: LauncherSettings, workspace: Workspace, output_dir: Path) -> str:
+    """The volume's place for tokenized datasets: under the workspace root, or, with no
+    workspace (a laptop's `kubetune train --output-dir ./out`), beside the output directory
+    as the workspace would have it."""
+    if settings.token_cache_dir:
+        return settings.token_cache_dir
+    root = workspace.root if workspace.root.is_dir() else output_dir.resolve().parent
+    return str(root / TOKEN_CACHE_PATH)
+
+
+def _kubetune_section(cfg: DictConfig, settings: LauncherSettings,
+                      workspace: Workspace) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
         section.grace_period_s = settings.grace_period_s
     if section.get("save_every_n_steps") is None:
         section.save_every_n_steps = settings.save_every_n_steps
+    if section.get("token_cache_dir") is None:
+        section.token_cache_dir = _token_cache_dir(settings, workspace, Path(cfg.output_dir))
     cfg.kubetune = section
 
 
@@ -309,7 +322,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
         cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, settings)
+    _kubetune_section(cfg, settings, workspace)
     cfg.kubetune.count_cut_samples = not limit_chosen
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before

@@ -2,4 +2,5 @@
 the model by method (``model_shape``), the micro-batch and activation checkpointing that fit
 a GPU (``memory_plan``), whether the container's memory holds the checkpoint each process
 loads (``host_memory``), and the speed defaults applied where the user said nothing
-(``speed``: packing, compile, the memory plan)."""
+(``speed``: packing, compile, the memory plan), and the CPU cores a pod may use
+(``cpu_cores``: its cpuset and CPU limit)."""

@@ -1,9 +1,11 @@
 """What runs inside the recipe process(es) around torchtune's unmodified recipe:
 ``bootstrap`` (what the launcher starts instead of the recipe script), ``cpu_adapt`` (gloo
 and no CUDA calls on CPU), ``step_guard`` (stop on SIGTERM with a resumable save, exact
-resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step or non-finite
-weights: nothing is saved, one line, exit 65), ``fallbacks`` (torch.compile that fails ->
-eager; out of memory at the first step -> a smaller micro-batch, same effective batch),
-``recipe_noise`` (torchtune's dumps kept at debug) and ``passed_env`` (what torchrun and
-the launcher tell this process through its environment: rank, stop file, compile backend,
-test hooks; read there alone)."""
+resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step, no row to
+train on or non-finite weights: nothing is saved, one line, exit 65), ``fallbacks``
+(torch.compile that fails -> eager; out of memory at the first step -> a smaller
+micro-batch, same effective batch), ``tokenized_data`` (the recipe's datasets tokenized
+once through the token cache), ``recipe_noise`` (torchtune's dumps kept at
+debug) and ``passed_env`` (what torchrun and the launcher tell this process through its
+environment: rank, processes on the node, stop file, compile backend, test hooks; read
+there alone)."""

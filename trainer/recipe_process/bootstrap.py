@@ -3,8 +3,8 @@
 
 It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
 CPU; step-level stop/save/resume via ``step_guard``; compile and out-of-memory fallbacks
-via ``fallbacks``) and then calls the recipe's own
-``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
+via ``fallbacks``; the dataset tokenized once into the token cache via
+``tokenized_data``) and then calls the recipe's own ``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import logs
+from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, passed_env, recipe_noise,
-                                             run_sanity)
+                                             run_sanity, tokenized_data)
 from kubetune.trainer.metric_logging import run_report, train_progress
-from kubetune.trainer.data import truncation
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
@@ -55,9 +55,9 @@ def defines_save(cls: type) -> bool:
                if k.__module__ == cls.__module__)
 
 
-def install(cls: type, guard: Guard, count_cut_samples: bool = False) -> None:
-    if count_cut_samples and hasattr(cls, "_setup_data"):
-        cls._setup_data = truncation.wrap_setup_data(cls._setup_data)
+def install(cls: type, guard: Guard, data: CacheSettings | None = None) -> None:
+    if data is not None and hasattr(cls, "_setup_data"):
+        cls._setup_data = tokenized_data.wrap_setup_data(cls._setup_data, data)
     original_setup = cls.setup
 
     @functools.wraps(original_setup)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
     cls = recipe_class(module)
-    install(cls, guard, bool(settings.get("count_cut_samples")))
+    install(cls, guard, tokenized_data.cache_settings(cfg, settings))
     fallbacks.install(cls, guard, compile_on=bool(cfg.get("compile")),
                       compile_ours=bool(settings.get("compile_default")))
 

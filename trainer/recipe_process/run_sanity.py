@@ -3,6 +3,8 @@
 - No optimizer step (one row with a larger batch, accumulation over more batches than the
   data has, every sample dropped): the recipe would save the untouched base model at the
   epoch's end and the run would end "completed". The save is refused instead.
+- No row to train on: every row's answer was cut away by the tokenizer's ``max_seq_len``
+  (the token cache drops such rows and counts them): refused before the first step.
 - A non-finite loss (``optimizer.lr=inf``, a learning rate so high it diverges): the weights
   are garbage from that step on. ``step_guard`` checks the logged loss at every step
   boundary, and every save checks the trained weights first, so non-finite weights are
@@ -32,6 +34,10 @@ class NoStepError(RunRefused):
 
 
 class NonFiniteError(RunRefused):
+    pass
+
+
+class NoTrainableRowsError(RunRefused):
     pass
 
 

@@ -1,7 +1,7 @@
 """What the launcher reads from its environment, in one place: the ``PET_*`` variables the
 torch plugin of Kubeflow Trainer sets (``topology`` turns them into nodes and processes;
 torchrun options win over them), the SIGTERM grace period and the step-level save cadence
-(the merged config's ``kubetune`` section wins over them).
+and where the token cache lives (the merged config's ``kubetune`` section wins over them).
 
 Each value is parsed when first asked for and kept: what an option or the config already
 decides is never read, so a stray value there is not refused."""
@@ -39,3 +39,8 @@ class LauncherSettings:
     def save_every_n_steps(self) -> int:
         """Steps between two resumable saves (0: per epoch)."""
         return env_int(env.SAVE_EVERY_N_STEPS, DEFAULT_SAVE_EVERY_N_STEPS, 0, self._environ)
+
+    @cached_property
+    def token_cache_dir(self) -> str | None:
+        """Where tokenized datasets are cached; None: the workspace's place for them."""
+        return self._environ.get(env.TOKEN_CACHE_DIR) or None

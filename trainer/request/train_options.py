@@ -74,6 +74,7 @@ class TrainOptions:
     seed: int | None = None
     save_every_n_steps: int | None = None
     grace_period: float | None = None
+    token_cache_dir: str | None = None
 
 
 # Options that become one override as they are: (config key, option).
@@ -206,6 +207,7 @@ def train_overrides(options: TrainOptions) -> list[str]:
     put("dataset.train_on_input", o.train_on_input)
     put("kubetune.save_every_n_steps", o.save_every_n_steps)
     put("kubetune.grace_period_s", o.grace_period)
+    put("kubetune.token_cache_dir", o.token_cache_dir)
     return args
 
 
