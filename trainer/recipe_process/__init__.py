@@ -5,7 +5,8 @@ resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step, no 
 train on or non-finite weights: nothing is saved, one line, exit 65), ``fallbacks``
 (torch.compile that fails -> eager; out of memory at the first step -> a smaller
 micro-batch, same effective batch), ``tokenized_data`` (the recipe's datasets tokenized
-once through the token cache), ``recipe_noise`` (torchtune's dumps kept at
+once through the token cache), ``empty_batches`` (a micro-batch with nothing to train on
+adds nothing to its step, instead of NaN), ``recipe_noise`` (torchtune's dumps kept at
 debug) and ``passed_env`` (what torchrun and the launcher tell this process through its
 environment: rank, processes on the node, stop file, compile backend, test hooks; read
 there alone)."""

@@ -3,8 +3,9 @@
 
 It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
 CPU; step-level stop/save/resume via ``step_guard``; compile and out-of-memory fallbacks
-via ``fallbacks``; the dataset tokenized once into the token cache via
-``tokenized_data``) and then calls the recipe's own ``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
+via ``fallbacks``; the dataset tokenized once into the token cache via ``tokenized_data``;
+no NaN from a micro-batch with nothing to train on via ``empty_batches``) and then calls
+the recipe's own ``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from omegaconf import OmegaConf
 
 from kubetune import logs
 from kubetune.trainer.data.token_cache.settings import CacheSettings
-from kubetune.trainer.recipe_process import (cpu_adapt, fallbacks, passed_env, recipe_noise,
-                                             run_sanity, tokenized_data)
+from kubetune.trainer.recipe_process import (cpu_adapt, empty_batches, fallbacks, passed_env,
+                                             recipe_noise, run_sanity, tokenized_data)
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
@@ -58,6 +59,7 @@ def defines_save(cls: type) -> bool:
 def install(cls: type, guard: Guard, data: CacheSettings | None = None) -> None:
     if data is not None and hasattr(cls, "_setup_data"):
         cls._setup_data = tokenized_data.wrap_setup_data(cls._setup_data, data)
+    empty_batches.install(cls)
     original_setup = cls.setup
 
     @functools.wraps(original_setup)
