@@ -64,6 +64,16 @@ def _safe_scale_grads(original):
     return scale_grads
 
 
+def _cross_entropy(loss: Any) -> bool:
+    """A loss called as ``loss(logits, labels)`` with an ``ignore_index`` (the SFT recipes'),
+    not one of another shape (distillation's takes the teacher's logits too)."""
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    inner = getattr(loss, "_orig_mod", loss)  # torch.compile's wrapper of a whole loss
+    return isinstance(inner, (CEWithChunkedOutputLoss, torch.nn.CrossEntropyLoss)) \
+        and not isinstance(loss, EmptyBatchSafeLoss)
+
+
 def install(cls: type) -> None:
     """Guard the loss of every recipe of ``cls`` after its setup, and torchtune's
     ``scale_grads`` (the recipes call it through the module)."""
@@ -76,10 +86,8 @@ def install(cls: type) -> None:
     @functools.wraps(original_setup)
     def setup(self, *args, **kwargs):
         result = original_setup(self, *args, **kwargs)
-        loss = getattr(self, "_loss_fn", None)
-        if loss is not None and getattr(loss, "ignore_index", None) is not None \
-                and not isinstance(loss, EmptyBatchSafeLoss):
-            self._loss_fn = EmptyBatchSafeLoss(loss)
+        if _cross_entropy(getattr(self, "_loss_fn", None)):
+            self._loss_fn = EmptyBatchSafeLoss(self._loss_fn)
         return result
 
     cls.setup = setup
