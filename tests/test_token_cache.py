@@ -94,10 +94,17 @@ def test_packs_are_torchtunes_pack_by_pack(tmp_path, tiny_model_dir, long_rows, 
 
 
 def test_rows_are_torchtunes_and_untrainable_ones_are_counted(tmp_path, tiny_model_dir,
-                                                              long_rows, caplog):
+                                                              long_rows, caplog, capsys):
     section = instruct(long_rows)
     with caplog.at_level(logging.INFO, logger="trainer"):
         ours = setup_data(tmp_path / "cache", tiny_model_dir, section, max_seq_len=256)
+    logged = [r.getMessage() for r in caplog.records]
+    [cut] = [line for line in capsys.readouterr().out.splitlines() if "were cut" in line]
+    assert cut.startswith("train: ") and " of 600 samples are longer than " \
+        "tokenizer.max_seq_len=256" in cut
+    # A run that maps the entry says the same, without tokenizing again.
+    setup_data(tmp_path / "cache", tiny_model_dir, section, max_seq_len=256)
+    assert [line for line in capsys.readouterr().out.splitlines() if "were cut" in line] == [cut]
     upstream = setup_data(False, tiny_model_dir, section, max_seq_len=256).dataset
     kept = [upstream[i] for i in range(len(upstream)) if trainable(upstream[i])]
     assert len(ours.dataset) == len(kept) < len(upstream)
@@ -106,7 +113,7 @@ def test_rows_are_torchtunes_and_untrainable_ones_are_counted(tmp_path, tiny_mod
         assert row["tokens"] == kept[index]["tokens"]
         assert row["labels"] == [int(x) for x in kept[index]["labels"]]
         assert row["mask"] == kept[index]["mask"]
-    [line] = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    [line] = [message for message in logged if "dropped" in message]
     assert line.startswith(f"train: dropped {len(upstream) - len(kept)} of {len(upstream)} "
                            "rows with no token to train on after truncation to "
                            "tokenizer.max_seq_len=256")
@@ -120,6 +127,29 @@ def test_a_list_of_datasets_is_cached_dataset_by_dataset(tmp_path, tiny_model_di
     ours = setup_data(tmp_path / "cache", tiny_model_dir, sections, max_seq_len=256)
     assert len(entries(tmp_path / "cache")) == 2
     same_batches(ours, setup_data(False, tiny_model_dir, sections, max_seq_len=256))
+
+
+def test_chat_rows_are_torchtunes(tmp_path, tiny_model_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    conversations = [{"messages": [
+        {"role": "system", "content": "You add numbers."},
+        *[m for turn in range(1 + i % 3) for m in (
+            {"role": "user", "content": f"What is {i} plus {turn}? " * (1 + i % 7)},
+            {"role": "assistant", "content": f"{i + turn}."})]]} for i in range(120)]
+    (tmp_path / "chat").mkdir()
+    pq.write_table(pa.Table.from_pylist(conversations), tmp_path / "chat" / "train.parquet")
+    section = {**instruct(tmp_path / "chat"), "_component_": "torchtune.datasets.chat_dataset",
+               "conversation_column": "messages", "conversation_style": "openai"}
+    ours = setup_data(tmp_path / "cache", tiny_model_dir, section, max_seq_len=128)
+    assert len(entries(tmp_path / "cache")) == 1
+    upstream = setup_data(False, tiny_model_dir, section, max_seq_len=128).dataset
+    kept = [upstream[i] for i in range(len(upstream)) if trainable(upstream[i])]
+    assert [ours.dataset[i]["tokens"] for i in range(len(ours.dataset))] == \
+        [row["tokens"] for row in kept]
+    assert [ours.dataset[i]["labels"] for i in range(len(ours.dataset))] == \
+        [[int(x) for x in row["labels"]] for row in kept]
 
 
 def test_a_builder_whose_rows_are_not_tokens_and_labels_is_used_as_built(tmp_path,
@@ -206,12 +236,21 @@ setup_data(Path(sys.argv[1]), Path(sys.argv[2]), instruct(Path(sys.argv[3])), ma
 """
 
 
+@pytest.fixture(scope="module")
+def enough_rows(tmp_path_factory, tiny_model_dir) -> tuple[Path, list[dict]]:
+    """3000 rows (enough to tokenize with a pool of workers), and their rows as cached."""
+    data = tmp_path_factory.mktemp("enough-rows")
+    write_alpaca_like(data, 3000, 3, scale=0.25, long_prompts=0.1, long_chars=400)
+    loader = setup_data(tmp_path_factory.mktemp("reference-cache"), tiny_model_dir,
+                        instruct(data), max_seq_len=256)
+    return data, [loader.dataset[i] for i in range(len(loader.dataset))]
+
+
 @pytest.mark.parametrize("point", store.KILL_POINTS)
 def test_a_build_killed_at_any_point_leaves_nothing_the_next_run_trusts(tmp_path,
                                                                        tiny_model_dir,
-                                                                       point):
-    data = tmp_path / "dataset"
-    write_alpaca_like(data, 3000, 3, scale=0.25, long_prompts=0.1, long_chars=400)
+                                                                       enough_rows, point):
+    data, reference = enough_rows
     cache = tmp_path / "cache"
     killed = subprocess.run(
         [sys.executable, "-c", _BUILD, str(cache), str(tiny_model_dir), str(data)], cwd=REPO,
@@ -222,13 +261,9 @@ def test_a_build_killed_at_any_point_leaves_nothing_the_next_run_trusts(tmp_path
     assert entries(cache) == []  # a staging directory at most, which nothing reads
 
     again = setup_data(cache, tiny_model_dir, instruct(data), max_seq_len=256)
-    reference = setup_data(tmp_path / "reference", tiny_model_dir, instruct(data),
-                           max_seq_len=256)
     assert len(entries(cache)) == 1
     assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []  # cleaned up
-    assert len(again.dataset) == len(reference.dataset)
-    for index in range(len(reference.dataset)):
-        assert again.dataset[index] == reference.dataset[index], index
+    assert [again.dataset[i] for i in range(len(again.dataset))] == reference
 
 
 def test_a_cache_directory_that_cannot_be_written_warns_once_and_tokenizes_anyway(
