@@ -115,8 +115,10 @@ def cached(built: Any, deferred: list[PackedDataset], dataset_cfg: dict, tokeniz
     target = built if isinstance(built, PackedDataset) and built in deferred else None
     rows_dataset = target.ds if target is not None else built
     packing = _packing(target) if target is not None else None
-    reason = _not_cacheable(rows_dataset) if len(deferred) <= (target is not None) else \
-        "its builder packs inside another dataset"
+    if len(deferred) > (target is not None):
+        reason = "its builder packs inside another dataset"
+    else:
+        reason = _not_cacheable(rows_dataset)
     if reason is None:
         key, inputs = cache_key(dataset_cfg, settings.tokenizer_cfg, packing, ignore_index)
         try:

@@ -10,6 +10,7 @@ the node that maps them, read as batches ask for them, never copied per process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -49,9 +50,6 @@ class TokenRows:
     def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
         return self.tokens[start:end], self.labels[start:end]
-
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
 
 
 def expected_sizes(meta: dict) -> dict[str, int]:
@@ -141,7 +139,8 @@ class EntryWriter:
 
     def abandon(self) -> None:
         for handle in self._files:
-            handle.close()
+            with contextlib.suppress(OSError):  # a full volume fails the flush on close too
+                handle.close()
 
 
 class MemoryWriter:
