@@ -85,11 +85,14 @@ def test_two_nodes_on_loopback_stop_together_resume_and_finish(tmp_path, tiny_mo
     codes = [node.wait(timeout=300) for node in nodes]
     assert codes == [EXIT_TRANSIENT, EXIT_TRANSIENT], logs("first")[-3000:]
     stopped_at = pvc.metrics()[-1]["step"]
+    # The nodes tokenized the data once between them, on the volume they share.
+    assert logs("first").count("token cache: tokenized") == 1, logs("first")[-3000:]
 
     nodes = start_nodes("second")
     codes = [node.wait(timeout=600) for node in nodes]
     assert codes == [0, 0], logs("second")[-3000:]
     assert logs("second").count(f"done (global step {stopped_at}") == 2  # both nodes resumed
+    assert "token cache: tokenized" not in logs("second")  # the restarted pods map it
     assert [m["step"] for m in pvc.metrics()] == list(range(1, 13))
     summary = pvc.summary()
     assert summary["world_size"] == 2 and summary["exit_reason"] == "completed"

@@ -30,6 +30,7 @@ CONTEXT = ["tokenizer.max_seq_len=512", "dataset.packed=False", "dtype=fp32"]
 
 def train(model: Path, dataset: Path, root: Path, *args: str,
           **env: str) -> subprocess.CompletedProcess:
+    env.setdefault("KUBETUNE_TOKEN_CACHE_DIR", str(root / "cache"))  # this test's own
     return kubetune("train", "--model-dir", str(model), "--dataset-dir", str(dataset),
                     "--output-dir", str(root / "output"), "--epochs", "1",
                     "--gradient-accumulation-steps", "1", *CONTEXT, *args,
