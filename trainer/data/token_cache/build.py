@@ -14,8 +14,12 @@ its first is not the loss's ignore index; the others are left out of the arrays.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import multiprocessing
 import signal
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -29,6 +33,7 @@ ROW_KEYS = {"tokens", "labels"}
 # SFTDataset's rows also carry their "mask", which is exactly their labels == -100.
 OPTIONAL_KEYS = {"mask"}
 ROWS_PER_WORKER_MIN = 1024  # below this a forked worker costs more than it saves
+RANGE_ROWS_MAX = 2048
 _INT32 = np.iinfo(np.int32)
 
 
@@ -90,10 +95,10 @@ def _tokenize_range(span: tuple[int, int]) -> _Range:
     start, stop = span
     dataset, tokenizer, ignore_index = _JOB
     counter = CutCounter(tokenizer) if _counts_cuts(tokenizer) else None
-    tokens: list = []
-    labels: list = []
-    masks: list = []
-    lengths = []
+    # Each row as arrays at once: a range's rows as Python ints would take ~10x the memory.
+    tokens: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
     keys = None
     try:
         for index in range(start, stop):
@@ -103,22 +108,20 @@ def _tokenize_range(span: tuple[int, int]) -> _Range:
                 keys = row_keys
             elif row_keys != keys:
                 raise NotCacheable(f"row {index} holds {row_keys}, row {start} {keys}")
-            tokens.extend(sample["tokens"])
-            labels.extend(sample["labels"])
-            lengths.append(len(sample["tokens"]))
+            tokens.append(np.asarray(sample["tokens"], dtype=np.int64))
+            labels.append(np.asarray(sample["labels"], dtype=np.int64))
             if "mask" in sample:
-                masks.extend(sample["mask"])
+                masks.append(np.asarray(sample["mask"], dtype=bool))
     finally:
         if counter is not None:
             counter.remove()
-    token_array = np.asarray(tokens, dtype=np.int64)
-    label_array = np.asarray(labels, dtype=np.int64)
-    length_array = np.asarray(lengths, dtype=np.int64)
+    length_array = np.asarray([len(row) for row in tokens], dtype=np.int64)
+    token_array, label_array = (np.concatenate(rows) if rows else np.zeros(0, np.int64)
+                                for rows in (tokens, labels))
     for name, values in (("tokens", token_array), ("labels", label_array)):
         if values.size and (values.min() < _INT32.min or values.max() > _INT32.max):
             raise NotCacheable(f"{name} outside 32-bit integers")
-    if masks and not np.array_equal(np.asarray(masks, dtype=bool),
-                                    label_array == SFT_IGNORE_INDEX):
+    if masks and not np.array_equal(np.concatenate(masks), label_array == SFT_IGNORE_INDEX):
         raise NotCacheable("a row's mask is not where its labels are ignored")
     keep = _trainable(label_array, length_array, ignore_index)
     token_keep = np.repeat(keep, length_array)
@@ -146,8 +149,9 @@ def _trainable(labels: np.ndarray, lengths: np.ndarray, ignore_index: int) -> np
 
 
 def _spans(rows: int, workers: int) -> list[tuple[int, int]]:
-    # Several ranges per worker, so one slow range does not leave the others idle at the end.
-    size = max(256, min(8192, -(-rows // max(1, workers * 8))))
+    # Several ranges per worker, so one slow range does not leave the others idle at the end;
+    # small enough that a range's arrays in flight stay a few MB.
+    size = max(256, min(RANGE_ROWS_MAX, -(-rows // max(1, workers * 8))))
     return [(start, min(rows, start + size)) for start in range(0, rows, size)]
 
 
@@ -157,19 +161,37 @@ def workers_for(rows: int, cores: int) -> int:
     return workers if workers >= 2 else 0
 
 
+class WorkerDied(RuntimeError):
+    """A tokenizing worker was killed (by the kernel's OOM killer, most likely)."""
+
+
 def _ranges(rows: int, workers: int) -> Iterator[_Range]:
-    spans = _spans(rows, workers)
+    """Each range tokenized, in order. With workers, a few ranges per worker are in flight
+    at a time, so results waiting to be written stay a few ranges' worth."""
+    spans = iter(_spans(rows, workers))
     if workers == 0:
         for span in spans:
             yield _tokenize_range(span)
         return
-    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_started)
+    # concurrent.futures, not multiprocessing.Pool: a worker that dies makes the pool
+    # raise (BrokenProcessPool) instead of waiting for its result forever. Workers are
+    # forked from this thread, up front (the kernel kills them when it ends).
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                               initializer=_worker_started)
     try:
-        yield from pool.imap(_tokenize_range, spans)
-        pool.close()  # done: the workers exit on their own
+        pending = collections.deque(pool.submit(_tokenize_range, span)
+                                    for span in itertools.islice(spans, 2 * workers))
+        while pending:
+            try:
+                done = pending.popleft().result()
+            except BrokenProcessPool as exc:
+                raise WorkerDied("a process tokenizing the dataset was killed (out of memory? "
+                                 "raise the container's memory limit)") from exc
+            pending.extend(pool.submit(_tokenize_range, span)
+                           for span in itertools.islice(spans, 1))
+            yield done
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def tokenize(dataset: Any, tokenizer: Any, ignore_index: int, workers: int,
