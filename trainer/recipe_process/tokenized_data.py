@@ -23,8 +23,6 @@ from kubetune.trainer.performance.cpu_cores import usable_cores
 from kubetune.trainer.recipe_process import passed_env
 from kubetune.trainer.recipe_process.run_sanity import NoTrainableRowsError
 
-DEFAULT_IGNORE_INDEX = -100
-
 
 def cache_settings(cfg: DictConfig, settings: dict) -> CacheSettings:
     """From the merged config (its ``kubetune`` section: ``settings``)."""
@@ -57,6 +55,7 @@ def _datasets_cached(recipe: Any, settings: CacheSettings) -> Iterator[list]:
     """torchtune's ``config.instantiate``, for the recipe's datasets, through the cache;
     yields the cached datasets made."""
     from torchtune import config
+    from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
     from torchtune.datasets import PackedDataset
 
     from kubetune.trainer.data.token_cache import adopt
@@ -73,7 +72,7 @@ def _datasets_cached(recipe: Any, settings: CacheSettings) -> Iterator[list]:
         with _packing_deferred() as deferred:
             built = original(node, *args, **kwargs)
         ignore_index = getattr(getattr(recipe, "_loss_fn", None), "ignore_index",
-                               DEFAULT_IGNORE_INDEX)
+                               CROSS_ENTROPY_IGNORE_IDX)
         dataset_cfg = OmegaConf.to_container(node, resolve=True) \
             if isinstance(node, DictConfig) else dict(node)
         result = adopt.cached(built, deferred, dataset_cfg, tokenizer, ignore_index, settings,

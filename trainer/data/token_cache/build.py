@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from torchtune.data import CROSS_ENTROPY_IGNORE_IDX  # the labels of masked tokens
 
 from kubetune.parent_death import die_with_parent
 from kubetune.trainer.data.truncation import CutCounter
 
-SFT_IGNORE_INDEX = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX: masked tokens' labels
 ROW_KEYS = {"tokens", "labels"}
 # SFTDataset's rows also carry their "mask", which is exactly their labels == -100.
 OPTIONAL_KEYS = {"mask"}
@@ -121,7 +121,7 @@ def _tokenize_range(span: tuple[int, int]) -> _Range:
     for name, values in (("tokens", token_array), ("labels", label_array)):
         if values.size and (values.min() < _INT32.min or values.max() > _INT32.max):
             raise NotCacheable(f"{name} outside 32-bit integers")
-    if masks and not np.array_equal(np.concatenate(masks), label_array == SFT_IGNORE_INDEX):
+    if masks and not np.array_equal(np.concatenate(masks), label_array == CROSS_ENTROPY_IGNORE_IDX):
         raise NotCacheable("a row's mask is not where its labels are ignored")
     keep = _trainable(label_array, length_array, ignore_index)
     token_keep = np.repeat(keep, length_array)

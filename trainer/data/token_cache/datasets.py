@@ -11,9 +11,9 @@ serve ``packs``) whose ``packs`` are made on demand (``packs.PackMaker``) instea
 from __future__ import annotations
 
 from torch.utils.data import Dataset
+from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.datasets import PackedDataset
 
-from kubetune.trainer.data.token_cache.build import SFT_IGNORE_INDEX
 from kubetune.trainer.data.token_cache.packs import PackMaker
 from kubetune.trainer.data.token_cache.rows import TokenRows
 
@@ -34,7 +34,7 @@ class CachedRows(Dataset):
         tokens, labels = self.rows.row(index)
         sample = {"tokens": tokens.tolist(), "labels": labels.tolist()}
         if self._with_mask:
-            sample["mask"] = (labels == SFT_IGNORE_INDEX).tolist()
+            sample["mask"] = (labels == CROSS_ENTROPY_IGNORE_IDX).tolist()
         return sample
 
 

@@ -18,8 +18,7 @@ padding as one more "row".
 from __future__ import annotations
 
 import numpy as np
-
-IGNORE_INDEX = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX, what PackedDataset pads labels with
+from torchtune.data import CROSS_ENTROPY_IGNORE_IDX  # what PackedDataset pads labels with
 
 
 class RowTooLong(ValueError):
@@ -106,7 +105,7 @@ class PackMaker:
             after = np.arange(positions[-1] + 1, positions[-1] + 1 + padding, dtype=np.int64)
             positions = np.concatenate([positions, np.minimum(after, self.max_seq_len - 1)])
         tokens = np.full(self.max_seq_len, self.padding_idx, dtype=np.int64)
-        labels = np.full(self.max_seq_len, IGNORE_INDEX, dtype=np.int64)
+        labels = np.full(self.max_seq_len, CROSS_ENTROPY_IGNORE_IDX, dtype=np.int64)
         tokens[:end - start] = self.tokens[start:end]
         labels[:end - start] = self.labels[start:end]
         return {"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
