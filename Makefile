@@ -27,7 +27,7 @@ IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
 IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
 	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
-.PHONY: venv demo test clean images images-test image-initializer image-trainer image-exporter image-kubetune release-manifests
+.PHONY: venv demo test matrix-test matrix-results clean images images-test image-initializer image-trainer image-exporter image-kubetune release-manifests
 
 venv: $(VENV)/.installed
 
@@ -46,6 +46,15 @@ demo: venv
 
 test: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every cell of the support matrix (tests/test_support_matrix.py; `make test` runs a fast
+# subset), cells in parallel, one per CPU; matrix-results reruns them and records the
+# outcomes in docs/support-matrix.json and docs/runtimes.md's table.
+matrix-test: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py $(PYTEST_ARGS)
+
+matrix-results: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py --matrix-write $(PYTEST_ARGS)
 
 images: image-initializer image-trainer image-exporter image-kubetune
 
@@ -71,12 +80,17 @@ image-kubetune:
 # install gives on the slim base, without reaching the PyTorch index.
 CI_PYTHON_IMAGE := localhost/kubetune-ci-python:bookworm
 CI_TORCH_IMAGE := localhost/kubetune-ci-torch:bookworm
+# The images run under podman and under docker (Debian's docker.io, its daemon started by
+# hand, the images copied in from podman's store), as root and as a non-root user.
+IMAGE_REFS = $(foreach name,initializer trainer exporter kubetune,$(IMAGE_REPO)/$(name):$(VERSION))
 images-test: venv
 	bash images/ci/podman-setup.sh
 	bash images/ci/bases.sh
 	$(MAKE) images ENGINE=podman IMAGE_BUILD_FLAGS="--network host --no-cache" PYTHON_IMAGE=$(CI_PYTHON_IMAGE) \
 		TORCH_IMAGE=$(CI_TORCH_IMAGE) EXPORTER_BASE_IMAGE=$(CI_TORCH_IMAGE)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
+	bash images/ci/docker-setup.sh $(IMAGE_REFS)
+	bash images/ci/rootless-user.sh
+	IMAGE_REPO=$(IMAGE_REPO) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -s -m images tests/images $(PYTEST_ARGS)
 
 # The runtimes with every image pinned by digest, into dist/:
 #   make release-manifests RELEASE_ARGS="--digest trainer=sha256:... ..."  (or --podman)

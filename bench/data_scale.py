@@ -12,8 +12,10 @@ optimizer step (batch 4, one step, then the checkpoint):
                 the cache; rows with nothing to train on dropped): THE BASELINE of the ratios
   packed        ours, dataset.packed=True at 2048 tokens, cold cache (tokenize, pack index)
   restart       ours, packed again on the same data, a new output_dir (the cache is mapped)
-  dist-1        ours, packed, cold cache, the distributed recipe with 1 process (torchrun),
-  dist-2        ... and with 2 processes on this node: one builds, the other waits and maps
+  dist-1        ours, packed, cold cache, the distributed recipe with 1 process (a
+                one-process group: the launcher starts it without torchrun),
+  dist-2        ... and with 2 processes on this node (under torchrun, whose own process
+                is counted too): one builds, the other waits and maps
   plain-packed  plain torchtune packed (its PackedDataset: every pack built in memory, in
                 each process, at every start), up to ``--plain-packed-max-rows``
 

@@ -2,12 +2,21 @@
 `tune run` of the same upstream config on the same data, in one script. Each repeat runs
 both sides back to back; the reported ratios are medians of the per-repeat ratios.
 
-Reports, for each: tokens/s (steady state: mean over steps after the first, as the
+Reports, for each: tokens/s (steady state: median over steps after the first, as the
 recipe measures them, all devices), peak memory (largest process of the run's tree:
 resident memory on CPU; CUDA peak reserved on GPU as the recipe logs it), and the
 start-up time from process start to the first finished step. The launcher's overhead is
 the difference of start-up times, reported as a fraction of the plain run's start-up.
 Ours also reports summary.json's warm-up (compile) seconds and MFU.
+
+CPU seconds too (the process tree's user + system time, read from /proc when the first
+and the last step are logged): to the first step, between the first and the last step,
+and in all. On a machine shared with other jobs wall-clock rates swing with the
+neighbours' load; CPU seconds of the same work move much less (``--threads 1`` steadies
+them further: no intra-op threads spinning while a neighbour holds the core). Whether
+both sides trained the same batches is checked, not assumed (``same_batches``: the same
+step count and first-step loss), and only then is ``tokens_per_cpu_s_ours_over_plain``
+(plain's steady CPU seconds over ours) reported: the same tokens in less CPU time.
 
 The plain run gets only what upstream torchtune needs to run this checkpoint at all
 (the model's real dimensions, tokenizer and checkpoint paths, device and dtype); our
@@ -18,12 +27,14 @@ Data (``--data``):
   tiny       the two-digit addition set, one parquet file (the default);
   realistic  alpaca-like rows (~287 tokens; ``kubetune.tools.demo.alpaca_like``) in
              ``--shards`` parquet files, the user's arguments being the Kubeflow SDK's
-             LoRA arguments: ours applies its defaults (packing across shards, compile and
-             a memory plan on CUDA); plain stays unpacked, as upstream does.
+             LoRA arguments: ours applies its defaults (on CUDA: packing across shards,
+             compile and a memory plan; on CPU none of these change what is computed);
+             plain stays unpacked, as upstream does.
 Command shape (``--shape``):
   single     ``tune run lora_finetune_single_device --config llama3_2/1B_lora_single_device``
   kubeflow   ``tune run --nnodes 1 --nproc_per_node 1 lora_finetune_distributed --config
-             llama3_2/1B_lora``, as the controller composes it (torchrun). Plain
+             llama3_2/1B_lora``, as the controller composes it (upstream's `tune`
+             runs it through torchrun; ours starts the one process itself). Plain
              torchtune's distributed recipe needs CUDA; on CPU its baseline is the plain
              single-device recipe on the same data (said in the output).
   both       each of the above.
@@ -32,13 +43,15 @@ CPU: the tiny Llama-3. GPU (when CUDA is present): a Llama-3.2-1B-shaped model w
 random weights, bf16, and MFU from summary.json.
 
     python bench/trainer.py [--data tiny|realistic] [--shape single|kubeflow|both]
-                            [--steps 20] [--rows 4096] [--shards 4] [--workdir DIR]
+                            [--steps 20] [--rows 4096] [--shards 4] [--threads N]
+                            [--repeats 3] [--workdir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import shutil
@@ -71,22 +84,60 @@ SHAPES = {"single": ([], "lora_finetune_single_device", "llama3_2/1B_lora_single
                        "llama3_2/1B_lora")}
 
 
-def measured(command: list[str], env: dict, log: Path, first_step: callable) -> dict:
-    """Run ``command`` via a wrapper that reports its tree's peak RSS; time the first step."""
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int) -> float:
+    """User + system seconds of ``root`` and every process below it, the ended ones its
+    members waited for included (their ``cutime``/``cstime``)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(f) for f in fields[11:15]) / _TICKS
+    tree, grew = {root}, True
+    while grew:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return sum(times.get(pid, 0.0) for pid in tree)
+
+
+def measured(command: list[str], env: dict, log: Path, steps_logged: callable,
+             steps: int) -> dict:
+    """Run ``command`` via a wrapper that reports its tree's peak RSS and CPU seconds;
+    time the first step, and read the tree's CPU seconds at the first and the last."""
     wrapper = [sys.executable, __file__, "--measure", "--", *command]
     start = time.monotonic()
     with open(log, "w") as out:
         child = subprocess.Popen(wrapper, env=env, cwd=REPO, stdout=out,
                                  stderr=subprocess.STDOUT)
-        first = None
+        first = first_cpu = last_cpu = None
         while child.poll() is None:
-            if first is None and first_step():
-                first = time.monotonic() - start
+            if last_cpu is None:
+                logged = steps_logged()
+                if first is None and logged >= 1:
+                    first, first_cpu = time.monotonic() - start, tree_cpu_s(child.pid)
+                if logged >= steps:
+                    last_cpu = tree_cpu_s(child.pid)
             time.sleep(0.05)
     if child.returncode != 0:
         raise SystemExit(f"{command[:4]} failed ({child.returncode}): see {log}")
-    peak = int(re.findall(r"^kubetune-bench-peak-rss (\d+)$", log.read_text(), re.M)[-1])
-    return {"first_step_s": first, "wall_s": time.monotonic() - start, "peak_rss": peak}
+    text = log.read_text()
+    peak = int(re.findall(r"^kubetune-bench-peak-rss (\d+)$", text, re.M)[-1])
+    cpu = float(re.findall(r"^kubetune-bench-cpu-s (\S+)$", text, re.M)[-1])
+    return {"first_step_s": first, "wall_s": time.monotonic() - start, "peak_rss": peak,
+            "cpu_s_to_first_step": first_cpu, "cpu_s": cpu,
+            # None when the run logged fewer steps than asked (a short epoch).
+            "cpu_s_steady": None if last_cpu is None or first_cpu is None
+            else last_cpu - first_cpu}
 
 
 def plain_metrics(log_dir: Path) -> list[dict]:
@@ -99,6 +150,19 @@ def plain_metrics(log_dir: Path) -> list[dict]:
                 records.append({"step": int(m.group(1)),
                                 **{k: float(v) for k, v in fields.items()}})
     return [r for r in records if "loss" in r]
+
+
+def same_batches(plain: list[dict], ours: list[dict]) -> bool:
+    """Whether both sides trained the same batches: as many steps, and the first step's
+    loss equal to 1e-6 (fp32, same weights; another batch shape, packing or order moves it
+    by 1e-4 or more). Later steps' losses drift apart by up to ~1e-4 when the recipes
+    differ (the distributed recipe's sharded numerics against the single-device stand-in)
+    although the batches, drawn by the same seeded sampler from the same data, are the
+    same."""
+    if not plain or len(plain) != len(ours):
+        return False
+    first_plain, first_ours = plain[0]["loss"], ours[0]["loss"]
+    return abs(first_plain - first_ours) <= 1e-6 * abs(first_plain)
 
 
 def median_tps(records: list[dict], key: str, world: int) -> float:
@@ -123,7 +187,8 @@ def prepare(workdir: Path, rows: int, gpu: bool, data: str, shards: int) -> tupl
 
 
 def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None, gpu: bool,
-        data: str, shape: str, accumulation: int | None = None) -> dict:
+        data: str, shape: str, accumulation: int | None = None,
+        threads: int | None = None) -> dict:
     for side in ("plain", "ours"):
         shutil.rmtree(workdir / side, ignore_errors=True)
     ckpt = read_checkpoint_model(model)
@@ -149,6 +214,8 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
                           "dataset.train_on_input=True"]
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("KUBETUNE_")}
     env["TQDM_DISABLE"] = "1"
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
 
     # Plain torchtune: the same upstream config, with what it needs to load this
     # checkpoint; unpacked and uncompiled unless the arguments say otherwise, as upstream.
@@ -168,7 +235,7 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
     plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", *plain_torchrun,
                  plain_recipe, "--config", plain_config, *plain_args]
     plain = measured(plain_cmd, env, workdir / "plain.log",
-                     lambda: bool(plain_metrics(plain_out / "logs")))
+                     lambda: len(plain_metrics(plain_out / "logs")), steps)
     plain_records = plain_metrics(plain_out / "logs")
 
     ours_out = workdir / "ours"
@@ -176,7 +243,8 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
                 config, f"output_dir={ours_out}", *user_args]
     metrics = ours_out / "metrics.jsonl"
     ours = measured(ours_cmd, env, workdir / "ours.log",
-                    lambda: metrics.is_file() and metrics.stat().st_size > 0)
+                    lambda: metrics.read_text().count('"loss"') if metrics.is_file() else 0,
+                    steps)
     ours_records = [r for r in (json.loads(line) for line in metrics.read_text().splitlines())
                     if "loss" in r]
     summary = json.loads((ours_out / "summary.json").read_text())
@@ -186,8 +254,9 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
     dry = subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
                          capture_output=True, text=True)
     plan_s = time.monotonic() - plan_start
+    matched = same_batches(plain_records, ours_records)
     result = {
-        "device": device, "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
+        "device": device, "cpu_threads": threads or "torch's default", "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
         "data": data, "shape": shape, "steps": steps,
         "plain": {**plain, "command": " ".join(["tune run", *plain_torchrun, plain_recipe,
                                                 "--config", plain_config]),
@@ -199,19 +268,25 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
                  "launcher_plan_s": plan_s,
                  "decisions": [line[6:] for line in dry.stdout.splitlines()
                                if line.startswith("note: speed:")]},
+        "same_batches": matched,
     }
     if gpu:
         result["plain"]["peak_cuda_reserved_gib"] = max(
             r.get("peak_memory_reserved", 0) for r in plain_records)
         result["ours"]["peak_cuda_reserved_gib"] = max(
             r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3
-    result["ratios"] = ratios(result["plain"], result["ours"])
+    result["ratios"] = ratios(result["plain"], result["ours"], matched)
     return result
 
 
-def ratios(p: dict, o: dict) -> dict:
+def ratios(p: dict, o: dict, matched: bool) -> dict:
+    steady = matched and p["cpu_s_steady"] and o["cpu_s_steady"]
     return {
         "tokens_per_s_ours_over_plain": o["tokens_per_s"] / p["tokens_per_s"],
+        "tokens_per_cpu_s_ours_over_plain": p["cpu_s_steady"] / o["cpu_s_steady"]
+        if steady else None,
+        "startup_cpu_s_ours_minus_plain": o["cpu_s_to_first_step"] - p["cpu_s_to_first_step"],
+        "cpu_s_ours_over_plain": o["cpu_s"] / p["cpu_s"],
         "peak_rss_ours_over_plain": o["peak_rss"] / p["peak_rss"],
         "startup_overhead_s": o["first_step_s"] - p["first_step_s"],
         "startup_overhead_fraction_of_plain": (o["first_step_s"] - p["first_step_s"])
@@ -222,8 +297,9 @@ def ratios(p: dict, o: dict) -> dict:
 
 def measure_child(command: list[str]) -> int:
     code = subprocess.call(command)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(f"kubetune-bench-peak-rss {peak}", flush=True)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"kubetune-bench-peak-rss {usage.ru_maxrss * 1024}", flush=True)
+    print(f"kubetune-bench-cpu-s {usage.ru_utime + usage.ru_stime:.3f}", flush=True)
     return code
 
 
@@ -241,6 +317,8 @@ def main() -> None:
                              "realistic data: the SDK's 4")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=None,
                         help="default: 1 on tiny data; realistic data: the config's (8)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="OMP_NUM_THREADS for both sides (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="alternating runs of each side; medians are reported")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-trainer"))
@@ -253,7 +331,8 @@ def main() -> None:
     model, dataset = prepare(args.workdir, rows, gpu, args.data, args.shards)
     shapes = ("single", "kubeflow") if args.shape == "both" else (args.shape,)
     results = [aggregate([run(args.workdir, model, dataset, args.steps, batch, gpu,
-                              args.data, shape, args.gradient_accumulation_steps)
+                              args.data, shape, args.gradient_accumulation_steps,
+                              args.threads)
                           for _ in range(args.repeats)])
                for shape in shapes]
     print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
@@ -270,12 +349,15 @@ def aggregate(runs: list[dict]) -> dict:
             if values:
                 result[side][key] = values[len(values) // 2]
     result["repeats"] = len(runs)
+    result["same_batches"] = all(r["same_batches"] for r in runs)
     # Paired: each run's ratio is taken between two runs seconds apart, so a neighbour's
     # load shifts both; the median of those ratios is the figure to quote.
-    result["ratios"] = {key: sorted(r[key] for r in per_run)[len(per_run) // 2]
-                        for key in per_run[0]}
-    result["ratio_ranges"] = {key: [min(r[key] for r in per_run), max(r[key] for r in per_run)]
-                              for key in per_run[0]}
+    measured = {key: sorted(r[key] for r in per_run if r[key] is not None)
+                for key in per_run[0]}
+    result["ratios"] = {key: values[len(values) // 2] if values else None
+                        for key, values in measured.items()}
+    result["ratio_ranges"] = {key: [values[0], values[-1]] if values else None
+                              for key, values in measured.items()}
     return result
 
 if __name__ == "__main__":

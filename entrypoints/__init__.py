@@ -1,7 +1,8 @@
 """The `kubetune` command line: one subcommand per step.
 
-Each step is also an importable function (``run_init_dataset``, ``run_train`` ...) so a
-runtime author can wrap it in their own entrypoint.
+Each step is also an importable function so a runtime author can wrap it in their own
+entrypoint: ``init_storage.run_init`` (both initializers), ``train.run_train`` and
+``train.run_tune``, ``export.run_export``, ``local.run_local`` / ``local.run_runtime``.
 """
 
 # First of all, before the heavy imports: a SIGTERM while starting still leaves a line.

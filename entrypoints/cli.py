@@ -15,6 +15,7 @@ from click.core import ParameterSource
 
 from kubetune import __version__, env, logs
 from kubetune.errors import EXIT_BAD_INPUT
+from kubetune.suggest import closest
 from kubetune.termination import report_failure
 
 # name -> "module:attribute" of the click command
@@ -24,6 +25,7 @@ COMMANDS = {
     "train": "kubetune.entrypoints.train:train",
     "export": "kubetune.entrypoints.export:export_command",
     "local": "kubetune.entrypoints.local:local",
+    "size": "kubetune.entrypoints.size:size",
     "install-tune": "kubetune.entrypoints.shims:install_tune_command",
 }
 
@@ -95,6 +97,15 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """click's, with the "did you mean" it gives options but not commands."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            guess = closest(name, set(COMMANDS))
+            if guess is not None:
+                ctx.fail(f"No such command '{name}' (did you mean '{guess}'?)")
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)

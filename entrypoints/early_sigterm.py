@@ -17,6 +17,7 @@ import sys
 import threading
 
 from kubetune.errors import EXIT_TRANSIENT
+from kubetune.restart_advice import restart_advice
 from kubetune.termination import report_failure, write_termination_log
 
 # `kubetune <command>` -> the step name its lines carry (entrypoints/step.py's names).
@@ -37,7 +38,7 @@ def _step_from_argv(argv: list[str]) -> str:
 
 
 def _on_sigterm(signum: int, frame) -> None:
-    line = f"{_step}: stopped by SIGTERM before it finished: a restart runs it again"
+    line = f"{_step}: stopped by SIGTERM before it finished: {restart_advice(resumes=False)}"
     try:
         report_failure(line)
     except Exception:  # stderr busy in the frame we interrupted: the log is what counts

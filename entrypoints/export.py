@@ -17,14 +17,14 @@ from kubetune.workspace import workspace
 def run_export(output_dir: str, model_dir: str, dataset_dir: str,
                export_uri: str | None = None, export_format: str | None = None,
                export_revision: str | None = None, verify_logits: bool = True,
-               verify_max_bytes: int | None = None) -> dict:
+               verify_max_bytes: int | None = None, chat_template: str = "check") -> dict:
     """Export the completed training run in ``output_dir``; return the export manifest."""
     require("export", "kubetune export")
     return export(ExportRequest(
         output_dir=Path(output_dir), model_dir=Path(model_dir), dataset_dir=Path(dataset_dir),
         destination=export_uri or str(workspace().export_dir), format=export_format or None,
         revision=export_revision or None, verify_logits=verify_logits,
-        verify_max_bytes=verify_max_bytes,
+        verify_max_bytes=verify_max_bytes, chat_template=chat_template,
     ))
 
 
@@ -51,6 +51,13 @@ def run_export(output_dir: str, model_dir: str, dataset_dir: str,
               show_default="a quarter of the memory available",
               help="Skip the logits check when the base model's weights, as float32, exceed "
                    "this many bytes")
+@click.option("--chat-template", envvar=env.EXPORT_CHAT_TEMPLATE, default="check",
+              show_default=True, show_envvar=True,
+              type=click.Choice(["check", "trained", "base"]),
+              help="check: keep the base model's chat template if it prompts the model as the "
+                   "run's training samples did (else fail), write the format the model was "
+                   "trained on where the base has none; trained: write that format over the "
+                   "base's; base: export the base's tokenizer files unchecked")
 @step_command("exporter")
 def export_command(**options) -> None:
     """Export the trained model from the trainer's output directory."""

@@ -16,7 +16,7 @@ from kubetune.entrypoints.extras import require
 from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
-from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME
+from kubetune.workspace import SUMMARY_NAME
 from kubetune.trainer.request.methods import METHODS, recipe_for
 
 if TYPE_CHECKING:
@@ -60,6 +60,9 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
     pvc = (workdir / "workspace").resolve()
     py = sys.executable
     pod_env = {env.WORKSPACE: str(pvc)}
+    # As the byo-model runtime's pod says it: the trainer reads the method it runs (a
+    # different KUBETUNE_METHOD inherited from this shell would be refused there).
+    trainer_env = {**pod_env, env.METHOD: method}
     recipe, config, implied = recipe_for(method)
     tune_run = [
         py, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config", config,
@@ -73,7 +76,7 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
               {**pod_env, env.STORAGE_URI: dataset_uri}),
          Step("model-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
               {**pod_env, env.STORAGE_URI: model_uri})],
-        [Step("trainer", tune_run, {**pod_env, env.PET_NNODES: "1",
+        [Step("trainer", tune_run, {**trainer_env, env.PET_NNODES: "1",
                                     env.PET_NPROC_PER_NODE: "1", env.PET_NODE_RANK: "0"})],
         [Step("exporter", [py, "-m", "kubetune.entrypoints", "export"],
               {**pod_env, env.EXPORT_URI: export_uri or str(pvc / "export")})],
@@ -110,8 +113,11 @@ def _tune_run_args(stages: list[list[Step]]) -> list[str]:
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None) -> list[str]:
-    """Check, then run the pipeline; return the summary lines. ``train_args`` override
-    the demo defaults that apply (`kubetune.tools.local.train_args`) key by key."""
+    """Check, then run the pipeline; return the summary lines. The trainer settings of
+    the environment (``KUBETUNE_*``), then ``train_args``, override the demo defaults that
+    apply (`kubetune.tools.local.train_args`) key by key."""
+    from kubetune.entrypoints.train import environment_settings
+
     # Its steps run here, in this interpreter: every stack, before the demo model is made.
     require("all", "kubetune local")
     workdir = Path(workdir)
@@ -120,7 +126,8 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
         model_uri, dataset_uri, export_uri, Path.cwd())
     args = train_args_rules.effective_train_args(
         list(train_args or []), demo_model=model_uri is None,
-        demo_dataset=dataset_uri is None, method=method)
+        demo_dataset=dataset_uri is None, method=method,
+        setting_args=environment_settings(method)[0])
     if model_uri is None or dataset_uri is None:
         demo_model, demo_dataset = demo_sources(workdir / "sources")
         model_uri, dataset_uri = model_uri or demo_model, dataset_uri or demo_dataset
@@ -129,7 +136,9 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
     preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
                             (workdir / "workspace").resolve(), model_uri, dataset_uri)
-    (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
+    preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
+    # A completed run of the same config and inputs stays: its trainer says so and the
+    # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
     run_stages(stages, workdir / "logs")
     return summary_lines(workdir)
 
@@ -174,7 +183,6 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
     # before the first one starts.
     preflight.resolve_runtime_uris(jobset, Path.cwd(), in_images=engine is not None)
     LocalJobSet(jobset, workdir, engine).check()
-    (workdir / "workspace" / "output" / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
     # As processes, a runtime's `tune run` must reach our launcher, as in our images, where
     # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
     # interpreter. Written on each run, for this interpreter. Containers have their own.
@@ -227,20 +235,25 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
 
     TRAIN_ARGS are `key=value` trainer arguments, as a TrainJob's spec.trainer.args;
     each overrides the demo default of the same key, the other defaults stay. The
-    defaults sized for the tiny model (learning rate, LoRA rank/alpha) apply only
-    without --model, those sized for the demo dataset (its format, epochs, batch size,
-    warm-up) only without --dataset; seed=0 always. Relative paths (./my-model,
-    file://./my-model) are read from the current directory. With --runtime, the runtime
-    and the TrainJob say everything instead (the other options and TRAIN_ARGS are
+    defaults sized for the tiny model (learning rate, LoRA rank) apply only without
+    --model, those sized for the demo dataset (its format, epochs, batch size, warm-up)
+    only without --dataset; seed=0 always. The trainer settings `kubetune train --help`
+    lists (KUBETUNE_LORA_RANK, ...) apply from the environment too, over the defaults;
+    TRAIN_ARGS win over them. Relative paths (./my-model, file://./my-model) are read from
+    the current directory. With --runtime, the runtime and the TrainJob say everything
+    instead (the other options, TRAIN_ARGS and trainer settings in this shell are
     refused). Every option is checked before the first step starts.
     """
     from kubetune.entrypoints.step import run_step
     from kubetune.tools.local.containers import EngineOptions, parse_image_overrides
 
     def body() -> int:
+        from kubetune.entrypoints.train import setting_variables_set
+
         given = preflight.Options(workdir, model_uri, dataset_uri, method, export_uri,
                                   runtime_path, trainjob_path, print_jobset, engine, gpus,
-                                  tuple(images), tuple(train_args))
+                                  tuple(images), tuple(train_args),
+                                  tuple(setting_variables_set()))
         ctx = click.get_current_context()
         typed = frozenset(p.name for p in ctx.command.params if ctx.get_parameter_source(
             p.name) == click.core.ParameterSource.COMMANDLINE)

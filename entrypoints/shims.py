@@ -41,9 +41,10 @@ TORCHTUNE_COMMAND = "tune-torchtune"
 def install_tune(bin_dir: Path, python: str = sys.executable) -> Path:
     """Write our `tune` and `tune-torchtune` into ``bin_dir``; return the `tune` path."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(bin_dir / TORCHTUNE_COMMAND, TORCHTUNE_SCRIPT.format(python=python), mode=0o755)
+    write_atomic(bin_dir / TORCHTUNE_COMMAND, TORCHTUNE_SCRIPT.format(python=python),
+                 executable=True)
     target = bin_dir / "tune"
-    write_atomic(target, SCRIPT.format(python=python), mode=0o755)
+    write_atomic(target, SCRIPT.format(python=python), executable=True)
     return target
 
 

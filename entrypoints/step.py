@@ -16,7 +16,7 @@ from typing import Callable, TypeVar
 from kubetune import __version__, logs
 from kubetune.entrypoints import early_sigterm
 from kubetune.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, KubetuneError
-from kubetune.redact import redact, redact_std_streams
+from kubetune.redact import redact, redact_std_streams, register_secret, url_credentials
 from kubetune.termination import report_failure
 from kubetune.unknown_env import unknown_names
 
@@ -26,6 +26,10 @@ F = TypeVar("F", bound=Callable)
 def run_step(step: str, func: Callable[[], int | None]) -> int:
     """Run ``func`` as step ``step``; map failures to a one-line report and an exit code."""
     redact_std_streams()  # before logging binds sys.stderr
+    # A URL's user and password inside an argument (a trainer override) are secrets as
+    # those of the environment are: masked wherever they surface, cut or rewritten.
+    for part in url_credentials(" ".join(sys.argv[1:])):
+        register_secret(part)
     early_sigterm.install(step)  # names the step; a step with its own handling replaces it
     problem = logs.settings_problem()
     if problem is not None:

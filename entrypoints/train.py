@@ -1,48 +1,122 @@
 """`kubetune train` (direct use) and `run_tune` (the `tune run` Kubeflow Trainer sends).
 
 Only the click surface: `kubetune.trainer.request.train_options` turns the options into the
-`tune run` request they stand for, and both run through the same launcher.
+`tune run` request they stand for, and both run through the same launcher. The options'
+variables (``KUBETUNE_EPOCHS``, ``KUBETUNE_LORA_RANK``, ...) are read by these click
+options on every path: `tune run` and `kubetune local` take no such flags, so they read
+the environment through ``environment_settings``.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import fields
+
 import click
+from click.core import ParameterSource
 
 from kubetune.entrypoints.extras import require
 from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
 from kubetune.entrypoints.step import step_command
 from kubetune import env
+from kubetune.errors import BadInputError
 from kubetune.suggest import closest
 from kubetune.workspace import workspace
 from kubetune.trainer.request.methods import METHOD_NAMES
-from kubetune.trainer.request.train_options import DATASET_TYPES, TrainOptions
+from kubetune.trainer.request.train_options import (DATASET_TYPES, TrainOptions,
+                                                    setting_overrides, spellings_of)
+
+log = logging.getLogger("trainer")
+_OPTION_FIELDS = {f.name for f in fields(TrainOptions)}
+
+
+def environment_settings(method: str | None = None
+                         ) -> tuple[list[str], str | None, dict[str, str]]:
+    """The overrides the `kubetune train` settings set in this process's environment stand
+    for (none for a variable left unset), read by `kubetune train`'s own click options;
+    KUBETUNE_METHOD's value (None: unset); and option name -> the variable that set it
+    (hints then name the variable). ``method``: the one the caller runs, whose LoRA
+    settings apply only to LoRA methods (default: KUBETUNE_METHOD's, else LoRA's)."""
+    try:
+        ctx = train.make_context("train", [])
+    except click.ClickException as exc:  # a bad value in a variable: click names it
+        from kubetune.entrypoints.cli import usage_message
+
+        raise BadInputError(usage_message(exc)) from None
+    given = {name: value for name, value in ctx.params.items()
+             if ctx.get_parameter_source(name) == ParameterSource.ENVIRONMENT}
+    named_method = given.pop("method", None)
+    options = TrainOptions(method=method or named_method or "lora",
+                           **{k: v for k, v in given.items() if k in _OPTION_FIELDS})
+    set_by = {param.name: param.envvar for param in train.params
+              if param.name in given and isinstance(param.envvar, str)}
+    return setting_overrides(options, given.get("train_overrides_text")), named_method, set_by
+
+
+def setting_variables_set() -> list[str]:
+    """The variables of `kubetune train`'s settings (not the method, nor the workspace's
+    directories) that this process's environment sets."""
+    ctx = train.make_context("train", [], resilient_parsing=True)
+    return sorted(param.envvar for param in train.params
+                  if (param.name in _OPTION_FIELDS - {"method"}
+                      or param.name == "train_overrides_text")
+                  and ctx.get_parameter_source(param.name) == ParameterSource.ENVIRONMENT)
 
 
 def run_tune(argv: list[str], dry_run: bool = False) -> int:
-    """Run ``tune run <argv...>`` as Kubeflow Trainer composes it."""
+    """Run ``tune run <argv...>`` as Kubeflow Trainer composes it; the settings of the
+    environment's ``KUBETUNE_*`` variables apply before the command's own overrides."""
     require("train", "tune run")
     # The torch stack (omegaconf, torchtune) only now: `--help` works in every image.
     from kubetune.trainer import launch
     from kubetune.trainer.config.plan import plan
     from kubetune.trainer.request.tune_command import parse_tune_run
 
-    return launch.run(plan(parse_tune_run(argv), workspace()), dry_run=dry_run)
+    request = parse_tune_run(argv)
+    from_env, named_method, set_by = environment_settings()
+    if from_env:
+        log.info("settings from the environment: %s (the command's own key=value "
+                 "arguments win)", " ".join(from_env))
+    request.spellings = spellings_of(set_by, request.overrides)
+    request.overrides = [*from_env, *request.overrides]
+    plan_ = plan(request, workspace())
+    if named_method is not None and named_method != plan_.method:
+        raise BadInputError(f"{env.METHOD}={named_method}, but the command runs "
+                            f"{request.recipe} as {plan_.method}: the recipe and its "
+                            f"arguments choose the method in `tune run`; unset {env.METHOD} "
+                            f"or set it to {plan_.method}")
+    return launch.run(plan_, dry_run=dry_run)
 
 
 def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "lora",
               overrides: tuple[str, ...] = (), dry_run: bool = False,
-              train_overrides_text: str | None = None, **options) -> int:
+              train_overrides_text: str | None = None,
+              set_by: dict[str, str] | None = None, **options) -> int:
     """Fine-tune the model in ``model_dir`` on ``dataset_dir``; checkpoints to ``output_dir``.
 
     ``options``: `kubetune train`'s (``TrainOptions``' fields); ``train_overrides_text``:
-    space-separated overrides applied before ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``)."""
+    space-separated overrides applied before ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``);
+    ``set_by``: option name -> the variable or option that set it."""
     require("train", "kubetune train")
     from kubetune.trainer import launch
     from kubetune.trainer.request.train_options import plan_training
 
     plan_ = plan_training(TrainOptions(method=method, **options), model_dir, dataset_dir,
-                          output_dir, train_overrides_text, overrides)
+                          output_dir, train_overrides_text, overrides, set_by=set_by)
     return launch.run(plan_, dry_run=dry_run)
+
+
+def _set_by(ctx: click.Context) -> dict[str, str]:
+    """Option name -> the environment variable or option (as typed) that gave its value:
+    a hint about the value then names what the user set."""
+    named = {}
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if source is ParameterSource.ENVIRONMENT and isinstance(param.envvar, str):
+            named[param.name] = param.envvar
+        elif source is ParameterSource.COMMANDLINE and param.opts:
+            named[param.name] = param.opts[0]
+    return named
 
 
 def _opt(flag: str, name: str, help_text: str, **kwargs):
@@ -91,7 +165,8 @@ class _TrainCommand(click.Command):
 @_opt("--lr-scheduler", env.LR_SCHEDULER, "cosine, linear, constant or a dotted path")
 @_opt("--warmup-steps", env.WARMUP_STEPS, "Learning-rate warm-up steps", type=int)
 @_opt("--max-seq-len", env.MAX_SEQ_LEN, "Maximum tokens per sample (and pack)", type=int)
-@_switch("packing", env.PACKING, "Pack short samples into max-seq-len sequences")
+@_switch("packing", env.PACKING, "Pack short samples into max-seq-len sequences",
+         "on for CUDA with many short samples, off on CPU")
 @_switch("activation-checkpointing", env.ACTIVATION_CHECKPOINTING,
          "Recompute activations in backward")
 @_switch("activation-offloading", env.ACTIVATION_OFFLOADING,
@@ -110,9 +185,11 @@ class _TrainCommand(click.Command):
 @click.option("--train-overrides", "train_overrides_text", envvar=env.TRAIN_OVERRIDES,
               default=None, show_envvar=True,
               help="Space-separated key=value overrides, applied before OVERRIDES")
-@_opt("--dataset-type", env.DATASET_TYPE, "instruct or chat",
+@_opt("--dataset-type", env.DATASET_TYPE,
+      "instruct or chat (default: recognised from the data's columns)",
       type=click.Choice(sorted(DATASET_TYPES)))
-@_opt("--column-map", env.COLUMN_MAP, "Role to column, e.g. input=question,output=answer")
+@_opt("--column-map", env.COLUMN_MAP, "Role to column, e.g. input=question,output=answer "
+      "(chat: messages=<column>; plain text: text=<column>)")
 @_opt("--split", env.DATASET_SPLIT, "Dataset split, e.g. train or train[:90%]")
 @_opt("--system-prompt", env.SYSTEM_PROMPT, "System prompt prepended to every sample")
 @_switch("train-on-input", env.TRAIN_ON_INPUT, "Also compute the loss on the prompt")
@@ -136,4 +213,4 @@ def train(**options) -> int:
     OVERRIDES are key=value torchtune config overrides, applied last (also from
     KUBETUNE_TRAIN_OVERRIDES, space-separated).
     """
-    return run_train(**options)
+    return run_train(set_by=_set_by(click.get_current_context()), **options)

@@ -1,8 +1,15 @@
 """The exporter step: turn the trainer's output into an artifact a serving stack loads.
 
-Flow (``export.py``): ``training_output`` (the completed checkpoint, never a half-written
-one) -> ``artifact`` (PEFT adapter and/or merged model files, in Hugging Face layout,
-plus ``model_card``) -> ``manifest`` (sha256 of every file, sources, config, metrics) ->
-``verify`` (structure) and ``verify_logits`` (base + adapter reproduces the merged
-model) -> a ``destination`` (local, S3 or hub: staged, committed, read back).
+Flow (``export``): ``training_output`` (the completed checkpoint, never a half-written
+one) and ``base_model`` (the base weights on the PVC and how a user names them) ->
+``artifact`` (PEFT adapter and/or merged model files, in Hugging Face layout; ``dora``
+puts DoRA's magnitudes in Hugging Face's row order) plus ``tokenizer_files`` (the base's
+tokenizer with the chat template and stop tokens the run trained with: ``chat_format``
+checks a template against the run's training samples, ``chat_template_render`` renders one
+as transformers does, ``chat_templates`` holds torchtune's formats as templates) and
+``model_card`` -> ``export_manifest`` (sha256 of every file, sources, config, metrics) ->
+``verify`` (structure) and ``verify_logits`` (base + adapter reproduces the merged model)
+-> a ``destination`` (``destination_local``, ``destination_s3``, ``destination_hf``:
+staged, committed, read back; a remote one is built first in the local tree
+``build_tree`` makes).
 """

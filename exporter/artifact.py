@@ -7,21 +7,19 @@ import logging
 import shutil
 from pathlib import Path
 
-from kubetune.exporter import dora
+from kubetune.exporter import dora, tokenizer_files
+from kubetune.exporter.chat_format import ChatFormat
 from kubetune.exporter.training_output import TrainingOutput
 from kubetune.errors import BadInputError
 from kubetune.model_family.architecture import architecture_of
-from kubetune.workspace import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, WEIGHTS_INDEX_NAME
+from kubetune.workspace import (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, MODEL_CONFIG_NAME,
+                                WEIGHTS_INDEX_NAME)
 from kubetune.workspace.model_files import read_config
 from kubetune.workspace.weight_headers import read_header
 
 log = logging.getLogger("exporter")
 
 FORMATS = ("adapter", "merged", "both")
-# Beside the weights, what a serving stack needs to load the model.
-SUPPORT_FILES = ("config.json", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                 "vocab.json", "merges.txt", "original/tokenizer.model")
 
 
 def default_format(training: TrainingOutput) -> str:
@@ -58,7 +56,9 @@ def adapter_config(training: TrainingOutput, base: dict) -> dict:
     return config
 
 
-def write_adapter(training: TrainingOutput, model_dir: Path, base: dict, dest: Path) -> None:
+def write_adapter(training: TrainingOutput, model_dir: Path, base: dict, dest: Path,
+                  chat: ChatFormat) -> None:
+    """The PEFT adapter, with the tokenizer files and generation config (``chat``)."""
     if not training.is_peft:
         raise BadInputError("EXPORT_FORMAT asks for an adapter, but the run was a full "
                             "fine-tune (no adapter_model.safetensors): use EXPORT_FORMAT=merged")
@@ -80,9 +80,13 @@ def write_adapter(training: TrainingOutput, model_dir: Path, base: dict, dest: P
         log.info("adapter: %d DoRA magnitude vectors of q/k put in Hugging Face row order", fixed)
     else:
         shutil.copyfile(source, dest / ADAPTER_WEIGHTS_NAME)
+    tokenizer_files.write(model_dir, dest, chat)
 
 
-def write_merged(training: TrainingOutput, dest: Path) -> None:
+def write_merged(training: TrainingOutput, model_dir: Path, dest: Path,
+                 chat: ChatFormat) -> None:
+    """The merged weights and their config.json as the trainer saved them; the tokenizer
+    files and generation config as beside the adapter (``chat``)."""
     src = training.checkpoint_dir
     shards = training.merged_shards()
     if not shards:
@@ -93,10 +97,9 @@ def write_merged(training: TrainingOutput, dest: Path) -> None:
         shutil.copyfile(shard, dest / shard.name)
     if (src / WEIGHTS_INDEX_NAME).is_file():
         shutil.copyfile(src / WEIGHTS_INDEX_NAME, dest / WEIGHTS_INDEX_NAME)
-    for name in SUPPORT_FILES:
-        if (src / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / name, dest / name)
-    if not (dest / "config.json").is_file():
+    if (src / MODEL_CONFIG_NAME).is_file():
+        shutil.copyfile(src / MODEL_CONFIG_NAME, dest / MODEL_CONFIG_NAME)
+    tokenizer_files.write(model_dir, dest, chat)
+    if not (dest / MODEL_CONFIG_NAME).is_file():
         raise BadInputError(f"{src} has merged shards but no config.json: the checkpoint is "
                             "incomplete; re-run the trainer")

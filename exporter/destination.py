@@ -29,18 +29,26 @@ class Destination(Protocol):
     def discard(self, tree: Path) -> None: ...
 
 
-def open_destination(uri: str, revision: str | None, work_dir: Path) -> Destination:
-    """The destination ``uri`` names; ``work_dir`` holds the build tree of remote ones."""
+# A probe's bound on one request (connect, answer), in seconds: a check made before the
+# run, where waiting out the export's own timeouts and retries would hold up every step.
+PROBE_TIMEOUT_S = 10.0
+
+
+def open_destination(uri: str, revision: str | None, work_dir: Path,
+                     probe: bool = False) -> Destination:
+    """The destination ``uri`` names; ``work_dir`` holds the build tree of remote ones.
+    ``probe``: for ``check`` alone, ahead of the run (`kubetune local`'s preflight): each
+    call is one attempt bounded by PROBE_TIMEOUT_S."""
     where = storage_uri.export_destination(uri)
     # Imported on use: an export to a PVC never loads boto3 or huggingface_hub.
     if isinstance(where, storage_uri.S3Uri):
         from kubetune.exporter.destination_s3 import S3Destination
 
-        return S3Destination(where, work_dir)
+        return S3Destination(where, work_dir, PROBE_TIMEOUT_S if probe else None)
     if isinstance(where, storage_uri.HubUri):
         from kubetune.exporter.destination_hf import HubDestination
 
-        return HubDestination(where, revision, work_dir)
+        return HubDestination(where, revision, work_dir, PROBE_TIMEOUT_S if probe else None)
     from kubetune.exporter.destination_local import LocalDestination
 
     return LocalDestination(where)

@@ -24,7 +24,7 @@ from huggingface_hub.utils import build_hf_headers, get_session  # noqa: E402
 
 from kubetune import retry  # noqa: E402
 from kubetune.errors import BadInputError, TransientError  # noqa: E402
-from kubetune.exporter import manifest as export_manifest  # noqa: E402
+from kubetune.exporter import export_manifest  # noqa: E402
 from kubetune.exporter.build_tree import fresh_build_dir  # noqa: E402
 from kubetune.remote import hub_errors  # noqa: E402
 from kubetune.storage_uri import HubUri  # noqa: E402
@@ -42,7 +42,10 @@ def git_blob_oid(path: Path) -> str:
 
 
 class HubDestination:
-    def __init__(self, where: HubUri, revision: str | None, work_dir: Path) -> None:
+    def __init__(self, where: HubUri, revision: str | None, work_dir: Path,
+                 probe_timeout_s: float | None = None) -> None:
+        """``probe_timeout_s``: a quick check (one attempt per call, requests bounded by
+        it), not an export."""
         self.repo_id = where.repo_id
         self.revision = revision or "main"
         self.description = f"hf://{self.repo_id}@{self.revision}"
@@ -52,8 +55,10 @@ class HubDestination:
             raise BadInputError(f"uploading to {self.description} needs a token with write "
                                 "access: set ACCESS_TOKEN or HF_TOKEN (or ACCESS_TOKEN_FILE)")
         # No timeout on the shared client (as before): a commit of large files may take
-        # the hub longer than a download's request would be allowed.
-        self.api = hub.api(self.token, bounded=False)
+        # the hub longer than a download's request would be allowed. A probe commits nothing.
+        self.api = hub.api(self.token, bounded=probe_timeout_s is not None,
+                           timeout_s=probe_timeout_s)
+        self._policy = retry.RetryPolicy(max_attempts=1) if probe_timeout_s else None
         self.endpoint = self.api.endpoint
 
     # -- plumbing ----------------------------------------------------------------------
@@ -64,7 +69,8 @@ class HubDestination:
 
     def _call(self, what: str, func):
         try:
-            return retry.call(func, f"{what} {self.description}", classify=self._classify)
+            return retry.call(func, f"{what} {self.description}", policy=self._policy,
+                              classify=self._classify)
         except HfHubHTTPError as exc:
             status = hub_errors.status_of(exc)
             if status == 401:

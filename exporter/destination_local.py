@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from kubetune.exporter import manifest as export_manifest
+from kubetune.exporter import export_manifest
 from kubetune import staging
 from kubetune.errors import BadInputError
 from kubetune.storage_uri import FileUri

@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 
 from kubetune import retry
 from kubetune.errors import BadInputError, TransientError
-from kubetune.exporter import manifest as export_manifest
+from kubetune.exporter import export_manifest
 from kubetune.exporter.build_tree import fresh_build_dir
 from kubetune.remote import s3 as remote_s3
 from kubetune.remote import s3_errors
@@ -33,12 +33,17 @@ SHA_KEY = "sha256"
 
 
 class S3Destination:
-    def __init__(self, where: S3Uri, work_dir: Path) -> None:
+    def __init__(self, where: S3Uri, work_dir: Path, probe_timeout_s: float | None = None
+                 ) -> None:
+        """``probe_timeout_s``: a quick check (one attempt per call, requests bounded by
+        it), not an export."""
         self.bucket = where.bucket
         self.prefix = where.prefix.strip("/")
         self.description = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.work_dir = Path(work_dir)
         self._client = None
+        self._probe_timeout_s = probe_timeout_s
+        self._policy = retry.RetryPolicy(max_attempts=1) if probe_timeout_s else None
 
     # -- plumbing ----------------------------------------------------------------------
     @property
@@ -46,7 +51,9 @@ class S3Destination:
         if self._client is None:
             # ROLE_ARN is assumed here, under its own retry: `check` asks first, outside
             # any other retry loop.
-            self._client = remote_s3.client("kubetune-exporter")
+            bound = self._probe_timeout_s
+            self._client = remote_s3.client("kubetune-exporter", **(
+                {"connect_timeout": bound, "read_timeout": bound} if bound else {}))
         return self._client
 
     def key(self, path: str) -> str:
@@ -67,7 +74,8 @@ class S3Destination:
 
     def _call(self, what: str, func):
         try:
-            return retry.call(func, f"{what} ({self.description})", classify=self._classify)
+            return retry.call(func, f"{what} ({self.description})", policy=self._policy,
+                              classify=self._classify)
         except s3_errors.NO_CREDENTIALS:
             raise BadInputError(f"{s3_errors.NO_CREDENTIALS_MESSAGE} (for "
                                 f"{self.description})") from None

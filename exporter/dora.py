@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kubetune.atomic_write import atomic_path
+
 _QK_MAGNITUDE = re.compile(r"\.self_attn\.(?P<proj>[qk])_proj\.lora_magnitude_vector(\.weight)?$")
 
 
@@ -41,5 +43,6 @@ def write_fixed(adapter_file: Path, dest: Path, model_config: dict) -> int:
             n = heads if match["proj"] == "q" else kv_heads
             weights[key] = _to_hf_rows(value, n, head_dim).contiguous()
             fixed += 1
-    save_file(weights, str(dest), metadata={"format": "pt"})
+    with atomic_path(dest) as tmp:  # not safetensors' own 0600: a serving pod reads it
+        save_file(weights, str(tmp), metadata={"format": "pt"})
     return fixed

@@ -8,7 +8,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune.exporter import artifact, base_model, manifest as export_manifest, model_card, verify
+from kubetune.exporter import (artifact, base_model, chat_format, export_manifest,
+                               model_card, verify)
+from kubetune.exporter.chat_template_render import find_template
+from kubetune.exporter.tokenizer_files import GENERATION_CONFIG_NAME
 from kubetune.exporter.destination import open_destination
 from kubetune.exporter.training_output import TrainingOutput, locate
 from kubetune import env
@@ -17,6 +20,7 @@ from kubetune.remote.trainjob_status import StatusReporter, transfer_metrics
 from kubetune.workspace import ADAPTER_WEIGHTS_NAME, MODEL_CONFIG_NAME
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.model_files import read_config
+from kubetune.workspace.training_samples import read_training_samples
 
 log = logging.getLogger("exporter")
 
@@ -33,6 +37,9 @@ class ExportRequest:
     # Base weights (as float32) above this skip the logits check; None: a quarter of
     # the memory available, since the check holds about four float32 copies.
     verify_max_bytes: int | None = None
+    # check: the base's chat template must prompt as training did (torchtune's format is
+    # written where the base has none); trained: torchtune's format always; base: unchecked.
+    chat_template: str = "check"
 
 
 def _memory_available() -> int:
@@ -99,7 +106,8 @@ def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: s
 
             config = artifact.adapter_config(training, base)
             result = verify_logits.check(request.model_dir / MODEL_CONFIG_NAME, base_files,
-                                         adapter_file, config, merged_files)
+                                         adapter_file, config, merged_files,
+                                         quantized_base=training.method == "qlora")
             report["logits"] = result.as_dict()
     return report
 
@@ -113,6 +121,14 @@ def export(request: ExportRequest) -> dict:
     if fmt != "merged" and not training.is_peft:
         raise BadInputError(f"EXPORT_FORMAT={fmt} asks for an adapter, but the run was a full "
                             "fine-tune (no adapter_model.safetensors): use EXPORT_FORMAT=merged")
+    if request.chat_template not in chat_format.MODES:
+        raise BadInputError(f"{env.EXPORT_CHAT_TEMPLATE} {request.chat_template!r} is not one "
+                            f"of {', '.join(chat_format.MODES)}")
+    # Before the destination is touched: a template that prompts the model otherwise than
+    # it was trained fails the export here.
+    chat = chat_format.decide(
+        read_training_samples(training.output_dir, training.marker.fingerprint),
+        request.model_dir, request.chat_template)
     destination = open_destination(request.destination, request.revision,
                                    Path(request.output_dir).resolve().parent)
     destination.check()
@@ -123,18 +139,22 @@ def export(request: ExportRequest) -> dict:
     try:
         adapter_sub, merged_sub = artifact.subdirs(fmt)
         if adapter_sub is not None:
-            artifact.write_adapter(training, request.model_dir, base, tree / adapter_sub)
+            artifact.write_adapter(training, request.model_dir, base, tree / adapter_sub, chat)
         if merged_sub is not None:
-            artifact.write_merged(training, tree / merged_sub)
+            artifact.write_merged(training, request.model_dir, tree / merged_sub, chat)
         metrics = training.summary()
         carried = training.carry_report(tree)
+        # The files the card's snippet loads the tokenizer from.
+        loaded = tree / (adapter_sub if adapter_sub is not None else merged_sub)
         (tree / "README.md").write_text(model_card.render(
             fmt, base, dataset, metrics, adapter_sub, merged_sub, training.method,
             config=training.config(),
             model_dir=request.model_dir, curves=carried.get("curves"),
             report=carried.get("report"), destination=request.destination,
             target_modules=(artifact.adapter_config(training, base).get("target_modules")
-                            if training.is_peft else None)))
+                            if training.is_peft else None),
+            chat_template=find_template(loaded) is not None,
+            generation_config=(loaded / GENERATION_CONFIG_NAME).is_file()))
         result = export_manifest.build(
             tree, fmt=fmt, base_model=base, dataset=dataset,
             training_config=training.config_text(), metrics=metrics,
@@ -144,7 +164,7 @@ def export(request: ExportRequest) -> dict:
             log.info("%s already holds this export (manifest matches): nothing to upload",
                      destination.description)
             return previous
-        result["verification"] = _verify(request, training, tree, fmt, base)
+        result["verification"] = {**chat.report, **_verify(request, training, tree, fmt, base)}
         destination.publish(tree, result, previous)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -55,10 +55,20 @@ def title(base_name: str | None, model_dir: Path | None, destination: str | None
     return f"{name} ({label} fine-tune)"
 
 
+# The prompt of the card's example: a user's turn, nothing from the training data (a
+# card may be public where the data is not).
+EXAMPLE_PROMPT = "Hello! What can you do?"
+
+
 def load_lines(destination: str | None, adapter_dir: str | None, merged_dir: str | None,
-               base_name: str) -> list[str]:
+               base_name: str, chat_template: bool = False,
+               generation_config: bool = False) -> list[str]:
     """The "Load it" snippet for where the export went: a hub repo loads by id, a local tree
-    by its path, an S3 export is copied down first (transformers cannot read s3://)."""
+    by its path, an S3 export is copied down first (transformers cannot read s3://). It
+    loads the model and the export's tokenizer and generates once: through the chat
+    template where the export has one (``chat_template``), from plain text otherwise.
+    ``generation_config``: the export carries one (the stop tokens the run was trained
+    with), which an adapter's base model does not know."""
     where = storage_uri.export_destination(destination) if destination else None
     pre: list[str] = []
     if isinstance(where, storage_uri.HubUri):
@@ -71,16 +81,34 @@ def load_lines(destination: str | None, adapter_dir: str | None, merged_dir: str
     else:
         ref = "."
     lines = ["```python"] + pre
+    generate = "output = model.generate(**inputs, max_new_tokens=64)"
     if adapter_dir is not None:
         sub = f', subfolder="{adapter_dir}"' if adapter_dir else ""
         lines += ["from peft import PeftModel",
-                  "from transformers import AutoModelForCausalLM",
+                  "from transformers import AutoModelForCausalLM, AutoTokenizer"
+                  + (", GenerationConfig" if generation_config else ""),
                   f"base = AutoModelForCausalLM.from_pretrained({json.dumps(base_name)})",
                   f"model = PeftModel.from_pretrained(base, {json.dumps(ref)}{sub})"]
+        if generation_config:
+            lines += [f"generation_config = GenerationConfig.from_pretrained({json.dumps(ref)}"
+                      f"{sub})"]
+            generate = ("output = model.generate(**inputs, generation_config=generation_config, "
+                        "max_new_tokens=64)")
     else:
         sub = f', subfolder="{merged_dir}"' if merged_dir else ""
-        lines += ["from transformers import AutoModelForCausalLM",
+        lines += ["from transformers import AutoModelForCausalLM, AutoTokenizer",
                   f"model = AutoModelForCausalLM.from_pretrained({json.dumps(ref)}{sub})"]
+    lines += [f"tokenizer = AutoTokenizer.from_pretrained({json.dumps(ref)}{sub})"]
+    if chat_template:
+        message = json.dumps({"role": "user", "content": EXAMPLE_PROMPT})
+        lines += [f"messages = [{message}]",
+                  "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, "
+                  "return_dict=True, return_tensors=\"pt\")"]
+    else:
+        lines += [f"inputs = tokenizer({json.dumps(EXAMPLE_PROMPT)}, return_tensors=\"pt\")"]
+    lines += [generate,
+              "print(tokenizer.decode(output[0, inputs[\"input_ids\"].shape[1]:], "
+              "skip_special_tokens=True))"]
     return lines + ["```"]
 
 
@@ -142,9 +170,12 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
            merged_dir: str | None, method: str, config: Mapping | None = None,
            model_dir: Path | None = None, curves: str | None = None,
            report: str | None = None, environ: Mapping[str, str] | None = None,
-           destination: str | None = None, target_modules: list[str] | None = None) -> str:
+           destination: str | None = None, target_modules: list[str] | None = None,
+           chat_template: bool = False, generation_config: bool = False) -> str:
     """``destination``: the export URI (the load snippet names it); ``target_modules``: the
-    adapter's modules in Hugging Face names, as ``adapter_config.json`` lists them."""
+    adapter's modules in Hugging Face names, as ``adapter_config.json`` lists them;
+    ``chat_template`` / ``generation_config``: the export's tokenizer files have a chat
+    template / it has a generation config (the snippet prompts and generates with them)."""
     config = config or {}
     # Where the card says it ran: Kubernetes' variable and `kubetune local`'s (on_kubeflow).
     environ = os.environ if environ is None else environ
@@ -181,7 +212,8 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
         lines += ["", f"The run's own report: [{report}]({report})."]
     lines += ["", "`manifest.json` lists the sha256 of every file and the full training "
               "config.", "", "## Load it", ""]
-    lines += load_lines(destination, adapter_dir, merged_dir, name)
+    lines += load_lines(destination, adapter_dir, merged_dir, name, chat_template,
+                        generation_config)
     lines += [""]
     data = card_data(fmt, base, dataset, adapter_dir, method, model_dir)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))

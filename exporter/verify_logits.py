@@ -7,7 +7,9 @@ including the q/k row permutation torchtune applies when it converts LoRA B to H
 layout. Both weight sets then run through one forward pass built with torchtune's
 component builders from config.json (the builders the trainer used; a hand-written
 decoder would be a second model implementation to keep in step with them). Logits are
-compared in float32 on a few fixed token sequences.
+compared in float32 on a few fixed token sequences. A QLoRA run trained its adapter on
+NF4-rounded projections and saved its merged model from them: the base is rounded the
+same way before the adapter is applied (``_qlora_adapted``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,18 +62,27 @@ def _load(files: list[Path]) -> dict:
     return state
 
 
-def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
+def _scaling(config: dict) -> float:
     rank = int(config["r"])
     alpha = float(config.get("lora_alpha", rank))
-    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    merged = dict(base)
+    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+
+
+def _adapted_modules(adapter: dict):
+    """(module, lora_A, lora_B) for each adapted module, in the base's key space."""
     prefix = "base_model.model."
     for key, a in adapter.items():
-        if not key.endswith(".lora_A.weight"):
-            continue
-        module = key[len(prefix):-len(".lora_A.weight")]
-        b = adapter[f"{prefix}{module}.lora_B.weight"].float()
-        weight = base[f"{module}.weight"].float() + scaling * (b @ a.float())
+        if key.endswith(".lora_A.weight"):
+            module = key[len(prefix):-len(".lora_A.weight")]
+            yield module, a, adapter[f"{prefix}{module}.lora_B.weight"]
+
+
+def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
+    scaling = _scaling(config)
+    prefix = "base_model.model."
+    merged = dict(base)
+    for module, a, b in _adapted_modules(adapter):
+        weight = base[f"{module}.weight"].float() + scaling * (b.float() @ a.float())
         magnitude = adapter.get(f"{prefix}{module}.lora_magnitude_vector",
                                 adapter.get(f"{prefix}{module}.lora_magnitude_vector.weight"))
         if magnitude is not None:
@@ -80,6 +92,38 @@ def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
     return merged
 
 
+# The weights torchtune's QLoRA builders hold in NF4 (every attention and MLP projection;
+# not the output, see torchtune's lora_llama3), in torchtune's keys.
+_NF4_WEIGHT = re.compile(r"^layers\.\d+\.(attn\.(q|k|v|output)_proj|mlp\.w[123])\.weight$")
+
+
+def _qlora_adapted(arch, config: dict, base: dict, adapter: dict, adapter_config: dict,
+                   merged: dict) -> dict:
+    """What a QLoRA run's merged model is, in torchtune's keys: each projection the run
+    held in NF4, dequantized as the run saved it, plus the adapter. Applied to the
+    original weights instead, the adapter misses that rounding (the tiny model's logits
+    move by ~0.2) and would be refused as not what training produced. Rounded in
+    torchtune's layout, as the run rounded it: NF4's scale groups span rows that
+    converting from Hugging Face's layout permutes. The merged weight's dtype is the one
+    the builder's state-dict hook dequantized to (Llama's: bf16; the others': the
+    model's), which the merge then kept."""
+    from torchao.dtypes.nf4tensor import to_nf4
+
+    scaling = _scaling(adapter_config)
+    deltas = hf_to_tune(arch, config, {f"{module}.weight": scaling * (b.float() @ a.float())
+                                       for module, a, b in _adapted_modules(adapter)})
+    train_dtype = merged["tok_embeddings.weight"].dtype  # the run's: never quantized
+    adapted = hf_to_tune(arch, config, {k: v.float() for k, v in base.items()})
+    for key, weight in adapted.items():
+        dtype = merged[key].dtype
+        if _NF4_WEIGHT.match(key):
+            weight = to_nf4(weight.to(train_dtype)).get_original_weight().to(dtype)
+        if key in deltas:
+            weight = weight.float() + deltas[key]
+        adapted[key] = weight.to(dtype)
+    return adapted
+
+
 def _model(config: dict):
     from torchtune.config._utils import _get_component_from_path
 
@@ -87,37 +131,43 @@ def _model(config: dict):
     return arch, _get_component_from_path(arch.component(lora=False))(**arch.dims)
 
 
-def _logits(model, arch, config: dict, state: dict, tokens):
+def _logits(model, state: dict, tokens):
+    """``state``: torchtune's keys."""
     import torch
 
-    model.load_state_dict(hf_to_tune(arch, config, {k: v.float() for k, v in state.items()}),
-                          strict=True)
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     with torch.no_grad():
         out = model(tokens)
     return (torch.cat(out, dim=1) if isinstance(out, list) else out).float()
 
 
 def check(base_config: Path, base_files: list[Path], adapter_file: Path, adapter_config: dict,
-          merged_files: list[Path], tolerance: float | None = None) -> LogitsReport:
-    """Refuse (BadInputError) when base + adapter does not reproduce the merged logits."""
+          merged_files: list[Path], tolerance: float | None = None,
+          quantized_base: bool = False) -> LogitsReport:
+    """Refuse (BadInputError) when base + adapter does not reproduce the merged logits.
+    ``quantized_base``: a QLoRA run's (its base held in NF4)."""
     import torch
+    from safetensors.torch import load_file
 
     config = json.loads(Path(base_config).read_text())
-    merged = _load(merged_files)
+    arch, model = _model(config)
+    merged = hf_to_tune(arch, config, _load(merged_files))
     dtype = next(iter(merged.values())).dtype
     dtype_name = str(dtype).removeprefix("torch.")
     tol = tolerance if tolerance is not None else TOLERANCE.get(dtype_name, 3e-2)
-    arch, model = _model(config)
     model.eval()
     generator = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, int(config["vocab_size"]), (SEQUENCES, SEQ_LEN), generator=generator)
-    want = _logits(model, arch, config, merged, tokens)
+    want = _logits(model, merged, tokens)
+    adapter = load_file(str(adapter_file))
+    if quantized_base:
+        adapted = _qlora_adapted(arch, config, _load(base_files), adapter, adapter_config,
+                                 merged)
+    else:
+        adapted = hf_to_tune(arch, config, _apply_adapter(_load(base_files), adapter,
+                                                          adapter_config, dtype))
     del merged
-    from safetensors.torch import load_file
-
-    adapted = _apply_adapter(_load(base_files), load_file(str(adapter_file)), adapter_config,
-                             dtype)
-    got = _logits(model, arch, config, adapted, tokens)
+    got = _logits(model, adapted, tokens)
     diff = float((got - want).abs().max())
     scale = max(1.0, float(want.abs().max()))
     report = LogitsReport(diff, scale, tol, SEQUENCES, SEQ_LEN, dtype_name)

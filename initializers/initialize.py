@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from kubetune import env, staging, storage_uri
-from kubetune.initializers import manifest, reuse, verify_dataset, verify_model, weights
+from kubetune.initializers import reuse, verify_dataset, verify_model, weights
+from kubetune.workspace import initializer_manifest
 from kubetune.initializers.downloader import Downloader, check_space, disk_full
 from kubetune.initializers.progress import Progress
 from kubetune.initializers.request import InitRequest
@@ -54,17 +55,17 @@ def initialize(request: InitRequest) -> dict:
     """Fill ``request.output_path``; return the completion manifest."""
     output = staging.follow_link(request.output_path, "OUTPUT_PATH")
     identity = request.identity()
-    if manifest.satisfies(output, identity):
+    if initializer_manifest.satisfies(output, identity):
         log.info("%s already holds %s: nothing to download", output, request.uri.raw)
-        return manifest.read(output)
+        return initializer_manifest.read_manifest(output)
     # Filling replaces what the output holds: refuse before anything is fetched when that
     # would take a user's files (or a file at OUTPUT_PATH) with it.
     staging.refuse_foreign(output, "OUTPUT_PATH")
     _check_output_writable(output)
     with staging.lock(output):
-        if manifest.satisfies(output, identity):  # the run we waited for did it
+        if initializer_manifest.satisfies(output, identity):  # the run we waited for did it
             log.info("%s already holds %s: nothing to download", output, request.uri.raw)
-            return manifest.read(output)
+            return initializer_manifest.read_manifest(output)
         staging.refuse_foreign(output, "OUTPUT_PATH")
         try:
             return _fill(request, output, identity)
@@ -107,9 +108,9 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        # No manifest, whole or half-written, in staging: a re-run re-verifies the files.
-        for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
-            (staged / name).unlink(missing_ok=True)
+        # No manifest in staging (the atomic write leaves none half-written): a re-run
+        # re-verifies the files.
+        (staged / MANIFEST_NAME).unlink(missing_ok=True)
         raise disk_full(staged) from None
     log.info("%s is ready at %s", request.kind, output)
     return result
@@ -133,7 +134,7 @@ def _describe_and_commit(request: InitRequest, staged: Path, output: Path, ident
         log.info("dataset: %d rows of %s in %d file(s), columns %s", descriptor["rows"],
                  descriptor["format"], len(descriptor["files"]), descriptor["columns"])
 
-    result = manifest.build(identity, revision, staged, recorded)
-    manifest.write(staged, result)
+    result = initializer_manifest.build(identity, revision, recorded)
+    initializer_manifest.write(staged, result)
     staging.commit(staged, output)
     return result

@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from kubetune.initializers import manifest
+from kubetune.workspace import initializer_manifest
 from kubetune.initializers.copy_file import copy_file
 from kubetune.initializers.safe_paths import safe_join
 from kubetune.initializers.sources.base import RemoteFile
@@ -30,7 +30,7 @@ log = logging.getLogger("initializer")
 def seed_from_output(output: Path, staged: Path, files: list[RemoteFile]) -> int:
     """Link the listed files that ``output``'s complete earlier result holds into ``staged``;
     return how many were linked."""
-    previous = manifest.read(output)
+    previous = initializer_manifest.read_manifest(output)
     if not isinstance(previous, dict):
         return 0  # no complete result there: nothing is trusted enough to start from
     sizes = {e.get("path"): e.get("size") for e in previous.get("files", [])

@@ -7,6 +7,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from kubetune import json_rows
 from kubetune.errors import BadInputError
 from kubetune.workspace import DATASET_DESCRIPTOR_NAME
 
@@ -14,7 +15,7 @@ FORMAT_OF_SUFFIX = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".
                     ".arrow": "arrow"}
 
 
-def _read_table(path: Path, fmt: str):
+def _read_table(path: Path, fmt: str, shown: str):
     import pyarrow as pa
 
     if fmt == "parquet":
@@ -32,12 +33,28 @@ def _read_table(path: Path, fmt: str):
             return ipc.open_stream(path).read_all()
         except pa.ArrowInvalid:
             return ipc.open_file(path).read_all()
-    try:
-        import pyarrow.json as pjson
+    return _read_json(path, shown)
 
+
+def _read_json(path: Path, shown: str):
+    """A JSON array, an object holding the rows, or JSON Lines; a broken one is named by
+    its line in the file (``kubetune.json_rows``), not by pyarrow's or json's count."""
+    import pyarrow as pa
+    import pyarrow.json as pjson
+
+    if json_rows.starts_with(path) == b"[":
+        return pa.Table.from_pylist(json_rows.json_document(path, shown))
+    try:
         return pjson.read_json(path)  # JSON Lines
-    except pa.ArrowInvalid:
-        records = json.loads(path.read_text())
+    except pa.ArrowInvalid as exc:
+        try:
+            records = json.loads(path.read_bytes())  # one object holding the rows
+        except ValueError:
+            # JSON Lines with a broken line: name it. None broken: the rows disagree
+            # on a column's type, which pyarrow's own message says.
+            for _ in json_rows.json_lines(path, shown):
+                pass
+            raise exc from None
         if isinstance(records, dict):
             records = next((v for v in records.values() if isinstance(v, list)), [records])
         return pa.Table.from_pylist(records)
@@ -98,10 +115,15 @@ def describe(tree: Path) -> dict:
                             "ignore: keep one format (or filter with ALLOW/IGNORE_PATTERNS)")
     rows, columns = 0, None
     for path in by_format[fmt]:
+        shown = f"data file {path.relative_to(tree)}"
+        if json_rows.is_blank(path):
+            raise json_rows.empty_file_error(shown)
         if fmt in TEXT_FORMATS:
             _check_utf8(path, tree)
         try:
-            table = _read_table(path, fmt)
+            table = _read_table(path, fmt, shown)
+        except BadInputError:
+            raise
         except Exception as exc:
             raise BadInputError(f"data file {path.relative_to(tree)} is unreadable as {fmt}: "
                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"

@@ -68,6 +68,7 @@ SEED = "KUBETUNE_SEED"
 EXPORT_REVISION = "KUBETUNE_EXPORT_REVISION"
 EXPORT_VERIFY_LOGITS = "KUBETUNE_EXPORT_VERIFY_LOGITS"
 EXPORT_VERIFY_MAX_BYTES = "KUBETUNE_EXPORT_VERIFY_MAX_BYTES"
+EXPORT_CHAT_TEMPLATE = "KUBETUNE_EXPORT_CHAT_TEMPLATE"
 
 # `kubetune local`.
 LOCAL_DIR = "KUBETUNE_LOCAL_DIR"
@@ -79,6 +80,14 @@ LOCAL_PRINT_JOBSET = "KUBETUNE_LOCAL_PRINT_JOBSET"
 LOCAL_ENGINE = "KUBETUNE_LOCAL_ENGINE"
 LOCAL_GPUS = "KUBETUNE_LOCAL_GPUS"
 LOCAL_IMAGES = "KUBETUNE_LOCAL_IMAGES"
+
+# `kubetune size` (its --method, --max-seq-len and --batch-size read the trainer's own
+# KUBETUNE_METHOD, KUBETUNE_MAX_SEQ_LEN and KUBETUNE_BATCH_SIZE).
+SIZE_MODEL = "KUBETUNE_SIZE_MODEL"
+GPU_MEMORY = "KUBETUNE_GPU_MEMORY"
+GPUS_PER_NODE = "KUBETUNE_GPUS_PER_NODE"
+MAX_NODES = "KUBETUNE_MAX_NODES"
+SIZE_OUTPUT = "KUBETUNE_SIZE_OUTPUT"
 
 # Direct training (`kubetune train`): what to train and how.
 DTYPE = "KUBETUNE_DTYPE"
@@ -162,7 +171,14 @@ HF_TOKEN_PATH = "HF_TOKEN_PATH"  # a file holding the hub token (huggingface_hub
 # only rank 0 reports).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"  # processes on this node: they share its cores
+# ...and these, which torch.distributed reads to form the process group; the launcher sets
+# all six itself for a one-process group, which it starts without torchrun
+# (kubetune.trainer.request.topology). LOCAL_WORLD_SIZE: processes on this node, which
+# share its cores.
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
 # The launcher sets these for the recipe processes; the libraries inside read them.
 TQDM_DISABLE = "TQDM_DISABLE"  # progress comes from our metric logger instead
 OMP_NUM_THREADS = "OMP_NUM_THREADS"  # CPU threads per process (torch)

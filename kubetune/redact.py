@@ -42,8 +42,11 @@ _TOKEN_PATTERNS = (
 # The userinfo of a URL: ``scheme://user:password@`` or ``scheme://user@``. A password
 # may hold "/" and "@" unencoded (AWS secret keys hold "/"): it runs to the last "@" of
 # the word, so no piece of it is left after the mask; a user part before the colon may
-# hold neither. Quotes and backticks end it: messages quote URLs with them.
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s@/:'\"`]*:[^\s'\"`]*|[^\s@/:'\"`]+)@")
+# hold neither. Quotes and backticks end it: messages quote URLs with them. One slash
+# after the scheme is enough: a URL passed where a path is expected comes back from
+# pathlib or os.path normalised to ``http:/user:password@host`` (torchtune's DiskLogger
+# prints its log_dir so), and the credentials are in it all the same.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*:/+)([^\s@/:'\"`]*:[^\s'\"`]*|[^\s@/:'\"`]+)@")
 # Where a parser that splits the authority at the first "/" or "@" cuts a password, the
 # pieces reach messages on their own (urllib reads "pa" of "u:pa/ss@host" as a port).
 _PASSWORD_CUTS = re.compile(r"[/@:]")
@@ -93,7 +96,7 @@ def _file_secret(path: str) -> str:
 def _known_secrets() -> set[str]:
     found = set(_registered)
     # Every secret the environment holds, whoever reads it (a library may print it before
-    # kubetune.credentials ever does): the whole environment, not our settings.
+    # kubetune.remote.credentials ever does): the whole environment, not our settings.
     for name in SECRET_VARIABLES:
         found |= _parts(os.environ.get(name) or "")
         if os.environ.get(name + FILE_SUFFIX):
@@ -104,7 +107,7 @@ def _known_secrets() -> set[str]:
     # Credentials given inside any endpoint or URI variable (HF_ENDPOINT, ENDPOINT,
     # STORAGE_URI, EXPORT_URI, ...): masked even where the URL is printed cut or decoded.
     for value in os.environ.values():
-        if "@" in value and "://" in value:
+        if "@" in value and ":/" in value:
             found |= url_credentials(value)
     return found
 

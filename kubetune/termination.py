@@ -19,14 +19,27 @@ def report_failure(message: str) -> None:
     """Print ``message`` to stderr and write it to the termination log.
 
     The termination log is skipped silently when it cannot be written (a local run, a
-    read-only path): the stderr line is then the report; and the reverse.
+    read-only path): the stderr line is then the report; and the reverse. A stderr that is
+    gone falls back to the process's terminal, if it has one.
     """
     line = redact(" ".join(message.split()))
     try:
         print(f"error: {line}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
-        pass  # stderr gone (a closed terminal, a closed pipe): the log still gets the line
+        # stderr gone: `kubetune local 2>&1 | tee log` whose tee the same Ctrl-C ended.
+        _to_terminal(f"error: {line}")
     write_termination_log(line)
+
+
+def _to_terminal(text: str) -> None:
+    """The user's terminal, when this process has one (a command run in a shell; never a
+    pod, nor a step of `kubetune local`, which runs in a session of its own): the line
+    reaches the person who stopped the run; skipped silently otherwise."""
+    try:
+        with open("/dev/tty", "w", encoding="utf-8") as tty:
+            tty.write(text + "\n")
+    except OSError:
+        pass
 
 
 def write_termination_log(message: str) -> None:

@@ -37,3 +37,12 @@ def s3(tmp_path_factory):
     yield server
     server.process.terminate()
     server.process.wait(timeout=10)
+
+
+def pytest_addoption(parser) -> None:
+    # tests/test_support_matrix.py: `make matrix-results` records a run of every cell.
+    parser.addoption("--matrix-write", action="store_true",
+                     help="write the support matrix's outcomes to docs/support-matrix.json "
+                          "and its table into docs/runtimes.md")
+    parser.addoption("--matrix-workers", type=int, default=None,
+                     help="support-matrix cells run at once (default: the CPU count)")

@@ -109,6 +109,21 @@ def test_the_checkpoint_decides_builder_tokenizer_checkpointer_and_lora_modules(
     assert not FLAGGED.search(result.stdout + result.stderr), result.stderr
 
 
+def test_all_linear_on_a_tied_llama_trains_every_linear_layer_but_the_output(
+        tiny_dataset_dir, tmp_path):
+    """Llama 3.2's output is its embedding: torchtune's builder refuses an output LoRA, so
+    `all-linear` on kubetune-byo-model trains the others and one line says so (it was
+    exit 70 from inside the recipe)."""
+    from kubetune.tools.demo import TinyModelSpec, write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tied", TinyModelSpec(tie_word_embeddings=True))
+    result, cfg = _plan("kubetune-byo-model", model, tiny_dataset_dir, tmp_path / "run")
+    assert cfg["model"]["lora_attn_modules"] == ALL_ATTENTION and cfg["model"]["apply_lora_to_mlp"]
+    assert "apply_lora_to_output" not in cfg["model"]
+    assert "model.apply_lora_to_output: llama3_2 ties its output to the embeddings" \
+        in result.stdout
+
+
 def test_a_runtimes_tokenizer_file_for_another_family_is_replaced_in_one_line(
         checkpoints, tiny_dataset_dir, tmp_path):
     """The Qwen2.5 drop-in names vocab.json and merges.txt; a Phi-3 checkpoint's
@@ -172,7 +187,7 @@ def test_an_unknown_architecture_is_one_error_naming_it_and_the_supported(
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert errors == ["error: trainer: model_type 'falcon' in config.json is not supported; "
                       "supported: llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 "
-                      "(Phi-3, Phi-3.5, Phi-4)"]
+                      "(Phi-3 4k, Phi-4)"]
     assert "Traceback" not in result.stderr
 
 

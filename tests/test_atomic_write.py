@@ -18,7 +18,7 @@ def test_replaces_content_and_leaves_only_the_target(tmp_path):
     target = tmp_path / "summary.json"
     target.write_text("old")
     write_atomic(target, '{"steps": 3}')
-    write_atomic(tmp_path / "script", b"#!/bin/sh\n", mode=0o755)
+    write_atomic(tmp_path / "script", b"#!/bin/sh\n", executable=True)
     assert target.read_text() == '{"steps": 3}'
     assert os.stat(tmp_path / "script").st_mode & 0o777 == 0o755
     assert sorted(p.name for p in tmp_path.iterdir()) == ["script", "summary.json"]

@@ -17,7 +17,7 @@ from kubetune.entrypoints.shims import install_tune
 from tests.support.cli import clean_env, kubetune
 
 REPO = Path(__file__).resolve().parents[1]
-STEP_COMMANDS = ["init-dataset", "init-model", "train", "export", "local"]
+STEP_COMMANDS = ["init-dataset", "init-model", "train", "export", "local", "size"]
 
 
 def test_every_step_is_a_subcommand():
@@ -181,6 +181,12 @@ def test_bare_kubetune_shows_help_and_succeeds():
     (["train"], {"KUBETUNE_LOG_FORMAT": "xml"}, 65,
      "error: kubetune: KUBETUNE_LOG_FORMAT='xml' is not one of text, json"),
     (["-q", "-v", "train"], {}, 2, "error: kubetune: -q and -v contradict each other"),
+    # A mistyped subcommand gets the "did you mean" a mistyped option gets.
+    (["lcoal"], {}, 2, "error: kubetune: No such command 'lcoal' (did you mean 'local'?)"),
+    (["trian"], {}, 2, "error: kubetune: No such command 'trian' (did you mean 'train'?)"),
+    (["init-modle"], {}, 2,
+     "error: kubetune: No such command 'init-modle' (did you mean 'init-model'?)"),
+    (["exprot"], {}, 2, "error: kubetune: No such command 'exprot' (did you mean 'export'?)"),
 ])
 def test_usage_and_setting_errors_are_one_error_line(tmp_path, args, env, code, line):
     term = tmp_path / "termination-log"

@@ -12,15 +12,13 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = "kubetune"
 # Before issue 16 each of these folders was a top-level import name of its own.
 OLD_ROOTS = ("entrypoints", "initializers", "trainer", "exporter")
-# Import cycles through function-level imports that exist and are to be removed (issue 16,
-# last bullet). Listed exactly, so a new cycle fails and so does a removed one still
-# listed here.
-KNOWN_LAZY_CYCLES: list[set[str]] = []
 
 
 def package_dirs() -> dict[str, Path]:
@@ -176,10 +174,8 @@ def test_product_has_no_import_cycle_at_import_time():
     assert cycles(import_graph(at_import_time=True)) == []
 
 
-def test_product_import_cycles_are_only_the_known_ones():
-    found = cycles(import_graph(at_import_time=False))
-    assert sorted(map(sorted, found)) == sorted(map(sorted, KNOWN_LAZY_CYCLES)), \
-        "a new import cycle (or a known one is gone: remove it from KNOWN_LAZY_CYCLES)"
+def test_product_has_no_import_cycle_through_lazy_imports_either():
+    assert cycles(import_graph(at_import_time=False)) == []
 
 
 def test_product_modules_resolve_under_the_root():
@@ -328,8 +324,47 @@ def test_the_trainer_is_grouped_in_rooms():
     # (launch) and the stable `_component_` paths (schedules, models/) stay at its top.
     top = sorted(p.stem for p in (REPO / "trainer").glob("*.py") if p.stem != "__init__")
     assert top == ["launch", "schedules"]
-    for room in (p for p in (REPO / "trainer").iterdir() if p.is_dir() and p.name != "__pycache__"):
-        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
-        missing = [p.stem for p in room.glob("*.py")
-                   if p.stem != "__init__" and p.stem not in doc]
-        assert missing == [], f"{room.name}/__init__.py's map does not name {missing}"
+
+
+# The packages whose __init__ docstring is the map a newcomer reads: each must name every
+# module (and sub-package) it holds.
+MAPPED = ("trainer", "initializers", "initializers/sources", "exporter", "kubetune/remote")
+
+
+@pytest.mark.parametrize("folder", MAPPED)
+def test_every_package_map_names_all_its_modules(folder):
+    packages = [REPO / folder]
+    if folder == "trainer":
+        packages = [p for p in (REPO / "trainer").iterdir() if (p / "__init__.py").is_file()]
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        names = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+        names |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+        missing = sorted(n for n in names if not re.search(rf"\b{n}\b", doc))
+        assert missing == [], f"{package.relative_to(REPO)}/__init__.py's map does not name {missing}"
+
+
+def room_of(module: str, modules: dict[str, Path]) -> str:
+    """A module's room: its package; the root's own modules are each a room (the core is a
+    floor of single modules that every step shares)."""
+    room = module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+    return module if room == ROOT else room
+
+
+def test_no_arrow_runs_back_up_between_rooms():
+    # Issue 35: rooms form layers. A room importing one that imports it back (directly or
+    # round a loop) means a module sits in the wrong room. A package and its own
+    # sub-package count as one suite (a plugin API spans both).
+    modules = product_modules()
+    graph: dict[str, set[str]] = {}
+    why: dict[tuple[str, str], str] = {}
+    for name, deps in import_graph(at_import_time=False).items():
+        for dep in deps:
+            a, b = room_of(name, modules), room_of(dep, modules)
+            if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+                continue
+            graph.setdefault(a, set()).add(b)
+            why.setdefault((a, b), f"{name} -> {dep}")
+    found = [sorted(why[(a, b)] for a in loop for b in loop if (a, b) in why)
+             for loop in cycles(graph)]
+    assert found == []

@@ -14,6 +14,7 @@ from kubetune.tools.local.container_argv import (ContainerRun, image_for,
                                                  labelled_containers_argv,
                                                  labelled_networks_argv,
                                                  network_create_argv, run_argv)
+from kubetune.tools.local.container_user import EngineFacts, HostUser, run_as
 from kubetune.tools.local.containers import (EngineOptions, file_sources,
                                              parse_image_overrides, workdir_identity)
 from kubetune.tools.local.jobset import LocalJobSet
@@ -28,11 +29,21 @@ def job_named(jobset: LocalJobSet, name: str) -> dict:
     return next(j for j in jobset.spec["replicatedJobs"] if j["name"] == name)
 
 
+def engine_jobset(jobset: dict, workdir: Path, options: EngineOptions) -> LocalJobSet:
+    """A LocalJobSet whose containers run as this user the way a rootful engine runs them
+    (which engines map users how: test_local_container_user; the engines themselves are
+    asked in tests/images)."""
+    js = LocalJobSet(jobset, workdir, options)
+    js.session.run_as = run_as(EngineFacts(options.engine, rootless=False),
+                               HostUser.current())
+    return js
+
+
 def container_step(tmp_path: Path, runtime: str, job: str, engine: str = "podman",
                    gpus: bool = False, images: dict | None = None, index: int = 0,
                    trainjob: Path | None = None):
-    js = LocalJobSet(merged_jobset(runtime_file(runtime), trainjob), tmp_path,
-                     EngineOptions(engine, gpus, images or {}))
+    js = engine_jobset(merged_jobset(runtime_file(runtime), trainjob), tmp_path,
+                       EngineOptions(engine, gpus, images or {}))
     js.logs.mkdir(parents=True, exist_ok=True)
     j = job_named(js, job)
     pod = j["template"]["spec"]["template"]["spec"]
@@ -59,9 +70,10 @@ def test_trainer_container_runs_the_runtime_command_in_its_image(tmp_path):
     assert f"type=bind,source={tmp_path / 'logs' / 'node.termination-log'}," \
            "target=/dev/termination-log" in mounts
     assert "/dev/shm" in option_values(argv, "--tmpfs")  # the emptyDir of medium Memory
-    # The pod's securityContext, as the kubelet applies it.
-    assert option_values(argv, "--user") == ["65532:65532"]
-    assert option_values(argv, "--group-add") == ["65532"]
+    # The pod's securityContext, as the kubelet applies it, but for its user: the one
+    # running kubetune local, whose files the steps read and write.
+    assert option_values(argv, "--user") == [f"{os.geteuid()}:{os.getegid()}"]
+    assert option_values(argv, "--group-add")[-1] == "65532"  # fsGroup
     assert "--read-only" in argv and option_values(argv, "--cap-drop") == ["ALL"]
     # Pod DNS: the name PET_MASTER_ADDR holds resolves on the run's network.
     assert option_values(argv, "--network") == [js.session.network]
@@ -155,7 +167,7 @@ def test_a_relative_source_is_mounted_from_the_users_directory(tmp_path, monkeyp
             resolve_runtime_uris(jobset, Path.cwd())
         return
     resolve_runtime_uris(jobset, Path.cwd())
-    js = LocalJobSet(jobset, tmp_path / "run", EngineOptions("podman"))
+    js = engine_jobset(jobset, tmp_path / "run", EngineOptions("podman"))
     js.logs.mkdir(parents=True, exist_ok=True)
     steps = {}
     for name in ("model-initializer", "dataset-initializer"):
@@ -260,7 +272,7 @@ def test_a_host_export_destination_is_mounted_read_write_at_its_own_path(
     runtime = byo_runtime_exporting_to(tmp_path, export_uri.format(project=project))
     jobset = merged_jobset(runtime, None)
     resolve_runtime_uris(jobset, Path.cwd(), in_images=True)
-    js = LocalJobSet(jobset, tmp_path / "run", EngineOptions("podman"))
+    js = engine_jobset(jobset, tmp_path / "run", EngineOptions("podman"))
     js.logs.mkdir(parents=True, exist_ok=True)
     j = job_named(js, "exporter")
     step = js.step(j, j["template"]["spec"]["template"]["spec"]["containers"][0], 0, 1)
@@ -268,15 +280,19 @@ def test_a_host_export_destination_is_mounted_read_write_at_its_own_path(
     assert f"type=bind,source={destination},target={destination}" in mounts
     assert not any(f"target={destination}," in m for m in mounts)  # not read-only too
     assert destination.is_dir()
-    assert destination.stat().st_mode & 0o777 == (0o750 if exists else 0o777)
+    # Made here: the umask's mode (the container runs as this user), not one anybody
+    # may write.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert destination.stat().st_mode & 0o777 == (0o750 if exists else 0o777 & ~umask)
     assert step.env["EXPORT_URI"] in (str(destination), f"file://{destination}")
 
 
 @pytest.mark.parametrize("export_uri", ["s3://bucket/exports/tiny", "/workspace/export"])
 def test_a_remote_or_workspace_export_gets_no_mount_of_its_own(tmp_path, export_uri):
     runtime = byo_runtime_exporting_to(tmp_path, export_uri)
-    js = LocalJobSet(merged_jobset(runtime, None), tmp_path / "run",
-                     EngineOptions("podman"))
+    js = engine_jobset(merged_jobset(runtime, None), tmp_path / "run",
+                       EngineOptions("podman"))
     js.logs.mkdir(parents=True, exist_ok=True)
     j = job_named(js, "exporter")
     step = js.step(j, j["template"]["spec"]["template"]["spec"]["containers"][0], 0, 1)

@@ -15,8 +15,10 @@ from typing import Callable
 
 import pytest
 
+from tests.support import hub_write_server
 from tests.support.cli import clean_env, error_lines, kubetune
 from tests.support.runtimes import runtime_file
+from tests.support.s3_server import free_port
 
 BAD_INPUT = 65
 SECRET_NAME = "KUBETUNE_TEST_NOT_EXPORTED_TOKEN"
@@ -60,6 +62,12 @@ def _empty_dir(ctx: Ctx) -> str:
     return "./empty"
 
 
+def _notes_dir(ctx: Ctx) -> str:
+    (ctx.project / "results").mkdir()
+    (ctx.project / "results" / "notes.txt").write_text("mine")
+    return "./results"
+
+
 BYO = str(runtime_file("kubetune-byo-model.yaml"))
 ROWS = [
     # -- TRAIN_ARGS, checked as the trainer checks them --------------------------------
@@ -76,6 +84,11 @@ ROWS = [
     Row("unknown-key-with-a-remote-model", lambda c: ["--model", "hf://org/model",
                                                        "model.lora_rnk=4"],
         lambda c: ("unknown key model.lora_rnk (did you mean model.lora_rank?)",)),
+    Row("key-only-a-section-has", lambda c: ["lora_rank=4"],
+        lambda c: ("unknown key lora_rank (did you mean model.lora_rank?)",)),
+    Row("key-only-a-section-has-with-a-remote-model", lambda c: ["--model", "hf://org/model",
+                                                                 "lora_rank=4"],
+        lambda c: ("unknown key lora_rank (did you mean model.lora_rank?)",)),
     Row("bad-number", lambda c: ["optimizer.lr=fast"],
         lambda c: ("optimizer.lr=fast: must be a number > 0",)),
     Row("no-optimizer-step", lambda c: ["batch_size=100000"],
@@ -100,11 +113,25 @@ ROWS = [
         lambda c: ("--model: STORAGE_URI 'hf://org/na$me' names no valid hub repo id",)),
     Row("bad-export-uri", lambda c: ["--export-uri", "gs://bucket/out"],
         lambda c: ("--export-uri: EXPORT_URI 'gs://bucket/out' is not supported",)),
+    # The exporter's own destination check, made before the run rather than after it.
+    Row("s3-export-without-credentials", lambda c: ["--export-uri", "s3://exports/tiny"],
+        lambda c: ("--export-uri: no S3 credentials: set ACCESS_KEY_ID and "
+                   "SECRET_ACCESS_KEY", "(for s3://exports/tiny)")),
+    Row("hub-export-without-a-token", lambda c: ["--export-uri", "hf://acme/tiny-lora"],
+        lambda c: ("--export-uri: uploading to hf://acme/tiny-lora@main needs a token with "
+                   "write access",)),
+    Row("export-dir-holding-other-files", lambda c: ["--export-uri", _notes_dir(c)],
+        lambda c: (f"--export-uri: export destination {c.project / 'results'} holds files "
+                   "that are not a kubetune export's (notes.txt)",)),
     # -- options that do not go together ------------------------------------------------
     Row("gpus-without-engine", lambda c: ["--gpus", "--runtime", BYO],
         lambda c: ("--gpus and --image need a container engine",)),
     Row("method-with-runtime", lambda c: ["--runtime", BYO, "--method", "full"],
         lambda c: ("with --runtime, --method would be ignored",)),
+    Row("trainer-setting-in-the-shell-with-runtime", lambda c: ["--runtime", BYO],
+        lambda c: ("with --runtime, set KUBETUNE_LORA_RANK in the TrainJob's "
+                   "spec.trainer.env, not in this shell",),
+        env={"KUBETUNE_LORA_RANK": "2"}),
     Row("engine-not-installed", lambda c: ["--engine", "podman", "--runtime", BYO],
         lambda c: ("--engine podman: `podman` is not installed or not on PATH",),
         env={"PATH": "/nonexistent"}),
@@ -126,26 +153,70 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
-def test_a_bad_option_fails_before_any_step(row: Row, tmp_path):
+def _context(tmp_path: Path) -> Ctx:
     ctx = Ctx(project=tmp_path / "project", workdir=tmp_path / "run")
-    ctx.project.mkdir()
-    term = tmp_path / "termination-log"
-    env = clean_env(KUBETUNE_TERMINATION_LOG=str(term), **row.env)
-    result = kubetune("local", "--workdir", str(ctx.workdir), *row.args(ctx), env=env,
+    ctx.project.mkdir(parents=True)
+    return ctx
+
+
+def _refused_before_any_step(ctx: Ctx, args: list[str], env: dict[str, str],
+                             code: int = BAD_INPUT) -> str:
+    """`kubetune local ARGS` exits ``code`` with one `error:` line (also in the termination
+    log) and no step started: nothing staged in the stand-in PVC, no step's log, no step
+    line. Returns the line."""
+    term = ctx.project.parent / "termination-log"
+    result = kubetune("local", "--workdir", str(ctx.workdir), *args,
+                      env=clean_env(KUBETUNE_TERMINATION_LOG=str(term), **env),
                       cwd=ctx.project, timeout=300)
     report = result.stdout[-2000:] + result.stderr[-3000:]
-    assert result.returncode == BAD_INPUT, report
+    assert result.returncode == code, report
     assert "Traceback" not in result.stderr, report
     lines = error_lines(result)
     assert len(lines) == 1 and lines[0].startswith("error: local: "), report
-    for fragment in row.fragments(ctx):
-        assert fragment in lines[0], (fragment, lines[0])
     assert term.read_text().strip() == lines[0].removeprefix("error: ")
-    # No step started: nothing staged in the stand-in PVC, no step's log, no step line.
     assert not (ctx.workdir / "workspace").exists(), report
     assert not (ctx.workdir / "logs").exists(), report
     assert "==> " not in result.stdout, report
+    return lines[0]
+
+
+READ_TOKEN = "hf_kubetuneReadOnlyToken012345678"
+
+
+@pytest.fixture(scope="module")
+def hub():
+    server = hub_write_server.start()
+    server.add_token(READ_TOKEN, write=False)
+    yield server
+    server.stop()
+
+
+def test_an_export_destination_that_refuses_fails_before_any_step(s3, hub, tmp_path):
+    """Reached as the exporter reaches it, one attempt each: a bucket that is not there, a
+    read-only hub token; an endpoint that does not answer is exit 75, at once."""
+    keys = {"ENDPOINT": s3.endpoint, "ACCESS_KEY_ID": s3.access_key_id,
+            "SECRET_ACCESS_KEY": s3.secret_access_key, "REGION": s3.region}
+    cases = [
+        (["s3://kubetune-no-such-bucket/run"], keys, BAD_INPUT,
+         "--export-uri: bucket kubetune-no-such-bucket does not exist"),
+        (["hf://acme/tiny-lora"], {"HF_ENDPOINT": hub.endpoint, "ACCESS_TOKEN": READ_TOKEN},
+         BAD_INPUT, "--export-uri: the token is read-only"),
+        (["s3://exports/run"], {**keys, "ENDPOINT": f"http://127.0.0.1:{free_port()}"}, 75,
+         "--export-uri: read (s3://exports/run): still failing after 1 attempts"),
+    ]
+    for number, (uri, env, code, fragment) in enumerate(cases):
+        line = _refused_before_any_step(_context(tmp_path / str(number)),
+                                        ["--export-uri", *uri], env, code)
+        assert fragment in line, line
+        assert READ_TOKEN not in line and s3.secret_access_key not in line
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_a_bad_option_fails_before_any_step(row: Row, tmp_path):
+    ctx = _context(tmp_path)
+    line = _refused_before_any_step(ctx, row.args(ctx), row.env)
+    for fragment in row.fragments(ctx):
+        assert fragment in line, (fragment, line)
 
 
 @pytest.mark.slow

@@ -110,6 +110,40 @@ def test_multinode_full_finetune_runtime_on_two_nodes(tmp_path, tiny_model_dir,
     assert any(f["path"].endswith(".safetensors") for f in manifest["files"])
 
 
+@pytest.mark.parametrize("runtime, trainer", [
+    ("kubetune-byo-model", {"numNodes": 2, "numProcPerNode": 1}),
+    ("torchtune-llama3.3-70b", {"command": ["tune", "run"], "numNodes": 2}),
+])
+def test_each_run_here_rendezvous_on_a_port_of_its_own(tmp_path, runtime, trainer):
+    """On a cluster every pod has an address of its own; here every pod is 127.0.0.1, so
+    two runs at once (two users, two CI jobs) would meet on the runtime's 29500: each run
+    gets a free loopback port, in PET_MASTER_PORT and in `tune run`'s --rdzv_endpoint."""
+    from kubetune.tools.local.jobset import LocalJobSet
+    from kubetune.tools.local.runtime_merge import TRAINER_PORT, merge
+    from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime
+
+    spec = load_runtime(runtime_file(runtime))
+    job = default_trainjob(spec)
+    job["spec"]["trainer"] = trainer
+    endpoints = []
+    for run in ("first", "second"):
+        jobset = LocalJobSet(merge(spec, job), tmp_path / run)
+        node = next(j for j in jobset.spec["replicatedJobs"] if j["name"] == "node")
+        container = node["template"]["spec"]["template"]["spec"]["containers"][0]
+        steps = [jobset.step(node, container, index, 2) for index in (0, 1)]
+        seen = set()
+        for step in steps:
+            rdzv = [a.split("=", 1)[1] for a in step.command if a.startswith("--rdzv_endpoint=")]
+            if rdzv:
+                seen |= set(rdzv)
+            else:
+                seen.add(f"{step.env['PET_MASTER_ADDR']}:{step.env['PET_MASTER_PORT']}")
+        assert len(seen) == 1, seen  # both nodes meet at one endpoint
+        endpoints.append(seen.pop())
+    assert all(e.startswith("127.0.0.1:") for e in endpoints), endpoints
+    assert endpoints[0] != endpoints[1] and f"127.0.0.1:{TRAINER_PORT}" not in endpoints
+
+
 def policy_runtime(tmp_path: Path, node_exit: int) -> Path:
     """The BYO-model runtime with steps that only exit: the node fails once with
     ``node_exit``, then succeeds (a marker on the PVC remembers the first attempt)."""
@@ -271,3 +305,30 @@ def test_gang_runtime_without_spec_trainer_fails_at_once(tmp_path):
     assert result.returncode == 65, result.stdout[-2000:] + result.stderr[-2000:]
     assert "no PET_NNODES: the TrainJob needs spec.trainer" in result.stdout + result.stderr
     assert "restarting" not in result.stdout
+
+
+def test_env_injection_reaches_an_init_container_of_each_node(tmp_path):
+    """A runtime whose mlPolicy.torch.envInjection names an init container of the node
+    job (v2.3, #3516): on each of two nodes it runs with the torch env -- its node rank, the
+    node count, the master address (this machine here) -- before the node container."""
+    runtime = yaml.safe_load(policy_runtime(tmp_path, 0).read_text())
+    runtime["spec"]["mlPolicy"]["torch"] = {"envInjection": {"targets": [
+        {"jobName": "node", "containerNames": ["preflight-check"]}]}}
+    script = ("import os, pathlib; e = os.environ; pathlib.Path(e['KUBETUNE_WORKSPACE'], "
+              "'preflight-' + e['PET_NODE_RANK']).write_text(' '.join(e[n] for n in ("
+              "'PET_NNODES', 'PET_NPROC_PER_NODE', 'PET_MASTER_ADDR', 'PET_MASTER_PORT')))")
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        if job["name"] == "node":
+            pod["initContainers"] = [{"name": "preflight-check",
+                                      "command": [sys.executable, "-c", script],
+                                      "volumeMounts": pod["containers"][0]["volumeMounts"]}]
+    path = tmp_path / "injecting-runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    job = trainjob(tmp_path, "kubetune-byo-model", {"trainer": {"numNodes": 2}})
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(path),
+                      "--trainjob", str(job), env=clean_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    ws = tmp_path / "run" / "workspace"
+    for rank in ("0", "1"):
+        assert (ws / f"preflight-{rank}").read_text() == "2 auto 127.0.0.1 29500"

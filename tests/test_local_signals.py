@@ -5,11 +5,15 @@ closed terminal: the steps stop as in a pod, and none outlives `kubetune local`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,11 +67,14 @@ def test_sigterm_to_local_stops_the_trainer_with_a_resumable_checkpoint(tmp_path
     _, stderr = proc.communicate(timeout=240)
     log = (tmp_path / "local.log").read_text()
     assert proc.returncode == EXIT_TRANSIENT, log[-3000:] + stderr[-2000:]
-    assert f"==> trainer: FAILED (exit {EXIT_TRANSIENT})" in log
+    # Stopped as asked, not failed; and the way back is the same command.
+    assert f"==> trainer: stopped by SIGTERM (exit {EXIT_TRANSIENT})" in log
     assert "==> exporter:" not in log  # nothing starts after a stop
     lines = error_lines(subprocess.CompletedProcess([], proc.returncode, "", stderr))
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
-    assert lines[0].startswith("error: local: trainer: ") and "resumable checkpoint" in lines[0]
+    assert lines[0].startswith("error: local: trainer: stopped by SIGTERM; resumable "
+                               "checkpoint ")
+    assert lines[0].endswith(": run the same command to resume"), lines[0]
     assert term.read_text().strip() == lines[0].removeprefix("error: ")
     output = workdir / "workspace" / "output"
     saved = [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text()
@@ -161,4 +168,60 @@ def test_a_stop_with_stdout_gone_stops_every_step_and_the_trainer_saves(
     assert not (output / "kubetune-complete.json").exists()
     assert not (workdir / "workspace" / "export").exists()  # nothing starts after a stop
     assert (tmp_path / "reader.out").read_text()  # it did read, before it went
+    assert_no_orphans(workdir)
+
+
+def test_ctrl_c_under_tee_names_sigint_on_the_users_terminal(tmp_path):
+    """`kubetune local ... 2>&1 | tee log` in a terminal, then Ctrl-C: tee dies with it,
+    and the last line still reaches the terminal, naming SIGINT and the way back."""
+    workdir, term = tmp_path / "run", tmp_path / "termination-log"
+    command = [sys.executable, "-m", "kubetune.entrypoints", "local", "--workdir",
+               str(workdir), *TRAIN_ARGS]
+    pid, terminal = pty.fork()  # the child's controlling terminal: this pty
+    if pid == 0:
+        os.chdir(REPO)
+        os.execve("/bin/bash", ["bash", "-c", f"{shlex.join(command)} 2>&1 | tee "
+                                f"{shlex.quote(str(tmp_path / 'log'))}"],
+                  clean_env(KUBETUNE_TERMINATION_LOG=str(term)))
+    shown: list[bytes] = []
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(terminal, 4096)
+            except OSError:  # EIO: every process holding the terminal has gone
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    try:
+        metrics = workdir / "workspace" / "output" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert time.monotonic() < deadline, b"".join(shown)[-3000:]
+            time.sleep(0.1)
+        os.write(terminal, b"\x03")  # Ctrl-C: the terminal signals its foreground group
+        deadline = time.monotonic() + 240
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            assert time.monotonic() < deadline, b"".join(shown)[-3000:]
+            time.sleep(0.1)
+        reader.join(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(terminal)
+    seen = b"".join(shown).decode("utf-8", "replace").replace("\r\n", "\n")
+    # The terminal echoes the keystroke as "^C" where its line happened to be.
+    lines = [line.removeprefix("^C") for line in seen.splitlines()
+             if line.removeprefix("^C").startswith("error: ")]
+    assert len(lines) == 1, seen[-3000:]
+    assert lines[0].startswith("error: local: trainer: stopped by SIGINT (Ctrl-C); "
+                               "resumable checkpoint "), lines[0]
+    assert lines[0].endswith(": run the same command to resume"), lines[0]
+    assert term.read_text().strip() == lines[0].removeprefix("error: ")
+    assert resume.read_record(workdir / "workspace" / "output") is not None
     assert_no_orphans(workdir)

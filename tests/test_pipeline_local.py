@@ -106,11 +106,21 @@ def test_export_manifest_hashes_what_was_written(demo_run):
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
 
 
-def test_rerun_downloads_nothing_and_trains_again(demo_run):
+def test_a_rerun_downloads_nothing_and_goes_straight_to_the_export(demo_run):
     workdir, _, _ = demo_run
+    output = workdir / "workspace" / "output"
+    before = {name: (output / name).read_text()
+              for name in ("kubetune-complete.json", "metrics.jsonl", "summary.json")}
     again = kubetune("local", "--workdir", str(workdir))
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("nothing to download") == 2
+    # The same config over the same model and data: one line says so, nothing trains.
+    said = [line for line in again.stdout.splitlines()
+            if "already holds this run's completed training" in line]
+    assert len(said) == 1 and "on to the export" in said[0], again.stdout[-3000:]
+    assert "train: step" not in again.stdout
+    assert "==> exporter: ok" in again.stdout
+    assert {name: (output / name).read_text() for name in before} == before
 
 
 def test_multi_epoch_cpu_adapter_reproduces_the_merged_model(demo_run):

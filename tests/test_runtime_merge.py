@@ -129,8 +129,11 @@ def _node_env(jobset: dict) -> dict:
     ({"limits": {"cpu": "2500m"}}, "3"),
     ({"limits": {"cpu": "500m"}}, "1"),
     ({"limits": {"cpu": "4"}}, "4"),
-    ({"requests": {"cpu": "1.2"}}, "2"),         # no limits: requests
-    ({"limits": {"cpu": "3"}, "requests": {"cpu": "1"}}, "3"),  # limits first
+    ({"requests": {"cpu": "1.2"}}, "2"),
+    # The request first, the limit only where no (or a zero) request is set: v2.3's
+    # getNumCPUPerNode.
+    ({"limits": {"cpu": "3"}, "requests": {"cpu": "1"}}, "1"),
+    ({"limits": {"cpu": "3"}, "requests": {"cpu": "0"}}, "3"),
     ({"limits": {"nvidia.com/gpu": 2, "cpu": "3"}}, "auto"),    # a GPU: torchrun's auto
 ])
 def test_nproc_auto_on_cpu_counts_like_the_controller(resources, nproc):
@@ -145,6 +148,17 @@ def test_no_trainer_in_the_trainjob_injects_no_torch_env():
     assert not [n for n in env(node) if n.startswith("PET_")]
     assert "ports" not in node
     assert env(node)["KUBETUNE_METHOD"] == "lora"  # the runtime's own env stays
+
+
+def test_an_empty_trainer_still_gets_the_torch_env():
+    # `trainer: {}` is set (the controller sees a non-nil spec.trainer), unlike no trainer:
+    # PET_*, the master address and the port, from the runtime's own node count and GPUs.
+    jobset = merge(runtime("kubetune-byo-model"), job("kubetune-byo-model", trainer={}))
+    node = container(jobset, "node")
+    e = env(node)
+    assert (e["PET_NNODES"], e["PET_NPROC_PER_NODE"]) == ("1", "auto")  # the runtime's GPU
+    assert (e["PET_MASTER_ADDR"], e["PET_MASTER_PORT"]) == ("j-node-0-0.j", "29500")
+    assert {"containerPort": 29500} in node["ports"]
 
 
 QLORA = ["model.quantize_base=True", "model.lora_attn_modules=[q_proj,v_proj]"]

@@ -4,7 +4,8 @@ Every form a secret takes gets a distinctive value: a token file with a trailing
 a token file of two lines, user and password inside each endpoint and URI variable, S3
 keys inline and as ``*_FILE``. Then every step runs as a pod runs it, against the local
 hub server and moto S3: successes (init-model from the hub and from S3, init-dataset, a
-short training, export to a directory and to S3), failures (credentials refused, an
+short training, export to a directory and to S3, `kubetune size` of a private hub
+repo), failures (credentials refused, an
 unreachable endpoint, a malformed token file, credentials inside URIs) and internal
 errors with a traceback (a real one: a malformed endpoint that boto3 reads itself and
 rejects with an exception we do not map). The recipe process's environment is written out
@@ -42,10 +43,14 @@ SLASH_USER, SLASH_PASS = "slashUserCanary71", "slashPieceA72/slashPieceB73"
 # URL credentials inside an override value: the recipe gets them, no saved config does.
 OVERRIDE_USER, OVERRIDE_PASS = "ovrUserCanary81", "ovrPassCanary82"
 ALONE_KEY_ID = "AKIACANARYALONE9999"  # ACCESS_KEY_ID without SECRET_ACCESS_KEY
+# A URL with credentials where a local path belongs (a logger's log_dir): pathlib turns it
+# into "http:/user:password@host", which a logger would print and make a directory of.
+PATH_USER, PATH_PASS = "pathUserCanary91", "pathPassCanary92"
 SECRETS = [TOKEN, "hf_CanaryLineOne0123", "CanaryLineTwo4567", KEY_ID, SECRET_KEY,
            EXPORT_KEY_ID, EXPORT_SECRET, URL_USER, URL_PASS, HUB_USER, HUB_PASS, URI_USER,
            URI_PASS, EXPORT_URI_USER, EXPORT_URI_PASS, SLASH_USER, SLASH_PASS,
-           *SLASH_PASS.split("/"), OVERRIDE_USER, OVERRIDE_PASS, ALONE_KEY_ID]
+           *SLASH_PASS.split("/"), OVERRIDE_USER, OVERRIDE_PASS, ALONE_KEY_ID, PATH_USER,
+           PATH_PASS]
 # Loaded by every Python process of a run through PYTHONPATH; the recipe process alone
 # (it has the launcher's stop file) writes its environment where every_byte searches.
 ENV_PROBE = """import os
@@ -135,6 +140,11 @@ def play(scene: Scene) -> None:
               f"http://{OVERRIDE_USER}:{OVERRIDE_PASS}@notes.example/x",
               **scene.hub_env(HF_ENDPOINT=with_userinfo(scene.hub.url, HUB_USER, HUB_PASS)),
               **scene.s3_env(), PYTHONPATH=str(probe / "code"), SECRETS_PROBE_DIR=str(probe))
+    scene.run("train-url-as-path", "train", *overrides, "max_steps_per_epoch=1",
+              f"output_dir={scene.root / 'url-as-path'}",
+              "metric_logger=torchtune.training.metric_logging.DiskLogger",
+              f"metric_logger.log_dir=http://{PATH_USER}:{PATH_PASS}@logs.example/x",
+              **scene.hub_env(), **scene.s3_env())
     scene.run("export-local", "export", **scene.hub_env(), **scene.s3_env(
         EXPORT_URI=str(scene.root / "exported"), KUBETUNE_EXPORT_DIR=str(scene.root / "x1")))
     scene.run("export-s3", "export", **scene.hub_env(), **scene.export_s3_env(
@@ -173,6 +183,14 @@ def play(scene: Scene) -> None:
     scene.run("key-id-alone", "init-model", **scene.s3_env(
         ACCESS_KEY_ID=ALONE_KEY_ID, SECRET_ACCESS_KEY="",
         STORAGE_URI="s3://secret-models/tiny", OUTPUT_PATH=str(scene.root / "key-id-alone")))
+    # `kubetune size` reads config.json of a private repo with the token; a refused
+    # token; credentials inside the URI.
+    scene.run("size-hub", "size", "--model", "hf://org/private", "--output", "json",
+              **scene.hub_env())
+    scene.run("size-hub-denied", "size", "--model", "hf://org/private",
+              HF_ENDPOINT=scene.hub.url, ACCESS_TOKEN="hf_CanaryWrongToken0000")
+    scene.run("size-uri-userinfo", "size", "--model",
+              f"hf://{URI_USER}:{URI_PASS}@org/private", **scene.hub_env())
     # Internal errors, tracebacks printed: exceptions libraries raise that we do not map.
     # boto3 reads AWS_ENDPOINT_URL_S3 itself (we name ENDPOINT and AWS_ENDPOINT_URL).
     scene.run("internal-s3-endpoint", "init-model", **scene.s3_env(
@@ -201,10 +219,11 @@ def every_byte(scene: Scene) -> list[tuple[str, bytes]]:
 def test_the_runs_did_what_they_stand_for(scene):
     codes = {name: result.returncode for name, result in scene.results.items()}
     for name in ("init-model-hub", "init-model-s3", "init-dataset-s3", "train", "export-local",
-                 "export-s3"):
+                 "export-s3", "size-hub"):
         assert codes[name] == 0, (name, scene.results[name].stderr[-3000:])
     assert (scene.root / "exported" / "manifest.json").is_file()
     assert codes["s3-denied"] == 65 and codes["hub-denied"] == 65
+    assert codes["size-hub-denied"] == 65 and codes["size-uri-userinfo"] == 65
     assert codes["s3-unreachable"] == 75
     assert codes["two-line-token"] == 65 and codes["s3-uri-userinfo"] == 65
     assert codes["hub-userinfo"] != 0 and codes["export-uri-userinfo"] != 0
@@ -221,6 +240,14 @@ def test_a_token_file_of_two_lines_is_one_line_naming_the_file_not_its_value(sce
     result = scene.results["two-line-token"]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "ACCESS_TOKEN_FILE" in lines[0] and "more than one line" in lines[0]
+
+
+def test_a_url_with_credentials_where_a_path_belongs_is_refused_masked(scene):
+    result = scene.results["train-url-as-path"]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 65, result.stderr[-2000:]
+    assert len(lines) == 1 and "metric_logger.log_dir=http://***@logs.example/x" in lines[0]
+    assert not (scene.root / "url-as-path").exists()  # refused before anything was made
 
 
 def test_a_key_id_without_its_secret_is_bad_input_naming_the_missing_one(scene):

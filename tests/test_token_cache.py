@@ -23,6 +23,7 @@ from kubetune.trainer.data.token_cache import store
 from kubetune.trainer.data.token_cache.rows import IN_USE_NAME, META_NAME
 from tests.support.cli import REPO, clean_env
 from kubetune.trainer.performance.cpu_cores import usable_cores
+from kubetune.workspace.training_samples import read_training_samples
 from tests.support.token_cache import entries, instruct, setup_data
 
 
@@ -376,3 +377,24 @@ def test_the_cache_is_on_the_volume_unless_told_otherwise(tmp_path, tiny_model_d
     assert plan(KUBETUNE_TOKEN_CACHE_DIR="/var/cache/x") == "/var/cache/x"
     assert plan("--token-cache-dir", "/opt/y", KUBETUNE_TOKEN_CACHE_DIR="/var/cache/x") == \
         "/opt/y"
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packs"])
+def test_training_samples_are_recorded_from_a_built_entry_and_from_a_mapped_one(
+        tmp_path, tiny_model_dir, long_rows, packed):
+    """The exporter's chat-template check reads the samples the trainer fed: the recorder
+    sees the tokenizer while the entry is built, and draws from the rows the entry was made
+    from where it is mapped (no tokenizing at all)."""
+    section = {**instruct(long_rows), "packed": packed}
+    for run in ("built", "mapped"):
+        out = tmp_path / run
+        out.mkdir()
+        loader = setup_data(tmp_path / "cache", tiny_model_dir, section, max_seq_len=256,
+                            samples_dir=out)
+        rows = loader.dataset.ds if packed else loader.dataset
+        fed = [rows[i]["tokens"] for i in range(len(rows))]
+        found = read_training_samples(out, "test")
+        assert found is not None and len(found.samples) == 4, run
+        for sample in found.samples:
+            assert sample.tokens in fed, run
+    assert len(entries(tmp_path / "cache")) == 1

@@ -63,3 +63,25 @@ def test_topology_from_pet_variables_and_rendezvous_option():
     assert (topo.nnodes, topo.nproc_per_node, topo.node_rank) == (2, 1, 1)
     assert "--rdzv_endpoint=job-node-0-0.job:29500" in topo.torchrun_args()
     assert "--node_rank=1" in topo.torchrun_args()
+
+
+# The args a TrainJob carries for each method, as the SDK writes them.
+_METHOD_ARGS = {"lora": ["model.lora_attn_modules=[q_proj,v_proj]"],
+                "dora": ["model.lora_attn_modules=[q_proj,v_proj]", "model.use_dora=True"],
+                "qlora": ["model.lora_attn_modules=[q_proj,v_proj]", "model.quantize_base=True"],
+                "full": []}
+
+
+@pytest.mark.parametrize("method", sorted(_METHOD_ARGS))
+@pytest.mark.parametrize("nproc", [1, 4])
+def test_the_emulator_and_kubetune_train_make_one_choice(method, nproc):
+    # kubetune local's controller emulator reads the method from a TrainJob's args and asks
+    # the trainer's table; kubetune train asks it for the method given: on one node the
+    # two agree on the recipe and on the config variant.
+    from kubetune.tools.local.runtime_merge import tune_recipe_and_config
+
+    recipe, config = tune_recipe_and_config(1, nproc, nproc, _METHOD_ARGS[method],
+                                            "torchtune-llama3.2-1b")
+    ours, base, _ = methods.recipe_for(method, topology.Topology(1, nproc, 0, None))
+    assert ours == recipe
+    assert base == methods.VARIANT_TEMPLATES[config.removeprefix("llama3_2/1B")]

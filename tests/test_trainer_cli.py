@@ -89,6 +89,27 @@ def test_the_topology_that_picks_the_recipe_is_the_one_the_command_runs(
         assert arg in command
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_one_process_group_starts_without_torchrun(tmp_path, tiny_model_dir, tiny_dataset_dir,
+                                                     processes):
+    """The controller's `tune run --nnodes 1 --nproc_per_node 1 <distributed recipe>`: one
+    worker needs no rendezvous, so the launcher starts it itself (torchrun would import
+    torch in a process of its own first); two still go through torchrun."""
+    from tests.support.trainer import make_pvc, tune_run
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    result = tune_run(pvc, "--nnodes", "1", "--nproc_per_node", str(processes),
+                      "lora_finetune_distributed", "--config", "llama3_2/1B_lora",
+                      *pvc.runtime_args(), "dataset=torchtune.datasets.instruct_dataset",
+                      "--kubetune-dry-run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recipe: lora_finetune_distributed" in result.stdout
+    command = result.stdout.split("command: ", 1)[1].split()
+    assert ("torch.distributed.run" in command) == (processes > 1)
+    assert command[command.index("-m", 1 if processes == 1 else 3) + 1] == \
+        "kubetune.trainer.recipe_process.bootstrap"
+
+
 def test_bad_lora_config_json_is_one_line(tmp_path, tiny_model_dir, tiny_dataset_dir):
     result = train("--dry-run", KUBETUNE_MODEL_DIR=str(tiny_model_dir),
                    KUBETUNE_DATASET_DIR=str(tiny_dataset_dir),

@@ -21,6 +21,7 @@ from kubetune.tools.demo.tiny_dataset import tiny_rows
 from kubetune.tools.local.jobset import LocalJobSet
 from kubetune.tools.local.runtime_merge import merge
 from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime
+from kubetune.trainer.config.recipe_config import resolve_recipe
 from tests.support.cli import REPO, clean_env
 from tests.support.runtimes import runtime_file as runtime_file_path, runtime_files
 from tests.support.sdk_trainjob import sdk_trainjob_spec
@@ -114,13 +115,28 @@ def test_no_key_an_sdk_dataset_form_sends_is_flagged(form, tmp_path, sources):
     assert "source: parquet" in result.stdout  # what the trainer will really read
 
 
-def test_an_unknown_top_level_key_is_one_warning(tmp_path, tiny_model_dir, tiny_dataset_dir):
+def test_an_unknown_top_level_key_is_one_warning_only_with_the_users_own_recipe(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    # A recipe file of the user's may read keys no config has; torchtune's read none.
+    recipe = tmp_path / "my_recipe.py"
+    recipe.write_text(Path(resolve_recipe(RECIPE[0])[0]).read_text())
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
-    result = tune_run(pvc, *RECIPE, *pvc.runtime_args(), "foo.bar=1", "--kubetune-dry-run")
+    result = tune_run(pvc, str(recipe), *RECIPE[1:], *pvc.runtime_args(), "foo.bar=1",
+                      "--kubetune-dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
     warned = [line for line in (result.stdout + result.stderr).splitlines()
               if "warning: key foo.bar" in line]
     assert len(warned) == 1
+
+
+@pytest.mark.parametrize("key", ["low_cpu_ram=True", "cudnn_deterministic_mode=True"])
+def test_a_top_level_key_the_recipe_reads_is_accepted(key, tmp_path, tiny_model_dir,
+                                                      tiny_dataset_dir):
+    """Keys torchtune's LoRA recipe reads with ``cfg.get`` that its config leaves out."""
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    result = tune_run(pvc, *RECIPE, *pvc.runtime_args(), key, "--kubetune-dry-run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not FLAGGED.search(result.stdout + result.stderr)
 
 
 @pytest.mark.slow

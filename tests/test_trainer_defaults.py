@@ -23,11 +23,21 @@ def base_cfg():
 def test_cpu_defaults_on_a_large_set_of_short_samples():
     cfg = base_cfg()
     notes = speed.apply(cfg, set(), "cpu", 1, mean_chars=200, rows=50_000, max_seq_len=2048)
-    assert cfg.dataset.packed is True and cfg.tokenizer.max_seq_len == 2048
+    # Packs attend densely on CPU (no flex attention): slower per token, so not by default,
+    # and the note says why and how to pack anyway.
+    assert not cfg.dataset.get("packed") and cfg.tokenizer.max_seq_len is None
     assert cfg.loss._component_ == speed.CHUNKED_CE
     assert cfg.optimizer._component_ == "torch.optim.AdamW" and cfg.optimizer.lr == 2e-5
     assert cfg.compile is False
-    assert any("packing" in n for n in notes)
+    assert any(n.startswith("speed: not packing 50000 samples") and "dataset.packed=True" in n
+               for n in notes)
+
+
+def test_cuda_packs_a_large_set_of_short_samples():
+    cfg = base_cfg()
+    notes = speed.apply(cfg, set(), "cuda", 1, mean_chars=200, rows=50_000, max_seq_len=2048)
+    assert cfg.dataset.packed is True and cfg.tokenizer.max_seq_len == 2048
+    assert any(n.startswith("speed: packing 50000 samples") for n in notes)
 
 
 def test_what_the_user_set_stays():
@@ -43,8 +53,9 @@ def test_what_the_user_set_stays():
 def test_no_packing_for_long_samples_or_a_small_set():
     for mean_chars, rows in ((6000, 50_000), (40, 500)):
         cfg = base_cfg()
-        speed.apply(cfg, set(), "cpu", 1, mean_chars=mean_chars, rows=rows, max_seq_len=2048)
-        assert not cfg.dataset.get("packed")
+        notes = speed.apply(cfg, set(), "cuda", 1, mean_chars=mean_chars, rows=rows,
+                            max_seq_len=2048)
+        assert not cfg.dataset.get("packed") and not any("packing" in n for n in notes)
 
 
 def test_fused_adamw_on_cuda():

@@ -77,8 +77,9 @@ def test_unreadable_tokenizer(tmp_path, model_copy, tiny_dataset_dir):
 def test_column_map_names_a_missing_column(pvc):
     result = tune_run(pvc, *LORA, *pvc.runtime_args(), *dataset_args(pvc),
                       "dataset.column_map={'input': 'question', 'output': 'answer'}")
-    assert_one_line_error(result, pvc, "has columns ['input', 'output']", "input->question",
-                          "dataset.column_map")
+    assert_one_line_error(result, pvc, "has no column 'question' (dataset.column_map maps "
+                          "input to it)", "its columns are input, output",
+                          "set dataset.column_map={'input': '<column>', 'output': 'answer'}")
 
 
 def test_output_dir_not_writable(pvc, tmp_path):

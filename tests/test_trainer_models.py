@@ -49,6 +49,20 @@ CASES = {
          "rope_scaling": {"rope_type": "llama3", "factor": 32.0}},
         {"original/tokenizer.model": TIKTOKEN}, 1,
         "torchtune.models.llama3_2.lora_llama3_2", "LLAMA3_2", "llama3_tokenizer"),
+    # transformers 5 writes RoPE scaling as rope_parameters, rope_theta inside.
+    "llama3.1 as transformers 5 writes it": (
+        {"model_type": "llama", "rope_parameters": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+            "rope_theta": 500000.0}},
+        {"original/tokenizer.model": TIKTOKEN}, 1,
+        "torchtune.models.llama3_1.lora_llama3_1", "LLAMA3", "llama3_tokenizer"),
+    # A tied Llama without RoPE scaling (SmolLM-style): Llama 3.2's tied builder at factor
+    # 1, which leaves RoPE plain.
+    "llama3.2 builder, tied, plain RoPE": (
+        {"model_type": "llama", "tie_word_embeddings": True},
+        {"original/tokenizer.model": TIKTOKEN}, 1,
+        "torchtune.models.llama3_2.lora_llama3_2", "LLAMA3_2", "llama3_tokenizer"),
     "mistral": ({"model_type": "mistral"}, {"tokenizer.model": "sentencepiece"}, 2,
                 "torchtune.models.mistral.lora_mistral", "MISTRAL", "mistral_tokenizer"),
     "gemma": ({"model_type": "gemma", "head_dim": 32}, {"tokenizer.model": "sentencepiece"}, 1,
@@ -102,7 +116,10 @@ def test_dry_run_builds_from_the_checkpoint(tmp_path, tiny_dataset_dir, case):
         assert "apply_lora_to_output" not in cfg["model"]
     if case.startswith("llama3.2"):
         assert cfg["model"]["tie_word_embeddings"] is True
-        assert cfg["model"]["scale_factor"] == 32
+        assert cfg["model"]["scale_factor"] == (1 if "plain" in case else 32)
+        assert "apply_lora_to_output" not in cfg["model"]  # the output is the embedding
+    if case.startswith("llama3.1"):
+        assert cfg["model"]["scale_factor"] == 8 and cfg["model"]["rope_base"] == 500000
     assert not pvc.output.exists()
 
 
@@ -112,6 +129,13 @@ REFUSED = {
                         "qwen3 checkpoint: rope type 'yarn' (context extension)"),
     "phi-3.5 longrope": ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}},
                          "phi3 checkpoint: rope type 'longrope'"),
+    "llama with linear RoPE scaling": (
+        {"model_type": "llama", "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        "llama checkpoint: rope type 'linear', which torchtune's llama builder cannot run"),
+    "llama3 RoPE from another original context": (
+        {"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                 "original_max_position_embeddings": 4096}},
+        "llama checkpoint: llama3 RoPE original_max_position_embeddings 4096"),
     "qwen3 moe": ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' in config.json is "
                                                 "not supported"),
     "gemma2 without soft-capping": ({"model_type": "gemma2", "attn_logit_softcapping": None,

@@ -183,7 +183,9 @@ def test_packed_lora_resumes_exactly_from_the_token_cache(tmp_path, tiny_model_d
     ("full_finetune_single_device", "llama3_2/1B_full_single_device", 1,
      ["gradient_accumulation_steps=2", "optimizer_in_bwd=False"]),
     ("lora_finetune_distributed", "llama3_2/1B_lora", 2, []),
-], ids=["full-1-process-accumulating", "lora-2-processes"])
+    # The Kubeflow shape on one device: a one-process group the launcher starts itself.
+    ("lora_finetune_distributed", "llama3_2/1B_lora", 1, ["gradient_accumulation_steps=2"]),
+], ids=["full-1-process-accumulating", "lora-2-processes", "lora-1-process-group"])
 def test_the_other_recipes_resume_exactly(tmp_path, tiny_model_dir, small_dataset_dir, recipe,
                                           config, processes, extra):
     """The remaining method x topology pairs, stopped once in epoch 0 of 2."""

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from kubetune.tools.demo import TinyModelSpec, write_tiny_model, write_tiny_qwen2
-from tests.support.cli import REPO, error_lines
+from tests.support.cli import REPO, clean_env, error_lines, kubetune
 from tests.support.trainer import SHORT, make_pvc, tune_run
 
 pytestmark = pytest.mark.slow
@@ -81,6 +83,36 @@ def test_sdk_lora_args_train_the_tiny_llama(tmp_path, tiny_model_dir, tiny_datas
     again = tune_run(pvc, *run_args, env=env)
     assert again.returncode == 0 and "nothing to do" in again.stderr
     assert (pvc.output / "kubetune-complete.json").read_text() == json.dumps(marker, indent=2)
+
+
+def _fingerprint(model_dir, dataset_dir, output_dir) -> str:
+    result = kubetune("train", "--dry-run", "--epochs", "1", env=clean_env(
+        KUBETUNE_MODEL_DIR=str(model_dir), KUBETUNE_DATASET_DIR=str(dataset_dir),
+        KUBETUNE_OUTPUT_DIR=str(output_dir)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load(result.stdout.split("config:\n", 1)[1].split("\ncommand: ", 1)[0])
+    return config["kubetune"]["fingerprint"]
+
+
+def test_other_data_at_the_same_path_is_another_run(tmp_path, tiny_model_dir, tiny_dataset_dir):
+    """What makes a finished run "this run" (nothing to do on a restart): the config and
+    what the initializers fetched, not only the paths the config names."""
+    import pyarrow.parquet as pq
+
+    other = shutil.copytree(tiny_dataset_dir, tmp_path / "other-data")
+    table = pq.read_table(other / "data" / "train.parquet")
+    pq.write_table(table.slice(0, table.num_rows - 1), other / "data" / "train.parquet")
+    workspace = tmp_path / "workspace"
+
+    def fetched(source) -> str:
+        init = kubetune("init-dataset", env=clean_env(KUBETUNE_WORKSPACE=str(workspace),
+                                                      STORAGE_URI=f"file://{source}"))
+        assert init.returncode == 0, init.stderr[-3000:]
+        return _fingerprint(tiny_model_dir, workspace / "dataset", workspace / "output")
+
+    first, changed, again = fetched(tiny_dataset_dir), fetched(other), fetched(tiny_dataset_dir)
+    assert first != changed
+    assert first == again
 
 
 def _renamed_columns_dataset(path, rows=64):

@@ -27,10 +27,12 @@ from kubetune import env, file_lock
 from kubetune.atomic_write import write_atomic
 from kubetune.errors import BadInputError, KilledError, KubetuneError, TransientError
 from kubetune.redact import SECRET_VARIABLES, redact, without_userinfo
+from kubetune.restart_advice import restart_advice
 from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
-                                TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME)
+                                TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME, TRAINING_SAMPLES_NAME)
 from kubetune.workspace.model_files import original_repo_id
-from kubetune.workspace.trainer_output import CompletionMarker, completed_fingerprint
+from kubetune.workspace.trainer_output import (CompletionMarker, completed_fingerprint,
+                                               read_marker)
 from kubetune.logs import json_mode, wrap_foreign_line
 from kubetune.parent_death import die_with_parent
 from kubetune.trainer.checkpointing import resume
@@ -56,6 +58,7 @@ def _child_env(plan_: RunPlan, stop_file: Path) -> dict[str, str]:
     child = {k: without_userinfo(v) for k, v in os.environ.items() if k not in SECRET_VARIABLES
              and not k.endswith(tuple(f"{s}_FILE" for s in SECRET_VARIABLES))}
     child.update(OFFLINE_ENV)
+    child.update(plan_.worker_env())
     child[env.STOP_FILE] = str(stop_file)
     child[env.PYTHONUNBUFFERED] = "1"
     # torchtune's own bars are off either way: our metric logger draws the one bar (in a
@@ -234,6 +237,13 @@ def _print_dry_run(plan_: RunPlan, command: list[str]) -> None:
     print("command: " + " ".join(command))
 
 
+def _finished_at(output_dir: Path) -> str:
+    try:
+        return read_marker(output_dir).finished_at or "earlier"
+    except KubetuneError:
+        return "earlier"
+
+
 def _already_complete(plan_: RunPlan) -> bool:
     return completed_fingerprint(plan_.output_dir) == plan_.fingerprint
 
@@ -277,11 +287,15 @@ def _run_holding_output(plan_: RunPlan, config_path: Path, command: list[str]) -
     if _already_complete(plan_):
         # Every node decides the same from the shared volume: a node that went on alone
         # would wait for the others at the rendezvous forever.
-        log.info("%s already holds this run's completed training: nothing to do", output_dir)
+        log.info("%s already holds this run's completed training (same config and inputs, "
+                 "finished %s): nothing to do, on to the export", output_dir,
+                 _finished_at(output_dir))
         return 0
     if primary:
         (output_dir / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
         (output_dir / SUMMARY_NAME).unlink(missing_ok=True)
+        # This run records its own (a text-completion run none): never an earlier run's.
+        (output_dir / TRAINING_SAMPLES_NAME).unlink(missing_ok=True)
         if plan_.resumed_from is None:
             (output_dir / METRICS_NAME).unlink(missing_ok=True)
             resume.clear(output_dir)
@@ -400,10 +414,11 @@ def _raise_stopped(plan_: RunPlan) -> None:
     if record is not None and record.fingerprint == plan_.fingerprint:
         raise TransientError(
             f"stopped by signal; resumable checkpoint {output_dir / record.checkpoint} "
-            f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): a restart "
-            "with the same config resumes from it")
+            f"({record.epochs_run} epoch(s) + {record.steps_in_epoch} step(s)): "
+            f"{restart_advice(resumes=True)}")
     raise TransientError(f"stopped by signal before any resumable checkpoint within the "
-                         f"{plan_.grace_period_s:.0f} s grace period: a restart starts over")
+                         f"{plan_.grace_period_s:.0f} s grace period: "
+                         f"{restart_advice(resumes=False)}")
 
 
 def _raise_failed(plan_: RunPlan, ran: _RecipeRun) -> None:

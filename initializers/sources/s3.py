@@ -337,8 +337,9 @@ class S3Source:
         if not resume:
             done.clear()
             state.begin()
+        # 0o666: the umask decides, as for every file we write (0664 under umask 002).
         fd = os.open(destination, os.O_RDWR | os.O_CREAT | (0 if resume else os.O_TRUNC),
-                     0o644)
+                     0o666)
         try:
             os.ftruncate(fd, size)
             futures = [None if s in done else

@@ -30,7 +30,9 @@ class Architecture:
 
     @property
     def lora_keys(self) -> tuple[str, ...]:
-        if self.family in ("gemma", "gemma2"):  # LoRA builders tie the output: no output LoRA
+        if self.shape.get("tie_word_embeddings"):
+            # The output is the embedding: every LoRA builder refuses an output LoRA
+            # (Gemma's take no such argument at all).
             return tuple(k for k in LORA_KEYS if k != "apply_lora_to_output")
         return LORA_KEYS
 
@@ -42,6 +44,18 @@ class Architecture:
         if self.family in ("gemma", "gemma2"):
             return {**self.dims, "tie_word_embeddings": True}
         return self.dims
+
+    @property
+    def summary(self) -> str:
+        """The checkpoint's shape as a run's log line names it, with what sets the
+        builder apart: RoPE scaling (Llama 3.1+) and a tied output."""
+        d = self.dims
+        parts = [f"layers={d['num_layers']}", f"dim={d['embed_dim']}", f"vocab={d['vocab_size']}"]
+        if d.get("scale_factor", 1) > 1:
+            parts.append(f"RoPE scaled x{d['scale_factor']}")
+        if self.shape.get("tie_word_embeddings"):
+            parts.append("tied output")
+        return ", ".join(parts)
 
     @property
     def permutes_qk(self) -> bool:
@@ -78,8 +92,14 @@ def _common_dims(cfg: dict) -> dict:
     return dims
 
 
+def _rope_scaling(cfg: dict) -> dict:
+    """RoPE scaling as config.json holds it: ``rope_scaling`` (transformers 4), or
+    ``rope_parameters`` (transformers 5, which also moves ``rope_theta`` into it)."""
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+
+
 def _rope_type(cfg: dict) -> str:
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    scaling = _rope_scaling(cfg)
     return str(scaling.get("rope_type") or scaling.get("type") or "default")
 
 
@@ -104,17 +124,7 @@ def architecture_of(cfg: dict) -> Architecture:
     _check_supported(cfg, model_type)  # before the dimensions another family may lack
     dims = _common_dims(cfg)
     if model_type == "llama":
-        dims["rope_base"] = int(dims.get("rope_base", 500_000))
-        scaling = cfg.get("rope_scaling") or {}
-        tied = bool(cfg.get("tie_word_embeddings", False))
-        if scaling.get("rope_type") == "llama3" or tied:
-            # Llama-3.1 / 3.2 use scaled RoPE; 3.2 also ties the output to the embeddings.
-            dims["scale_factor"] = int(scaling.get("factor", 32 if tied else 8))
-            if tied:
-                return Architecture("llama3_2", "llama3_2", "LLAMA3_2",
-                                    {**dims, "tie_word_embeddings": True})
-            return Architecture("llama3_1", "llama3_1", "LLAMA3", dims)
-        return Architecture("llama3", "llama3", "LLAMA3", dims)
+        return _llama(cfg, dims)
     if model_type == "qwen2":
         dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
         dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
@@ -137,7 +147,7 @@ def architecture_of(cfg: dict) -> Architecture:
     raise AssertionError(model_type)  # _check_supported listed it
 
 
-SUPPORTED = "llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (Phi-3, Phi-3.5, Phi-4)"
+SUPPORTED = "llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (Phi-3 4k, Phi-4)"
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3")
 
 
@@ -151,6 +161,41 @@ def _check_supported(cfg: dict, model_type: str | None) -> None:
         f" (from config.json's architectures {cfg.get('architectures')!r})"
     raise BadInputError(f"model_type {model_type!r}{named or ' in config.json'} is not "
                         f"supported; supported: {SUPPORTED}")
+
+
+# torchtune's Llama3ScaledRoPE fixes these; Llama 3.1, 3.2 and 3.3 all ship them.
+LLAMA3_ROPE_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192}
+
+
+def _llama(cfg: dict, dims: dict) -> Architecture:
+    """Llama 3 (plain RoPE), 3.1 / 3.3 (llama3 RoPE scaling), 3.2 (scaling and a tied
+    output); any other llama-typed checkpoint whose RoPE one of their builders runs."""
+    dims["rope_base"] = int(dims.get("rope_base", 500_000))
+    rope = _rope_type(cfg)
+    if rope not in ("default", "llama3"):
+        raise _refuse("llama", f"rope type {rope!r}", "torchtune's Llama builders run plain "
+                      "RoPE or Llama 3.1's llama3 scaling")
+    if rope == "llama3":
+        scaling = _rope_scaling(cfg)
+        for key, fixed in LLAMA3_ROPE_FIXED.items():
+            if float(scaling.get(key, fixed)) != fixed:
+                raise _refuse("llama", f"llama3 RoPE {key} {scaling[key]}",
+                              f"its llama3 scaling fixes {key} at {fixed:g}, as Llama 3.1-3.3 "
+                              "ship it")
+        factor = float(scaling.get("factor", 8))
+        if factor != int(factor):
+            raise _refuse("llama", f"llama3 RoPE factor {factor:g}", "it takes whole factors")
+        dims["scale_factor"] = int(factor)
+    if cfg.get("tie_word_embeddings", False):
+        # torchtune's tied builder (Llama 3.2's) always scales RoPE: without scaling in
+        # config.json, factor 1 leaves every frequency as plain RoPE has it.
+        dims.setdefault("scale_factor", 1)
+        return Architecture("llama3_2", "llama3_2", "LLAMA3_2",
+                            {**dims, "tie_word_embeddings": True})
+    if rope == "llama3":
+        return Architecture("llama3_1", "llama3_1", "LLAMA3", dims)
+    return Architecture("llama3", "llama3", "LLAMA3", dims)
 
 
 def _qwen3(cfg: dict, dims: dict) -> Architecture:
@@ -187,7 +232,8 @@ def _gemma2(cfg: dict, dims: dict) -> Architecture:
 
 
 def _phi3(cfg: dict, dims: dict) -> Architecture:
-    """Phi-3, Phi-3.5 and Phi-4 (all ``model_type: phi3``); the tokenizer tells them apart."""
+    """Phi-3 (4k) and Phi-4 (``model_type: phi3``, as Phi-3.5, refused for its long-context
+    RoPE); the tokenizer tells them apart."""
     rope_params = cfg.get("rope_parameters") or {}
     partial = cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
     if _rope_type(cfg) != "default":

@@ -18,7 +18,7 @@ from kubetune.errors import BadInputError
 from kubetune.redact import strip_userinfo
 from kubetune.remote import settings
 from kubetune.retry import TransientFailure
-from kubetune.unknown_host import unknown_host_error
+from kubetune.remote.unknown_host import unknown_host_error
 
 
 def unknown_hub_host(exc: BaseException, endpoint: str) -> BadInputError | None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import boto3
 from botocore.config import Config
 
-from kubetune import credentials, retry
+from kubetune import retry
 from kubetune.redact import register_secret
-from kubetune.remote import settings
+from kubetune.remote import credentials, settings
 from kubetune.remote.s3_errors import role_classify
 
 SINGLE_ATTEMPT = {"total_max_attempts": 1, "mode": "standard"}

@@ -23,7 +23,7 @@ from kubetune import env
 from kubetune.errors import BadInputError, TransientError
 from kubetune.remote import settings
 from kubetune.retry import TransientFailure
-from kubetune.unknown_host import unknown_host_error
+from kubetune.remote.unknown_host import unknown_host_error
 
 TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",

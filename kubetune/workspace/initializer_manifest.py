@@ -1,17 +1,51 @@
-"""The initializers' completion manifest (``.kubetune-manifest.json``), as a later step
-reads it: what was fetched, from where, at which revision.
+"""The initializers' completion manifest (``.kubetune-manifest.json``): what was fetched,
+from where, at which revision, with every file's size and sha256.
 
-The initializer writes it last (``kubetune.initializers.manifest``), so a tree without it
-is incomplete. The exporter reads it once per tree and passes the result around.
+The initializer builds it and writes it last (`build`, `write`), so a tree without it is
+incomplete; a rerun of the same request is satisfied by it (`satisfies`); a later step
+reads it (`read_manifest`, `InitializerManifest`: the exporter reads it once per tree and
+passes the result around). One module for the one file, writer and readers together.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubetune.atomic_write import write_atomic
 from kubetune.workspace import MANIFEST_NAME
+
+
+def build(identity: dict, resolved_revision: str | None, files: list[tuple[str, int, str]]
+          ) -> dict:
+    """The manifest of a tree holding ``files`` (path, size, sha256), fetched for the
+    request ``identity`` names."""
+    return {
+        "version": 1,
+        **identity,
+        "resolved_revision": resolved_revision,
+        "files": [{"path": p, "size": s, "sha256": h} for p, s, h in sorted(files)],
+        "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write(tree: Path, manifest: dict) -> None:
+    write_atomic(Path(tree) / MANIFEST_NAME, json.dumps(manifest, indent=2))
+
+
+def satisfies(tree: Path, identity: dict) -> bool:
+    """True when ``tree`` is a complete earlier result of the same request."""
+    found = read_manifest(tree)
+    if not found or any(found.get(k) != v for k, v in identity.items()):
+        return False
+    for entry in found.get("files", []):
+        path = tree / entry["path"]
+        if not path.is_file() or path.stat().st_size != entry["size"]:
+            return False
+    return True
 
 
 def read_manifest(tree: Path) -> dict | None:
@@ -35,6 +69,14 @@ class InitializerManifest:
     def revision(self) -> str | None:
         """The revision a reader should name: the one resolved, else the one asked for."""
         return self.resolved_revision or self.requested_revision
+
+    def content_digest(self) -> str | None:
+        """What the tree holds, by its files' paths and sha256 (None: no manifest): the
+        same URI fetched again with other files in it gives another digest."""
+        if not self.files:
+            return None
+        listed = sorted(f"{f.get('path')}\0{f.get('sha256')}" for f in self.files)
+        return hashlib.sha256("\n".join(listed).encode()).hexdigest()[:16]
 
     @classmethod
     def read(cls, tree: Path) -> "InitializerManifest":

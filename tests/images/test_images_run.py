@@ -1,9 +1,15 @@
 """The built images, run as users run them (`make images-test`; `make test` deselects
-these). Each image: its default command and every subcommand's --help without a
-traceback; the all-in-one demo as uid 65532 and as an arbitrary uid with gid 0 on a
-read-only root; a failing step's exit code and termination log; the step images wired as
-the runtimes wire them, through `kubetune local --engine podman`; and each image's size
-against a budget. Skipped, with the reason, where no engine or no built image exists."""
+these), under podman and under docker. Each image: its default command and every
+subcommand's --help without a traceback; the all-in-one demo as uid 65532 and as an
+arbitrary uid with gid 0 on a read-only root; a failing step's exit code and termination
+log; the step images wired as the runtimes wire them, through `kubetune local --engine`,
+on a model and dataset only their owner may read, every file written owned by the user
+running it, with the umask's modes: as root, and as a real non-root user (rootless podman,
+docker as a member of the docker group); and each image's size against a budget. Skipped,
+with the reason, where no engine, daemon, built image or non-root user exists.
+
+IMAGE_REPO (as `make images IMAGE_REPO=...`) names where the images were built; the
+runtimes' own references are then overridden with `--image`."""
 
 from __future__ import annotations
 
@@ -13,7 +19,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,6 +29,8 @@ import yaml
 
 from kubetune.entrypoints.cli import COMMANDS
 from tests.support.cli import clean_env, kubetune
+from tests.support.file_modes import wrong_modes, wrong_owners
+from tests.support.other_user import OtherUser
 from tests.support.processes import processes_mentioning
 from tests.support.runtimes import runtime_file, write_trainjob as write_job_file
 from tests.support.sdk_trainjob import sdk_trainjob_spec
@@ -32,44 +42,72 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "runtimes" / "base"
 VERSION = next(line.split('"')[1] for line in (REPO / "pyproject.toml").read_text().splitlines()
                if line.startswith("version = "))
-IMAGES = {name: f"ghcr.io/kubetune/{name}:{VERSION}"
+RUNTIME_REPO = "ghcr.io/kubetune"  # what the runtimes in runtimes/ reference
+# A test's setting, as `make images-test` passes it: where the images under test are.
+IMAGE_REPO = os.environ.get("IMAGE_REPO") or RUNTIME_REPO
+IMAGES = {name: f"{IMAGE_REPO}/{name}:{VERSION}"
           for name in ("initializer", "trainer", "exporter", "kubetune")}
+# `kubetune local` runs the runtimes' images: these, wherever they were built.
+IMAGE_OPTIONS = [] if IMAGE_REPO == RUNTIME_REPO else [
+    a for name in ("initializer", "trainer", "exporter")
+    for a in ("--image", f"{name}={IMAGES[name]}")]
 # What each image adds on top of its base, in MB (1e6 bytes): measured on the CI
 # stand-in bases (initializer 248, trainer / exporter / all-in-one 530-532), plus
 # about 20% headroom. Growth past these fails; raise them knowingly (docs/images.md).
 ADDED_MB_BUDGET = {"initializer": 300, "trainer": 730, "exporter": 640, "kubetune": 730}
-ENGINE = "podman"
 TRACEBACK = "Traceback (most recent call last)"
 
 
-def engine(*args: str, timeout: float = 900, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=timeout,
-                          **kw)
+@dataclass(frozen=True)
+class Engine:
+    """A container engine's CLI: ``engine("ps", "-a")`` runs ``podman ps -a``."""
+
+    name: str
+
+    def __call__(self, *args: str, timeout: float = 900, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([self.name, *args], capture_output=True, text=True,
+                              timeout=timeout, **kw)
+
+    def not_ready(self) -> str | None:
+        """Why the images cannot run under this engine here, or None."""
+        if shutil.which(self.name) is None:
+            return (f"{self.name} is not installed: `make images-test` installs it and "
+                    "builds the images")
+        info = self("info", timeout=120)
+        if info.returncode != 0:
+            return f"`{self.name} info` failed: {(info.stderr.strip().splitlines() or [''])[-1]}"
+        missing = [ref for ref in IMAGES.values()
+                   if self("image", "inspect", ref, timeout=60).returncode != 0]
+        if missing:
+            return (f"images not in {self.name}: {', '.join(missing)} (run `make "
+                    "images-test`; it builds them with podman and loads them into docker)")
+        return None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def images_built():
-    if shutil.which(ENGINE) is None:
-        pytest.skip(f"{ENGINE} is not installed: `make images-test` installs it and builds "
-                    "the images")
-    missing = [ref for ref in IMAGES.values()
-               if engine("image", "exists", ref, timeout=60).returncode != 0]
-    if missing:
-        pytest.skip(f"images not built: {', '.join(missing)} (run `make images-test`, or "
-                    f"`make images ENGINE={ENGINE}`)")
+PODMAN = Engine("podman")
+
+
+@pytest.fixture(scope="module", params=["podman", "docker"])
+def engine(request) -> Engine:
+    """Each test that runs containers runs under podman, then under docker."""
+    chosen = Engine(request.param)
+    reason = chosen.not_ready()
+    if reason:
+        pytest.skip(reason)
+    return chosen
 
 
 def inspect(ref: str) -> dict:
-    return json.loads(engine("image", "inspect", ref, timeout=60).stdout)[0]
+    return json.loads(PODMAN("image", "inspect", ref, timeout=60).stdout)[0]
 
 
 def added_bytes(ref: str) -> tuple[int, str]:
     """Bytes the image adds over its base: the local image whose layers are the longest
-    proper prefix of this one's."""
+    proper prefix of this one's (podman's store, where CI builds them and their bases)."""
     image = inspect(ref)
     layers = image["RootFS"]["Layers"]
     candidates = [(0, False, 0, "(none)")]
-    for other in set(engine("images", "-q", "--no-trunc", timeout=60).stdout.split()):
+    for other in set(PODMAN("images", "-q", "--no-trunc", timeout=60).stdout.split()):
         info = inspect(other)
         theirs = info["RootFS"]["Layers"]
         if info["Id"] != image["Id"] and 0 < len(theirs) < len(layers) and \
@@ -82,6 +120,9 @@ def added_bytes(ref: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize("name", IMAGES)
 def test_image_size_within_budget(name):
+    reason = PODMAN.not_ready()
+    if reason:
+        pytest.skip(reason)
     added, base = added_bytes(IMAGES[name])
     total = inspect(IMAGES[name])["Size"]
     print(f"\n{IMAGES[name]}: {total / 1e6:.0f} MB, {added / 1e6:.0f} MB over {base}")
@@ -89,7 +130,8 @@ def test_image_size_within_budget(name):
         f"{name} adds {added / 1e6:.0f} MB over {base}; budget {ADDED_MB_BUDGET[name]} MB")
 
 
-def run_commands(image: str, commands: list[str]) -> dict[str, tuple[int, str]]:
+def run_commands(engine: Engine, image: str, commands: list[str]
+                 ) -> dict[str, tuple[int, str]]:
     """Run each command in one container of ``image``; return its exit code and output."""
     script = "".join(f'echo "@@@ {c}"; {c} 2>&1; echo "@@@ rc=$?"; ' for c in commands)
     result = engine("run", "--rm", "--read-only", "--tmpfs", "/tmp", "--entrypoint", "/bin/sh",
@@ -119,15 +161,15 @@ HELP_COMMANDS["kubetune"] = HELP_COMMANDS["trainer"]
 
 
 @pytest.mark.parametrize("name", IMAGES)
-def test_every_subcommand_help_works(name):
-    outputs = run_commands(IMAGES[name], HELP_COMMANDS[name])
+def test_every_subcommand_help_works(engine, name):
+    outputs = run_commands(engine, IMAGES[name], HELP_COMMANDS[name])
     broken = {c: out[-600:] for c, (rc, out) in outputs.items() if rc != 0 or TRACEBACK in out}
     assert set(outputs) == set(HELP_COMMANDS[name])
     assert not broken, "\n\n".join(f"$ {c}\n{out}" for c, out in broken.items())
 
 
 @pytest.mark.parametrize("name", ["initializer", "trainer", "exporter"])
-def test_default_command_works(name):
+def test_default_command_works(engine, name):
     """`docker run <image>`: the first thing anyone tries. (The all-in-one's default is
     the demo, below.)"""
     result = engine("run", "--rm", IMAGES[name], timeout=300)
@@ -150,7 +192,7 @@ def writable_dir(path: Path) -> Path:
     ("1000770000:0", ["local", "--workdir", "/workspace/kubetune-local", "epochs=1",
                       "max_steps_per_epoch=4"]),
 ], ids=["uid-65532", "arbitrary-uid-gid-0"])
-def test_all_in_one_demo_read_only_root(tmp_path, user, args):
+def test_all_in_one_demo_read_only_root(engine, tmp_path, user, args):
     ws = writable_dir(tmp_path / "ws")
     result = engine("run", "--rm", "--read-only", "--tmpfs", "/tmp", "--user", user,
                     "-v", f"{ws}:/workspace", IMAGES["kubetune"], *args, timeout=1500)
@@ -163,7 +205,7 @@ def test_all_in_one_demo_read_only_root(tmp_path, user, args):
     assert json.loads((export / "manifest.json").read_text())["files"]
 
 
-def test_failing_step_reports_one_error_line_and_its_exit_code(tmp_path):
+def test_failing_step_reports_one_error_line_and_its_exit_code(engine, tmp_path):
     term = tmp_path / "termination-log"
     term.write_text("")
     term.chmod(0o666)
@@ -181,12 +223,12 @@ def test_failing_step_reports_one_error_line_and_its_exit_code(tmp_path):
     assert message and "\n" not in message and errors[0].endswith(message)
 
 
-# -- the runtimes, through `kubetune local --engine podman` ------------------------------
+# -- the runtimes, through `kubetune local --engine podman|docker` -----------------------
 
 def readable_sources(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: Path
                      ) -> tuple[Path, Path]:
-    """Copies of the tiny model and dataset any container user may read (the demo writes
-    its weights 0600, as a user's own files may be)."""
+    """Copies of the tiny model and dataset any container user may read: for a container
+    that runs as the pod's own user (65532), not as the user who owns them."""
     model = Path(shutil.copytree(tiny_model_dir, tmp_path / "src" / "model"))
     dataset = Path(shutil.copytree(tiny_dataset_dir, tmp_path / "src" / "dataset"))
     for path in [tmp_path / "src", *(tmp_path / "src").rglob("*")]:
@@ -194,37 +236,68 @@ def readable_sources(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: Pat
     return model, dataset
 
 
+def private_sources(root: Path, tiny_model_dir: Path, tiny_dataset_dir: Path
+                    ) -> tuple[Path, Path]:
+    """Copies of the tiny model and dataset as a user keeps their own: directories 0700
+    (a home directory's default), files 0600 (as safetensors writes weights)."""
+    model = Path(shutil.copytree(tiny_model_dir, root / "src" / "model"))
+    dataset = Path(shutil.copytree(tiny_dataset_dir, root / "src" / "dataset"))
+    for path in [root / "src", *(root / "src").rglob("*")]:
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    return model, dataset
+
+
 def write_trainjob(tmp_path: Path, runtime: str, spec: dict) -> Path:
     return write_job_file(tmp_path / "job.yaml", runtime, spec)
 
 
-def local_podman(tmp_path: Path, runtime: Path, job: Path) -> subprocess.CompletedProcess:
-    return kubetune("local", "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
-                    "--runtime", str(runtime), "--trainjob", str(job), env=clean_env(),
-                    timeout=1500)
+def byo_job(tmp_path: Path, model: Path, dataset: Path, steps: int = 3) -> Path:
+    """A TrainJob of kubetune-byo-model on ``model`` and ``dataset``, ``steps`` long."""
+    return write_trainjob(tmp_path, "kubetune-byo-model", {
+        "initializer": {"model": {"storageUri": f"file://{model}"},
+                        "dataset": {"storageUri": f"file://{dataset}"}},
+        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": str(steps)},
+                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
+                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]}})
 
 
-def assert_nothing_left(result: subprocess.CompletedProcess) -> None:
+def local_argv(engine: Engine, workdir: Path, runtime: Path, job: Path) -> list[str]:
+    """`kubetune local --engine`'s arguments, after `kubetune`."""
+    return ["local", "--engine", engine.name, "--workdir", str(workdir), "--runtime",
+            str(runtime), "--trainjob", str(job), *IMAGE_OPTIONS]
+
+
+# The containers' umask is the engine's; `kubetune local` itself runs under the same.
+UMASK = 0o022
+
+
+def local_run(engine: Engine, tmp_path: Path, runtime: Path, job: Path, **kw
+              ) -> subprocess.CompletedProcess:
+    return kubetune(*local_argv(engine, tmp_path / "run", runtime, job), env=clean_env(),
+                    timeout=1500, umask=UMASK, **kw)
+
+
+def run_id_of(result: subprocess.CompletedProcess) -> str:
     network = next(line for line in result.stdout.splitlines() if "network kubetune-" in line)
-    run_id = network.split("network kubetune-")[1].rstrip(")")
+    return network.split("network kubetune-")[1].rstrip(")")
+
+
+def assert_nothing_left(engine: Engine, result: subprocess.CompletedProcess) -> None:
+    run_id = run_id_of(result)
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == ""
-    assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+    assert engine("network", "inspect", f"kubetune-{run_id}", timeout=60).returncode != 0
     # Its watchdog was told the run removed its own, and is gone.
     assert processes_mentioning(run_id) == []
 
 
-def test_byo_runtime_on_the_images(tmp_path, tiny_model_dir, tiny_dataset_dir):
+def test_byo_runtime_on_the_images(engine, tmp_path, tiny_model_dir, tiny_dataset_dir):
     """kubetune-byo-model: `kubetune init-*`, `kubetune train` with KUBETUNE_* env from the
-    TrainJob, `kubetune export`: each in its own image, sharing /workspace."""
-    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
-    job = write_trainjob(tmp_path, "kubetune-byo-model", {
-        "initializer": {"model": {"storageUri": f"file://{model}"},
-                        "dataset": {"storageUri": f"file://{dataset}"}},
-        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": "3"},
-                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
-                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]}})
-    result = local_podman(tmp_path, BASE / "kubetune-byo-model.yaml", job)
+    TrainJob, `kubetune export`: each in its own image, sharing /workspace; on a model and
+    dataset only their owner may read, everything written theirs, as the umask says."""
+    model, dataset = private_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    result = local_run(engine, tmp_path, BASE / "kubetune-byo-model.yaml",
+                       byo_job(tmp_path, model, dataset))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     ws = tmp_path / "run" / "workspace"
     assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
@@ -235,22 +308,37 @@ def test_byo_runtime_on_the_images(tmp_path, tiny_model_dir, tiny_dataset_dir):
     assert config["output_dir"] == "/workspace/output"
     for step in ("dataset-initializer", "model-initializer", "node", "exporter"):
         assert f"==> {step}: ok" in result.stdout
-    assert_nothing_left(result)
+    assert wrong_owners(tmp_path / "run", os.geteuid(), os.getegid()) == []
+    assert wrong_modes(tmp_path / "run", UMASK) == []
+    assert_nothing_left(engine, result)
     # torchao's C++-extension notice is noise in every step's log (issue 21, point 4).
     assert "Skipping import of cpp extensions" not in result.stdout
 
 
-def test_export_to_a_host_directory_from_the_exporter_image(tmp_path, tiny_model_dir,
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the sources to another user")
+def test_a_source_only_another_user_may_read_is_named_before_any_step(
+        engine, tmp_path, tiny_model_dir, tiny_dataset_dir):
+    """Root (sudo) on another user's private model: root's containers drop root's
+    privileges, so they could not read it. Said at once, with the fix; nothing runs."""
+    model, dataset = private_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    for path in [tmp_path / "src", *(tmp_path / "src").rglob("*")]:
+        os.chown(path, 4242, 4242)
+    result = local_run(engine, tmp_path, BASE / "kubetune-byo-model.yaml",
+                       byo_job(tmp_path, model, dataset))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 65, result.stdout[-3000:] + result.stderr
+    assert len(errors) == 1 and "-initializer: " in errors[0], result.stderr
+    assert "(owner uid 4242, mode 0700)" in errors[0]
+    assert "run kubetune local as uid 4242" in errors[0]
+    assert "==>" not in result.stdout  # no step, no container started
+
+
+def test_export_to_a_host_directory_from_the_exporter_image(engine, tmp_path, tiny_model_dir,
                                                             tiny_dataset_dir):
     """EXPORT_URI a path of this host, relative to where `kubetune local` runs: the
     exporter's container writes the export there (not into its own filesystem)."""
-    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
-    job = write_trainjob(tmp_path, "kubetune-byo-model", {
-        "initializer": {"model": {"storageUri": f"file://{model}"},
-                        "dataset": {"storageUri": f"file://{dataset}"}},
-        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": "2"},
-                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
-                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]}})
+    model, dataset = private_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    job = byo_job(tmp_path, model, dataset, steps=2)
     runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
     for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
         for c in rjob["template"]["spec"]["template"]["spec"]["containers"]:
@@ -258,60 +346,118 @@ def test_export_to_a_host_directory_from_the_exporter_image(tmp_path, tiny_model
                 if var["name"] == "EXPORT_URI":
                     var["value"] = "./exports/tiny"
     (tmp_path / "runtime.yaml").write_text(yaml.safe_dump(runtime))
-    result = kubetune("local", "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
-                      "--runtime", str(tmp_path / "runtime.yaml"), "--trainjob", str(job),
-                      env=clean_env(), cwd=tmp_path, timeout=1500)
+    result = local_run(engine, tmp_path, tmp_path / "runtime.yaml", job, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     export = tmp_path / "exports" / "tiny"
     manifest = json.loads((export / "manifest.json").read_text())
     assert manifest["files"] and all((export / f["path"]).is_file()
                                      for f in manifest["files"])
+    assert wrong_owners(tmp_path / "exports", os.geteuid(), os.getegid()) == []
+    assert wrong_modes(tmp_path / "exports", UMASK) == []
     assert not (tmp_path / "run" / "workspace" / "export").exists()
-    assert_nothing_left(result)
+    assert_nothing_left(engine, result)
 
 
-def test_torchtune_dropin_runtime_on_the_images(tmp_path, tiny_model_dir, tiny_dataset_dir):
+# -- as a real non-root user: rootless podman, docker from the docker group ---------------
+
+@pytest.fixture(scope="module")
+def other_user(engine) -> OtherUser:
+    """The non-root user images/ci/rootless-user.sh makes, able to run ``engine`` with
+    the images under test."""
+    user = OtherUser.find()
+    if os.geteuid() != 0 or user is None:
+        pytest.skip("needs root and the user `images/ci/rootless-user.sh` creates")
+    if engine.name == "docker":
+        groups = user.run(["id", "-nG"]).stdout.split()
+        if "docker" not in groups:
+            pytest.skip(f"{user.name} is not in the docker group")
+        return user
+    # Rootless podman keeps its own image store: the images under test, copied there.
+    if user.run(["podman", "image", "inspect", IMAGES["trainer"]]).returncode != 0:
+        refs = [IMAGES[name] for name in ("initializer", "trainer", "exporter")]
+        save = subprocess.Popen(["podman", "save", "-m", *refs], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        loaded = user.run(["podman", "load"], stdin=save.stdout, timeout=1500)
+        save.wait(timeout=60)
+        assert loaded.returncode == 0, loaded.stderr[-2000:]
+    return user
+
+
+def test_a_non_root_user_reads_their_private_sources_and_owns_every_output(
+        engine, other_user, tiny_model_dir, tiny_dataset_dir):
+    """As a user runs it on a workstation: their model in their home directory (0700
+    directories, 0600 weights); every file and directory the steps write, workdir and
+    export, is theirs (not a sub-uid's needing `podman unshare`), with the umask's
+    modes. Rootless podman under podman, docker as a member of the docker group."""
+    home = Path(tempfile.mkdtemp(prefix="kubetune-images-", dir=other_user.home))
+    try:
+        model, dataset = private_sources(home, tiny_model_dir, tiny_dataset_dir)
+        job = byo_job(home, model, dataset)
+        other_user.give(home)
+        env = {k: v for k, v in os.environ.items() if k in ("DOCKER_HOST",)}
+        result = other_user.run(
+            [*other_user.python(), "-m", "kubetune.entrypoints",
+             *local_argv(engine, home / "run", BASE / "kubetune-byo-model.yaml", job)],
+            cwd=home, env=env, umask=UMASK, timeout=1500)
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+        ws = home / "run" / "workspace"
+        assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
+        assert (ws / "export" / "adapter_model.safetensors").is_file()
+        assert wrong_owners(home / "run", other_user.uid, other_user.gid) == []
+        assert wrong_modes(home / "run", UMASK) == []
+        run_id = run_id_of(result)
+        assert other_user.run([engine.name, "ps", "-a", "-q", "--filter",
+                               f"label=kubetune.local/run={run_id}"],
+                              env=env).stdout.strip() == ""
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_torchtune_dropin_runtime_on_the_images(engine, tmp_path, tiny_model_dir,
+                                                tiny_dataset_dir):
     """torchtune-llama3.2-1b with what the SDK's BuiltinTrainer submits (`tune run` + LoRA
     args): the trainer image's `tune` is ours (it picks the recipe and writes the
     summary torchtune's own would not)."""
-    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    model, dataset = private_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
     spec = sdk_trainjob_spec(runtime_file("torchtune-llama3.2-1b"))
     spec["initializer"]["model"]["storageUri"] = f"file://{model}"
     spec["initializer"]["dataset"]["storageUri"] = f"file://{dataset}"
     spec["trainer"]["args"] = list(spec["trainer"].get("args") or []) + [
         "max_steps_per_epoch=3"]
     job = write_trainjob(tmp_path, "torchtune-llama3.2-1b", spec)
-    result = local_podman(tmp_path, runtime_file("torchtune-llama3.2-1b"), job)
+    result = local_run(engine, tmp_path, runtime_file("torchtune-llama3.2-1b"), job)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     ws = tmp_path / "run" / "workspace"
     assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
     assert "lora_finetune_single_device" in result.stdout
     assert (ws / "export" / "adapter_model.safetensors").is_file()
-    assert_nothing_left(result)
+    assert_nothing_left(engine, result)
 
 
-def test_multinode_runtime_rendezvous_between_node_containers(tmp_path, tiny_model_dir,
+def test_multinode_runtime_rendezvous_between_node_containers(engine, tmp_path,
+                                                              tiny_model_dir,
                                                               tiny_dataset_dir):
     """kubetune-llama3.1-8b-full-multinode on two nodes: two trainer containers find node
     0 by its pod DNS name (PET_MASTER_ADDR) on the run's network and train as one world."""
-    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    model, dataset = private_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
     job = write_trainjob(tmp_path, "kubetune-llama3.1-8b-full-multinode", {"trainer": {
         "numNodes": 2, "numProcPerNode": 1,
         "env": [{"name": "MODEL_URI", "value": f"file://{model}"},
                 {"name": "DATASET_URI", "value": f"file://{dataset}"}],
         "args": ["epochs=1", "max_steps_per_epoch=3", "batch_size=4",
                  "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train"]}})
-    result = local_podman(tmp_path, BASE / "kubetune-llama3.1-8b-full-multinode.yaml", job)
+    result = local_run(engine, tmp_path, BASE / "kubetune-llama3.1-8b-full-multinode.yaml",
+                       job)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     for node in ("node-0", "node-1"):
         assert f"==> {node}: ok" in result.stdout
     summary = json.loads((tmp_path / "run" / "workspace" / "output" / "summary.json"
                           ).read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 3
-    assert_nothing_left(result)
+    assert_nothing_left(engine, result)
 
 
-def test_all_in_one_runs_a_torchtune_runtime_with_our_tune(tmp_path, tiny_model_dir,
+def test_all_in_one_runs_a_torchtune_runtime_with_our_tune(engine, tmp_path, tiny_model_dir,
                                                            tiny_dataset_dir):
     """Inside the all-in-one image, `kubetune local --runtime <torchtune-*>` must run our
     `tune` (it picks the recipe, writes the summary), not torchtune's own."""
@@ -337,24 +483,25 @@ def test_all_in_one_runs_a_torchtune_runtime_with_our_tune(tmp_path, tiny_model_
     assert json.loads(summary.read_text())["steps"] == 3
 
 
-def test_failing_runtime_step_propagates_code_and_message(tmp_path):
+def test_failing_runtime_step_propagates_code_and_message(engine, tmp_path):
     """A source that does not exist: the initializer container's exit code and its
     termination message come back as `kubetune local`'s own."""
     job = write_trainjob(tmp_path, "kubetune-byo-model", {
         "initializer": {"model": {"storageUri": "file:///no/such/model"},
                         "dataset": {"storageUri": "file:///no/such/dataset"}}})
-    result = local_podman(tmp_path, BASE / "kubetune-byo-model.yaml", job)
+    result = local_run(engine, tmp_path, BASE / "kubetune-byo-model.yaml", job)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 65, result.stdout[-3000:] + result.stderr
     assert len(errors) == 1 and "/no/such/" in errors[0]
     assert "restarting" not in result.stdout
-    assert_nothing_left(result)
+    assert_nothing_left(engine, result)
 
 
 @pytest.mark.parametrize("signum, output_gone", [(signal.SIGTERM, False),
                                                   (signal.SIGINT, True)],
                          ids=["sigterm", "ctrl-c-output-gone"])
-def test_sigterm_removes_every_container_and_the_network(tmp_path, signum, output_gone):
+def test_sigterm_removes_every_container_and_the_network(engine, tmp_path, signum,
+                                                         output_gone):
     """Ctrl-C / SIGTERM mid-run: the step is stopped, and no container or network of the
     run is left behind; also when the output's reader went first (`2>&1 | head -1`, or
     `| tee` killed by the same Ctrl-C)."""
@@ -369,9 +516,8 @@ def test_sigterm_removes_every_container_and_the_network(tmp_path, signum, outpu
         "initializer": {"model": {"storageUri": "file:///m"},
                         "dataset": {"storageUri": "file:///d"}}})
     # Its own process group, as a shell's job: what a terminal's Ctrl-C signals.
-    proc = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "local",
-                             "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
-                             "--runtime", str(path), "--trainjob", str(job)],
+    proc = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints",
+                             *local_argv(engine, tmp_path / "run", path, job)],
                             env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, process_group=0)
     first = proc.stdout.readline()
@@ -391,21 +537,16 @@ def test_sigterm_removes_every_container_and_the_network(tmp_path, signum, outpu
         assert "-initializer: stopped by SIGTERM (exit 143)" in out, first + out
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == "", first + out
-    assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+    assert engine("network", "inspect", f"kubetune-{run_id}", timeout=60).returncode != 0
 
 
-def start_long_training(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: Path
-                        ) -> tuple[subprocess.Popen, str, str, Path]:
+def start_long_training(engine: Engine, tmp_path: Path, tiny_model_dir: Path,
+                        tiny_dataset_dir: Path) -> tuple[subprocess.Popen, str, str, Path]:
     """`kubetune local --engine` on kubetune-byo-model whose trainer would train for a long
     time, up to its trainer's container running: (process, run id, trainer container,
     the TrainJob of a short run of the same runtime)."""
-    model, dataset = readable_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
-    job = write_trainjob(tmp_path, "kubetune-byo-model", {
-        "initializer": {"model": {"storageUri": f"file://{model}"},
-                        "dataset": {"storageUri": f"file://{dataset}"}},
-        "trainer": {"env": [{"name": "KUBETUNE_MAX_STEPS", "value": "3"},
-                            {"name": "KUBETUNE_EPOCHS", "value": "1"},
-                            {"name": "KUBETUNE_BATCH_SIZE", "value": "8"}]}})
+    model, dataset = private_sources(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    job = byo_job(tmp_path, model, dataset)
     runtime = yaml.safe_load((BASE / "kubetune-byo-model.yaml").read_text())
     node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
                 if j["name"] == "node")
@@ -413,9 +554,8 @@ def start_long_training(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: 
         "python", "-c", "import time; time.sleep(900)"]
     long_runtime = tmp_path / "long.yaml"
     long_runtime.write_text(yaml.safe_dump(runtime))
-    proc = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "local",
-                             "--engine", ENGINE, "--workdir", str(tmp_path / "run"),
-                             "--runtime", str(long_runtime), "--trainjob", str(job)],
+    proc = subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints",
+                             *local_argv(engine, tmp_path / "run", long_runtime, job)],
                             env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     run_id = proc.stdout.readline().split("network kubetune-")[1].split(")")[0]
@@ -433,11 +573,12 @@ def start_long_training(tmp_path: Path, tiny_model_dir: Path, tiny_dataset_dir: 
     return proc, run_id, trainer, job
 
 
-def test_kill_9_of_local_removes_its_containers_at_once(tmp_path, tiny_model_dir,
+def test_kill_9_of_local_removes_its_containers_at_once(engine, tmp_path, tiny_model_dir,
                                                         tiny_dataset_dir):
     """`kill -9` of `kubetune local` mid-training kills the engine clients, not the trainer
     container the engine runs: the run's watchdog removes it and the network."""
-    proc, run_id, trainer, _ = start_long_training(tmp_path, tiny_model_dir, tiny_dataset_dir)
+    proc, run_id, trainer, _ = start_long_training(engine, tmp_path, tiny_model_dir,
+                                                   tiny_dataset_dir)
     proc.kill()
     proc.wait(timeout=60)
     deadline = time.monotonic() + 300  # a bound for a hung engine, not a speed check
@@ -450,17 +591,17 @@ def test_kill_9_of_local_removes_its_containers_at_once(tmp_path, tiny_model_dir
     log = (tmp_path / "run" / "logs" / "container-watchdog.log").read_text()
     assert f"removing container {trainer}: done" in log, log
     while time.monotonic() < deadline and engine(
-            "network", "exists", f"kubetune-{run_id}", timeout=60).returncode == 0:
+            "network", "inspect", f"kubetune-{run_id}", timeout=60).returncode == 0:
         time.sleep(0.5)
-    assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+    assert engine("network", "inspect", f"kubetune-{run_id}", timeout=60).returncode != 0
 
 
 def test_what_a_killed_run_left_is_removed_by_the_next_run_in_the_workdir(
-        tmp_path, tiny_model_dir, tiny_dataset_dir):
+        engine, tmp_path, tiny_model_dir, tiny_dataset_dir):
     """Its watchdog killed too (a whole cgroup killed, say): the trainer container trains
     on until the next `kubetune local` in the same workdir, which removes it (one warning
     line naming it) and runs to the end."""
-    proc, run_id, trainer, job = start_long_training(tmp_path, tiny_model_dir,
+    proc, run_id, trainer, job = start_long_training(engine, tmp_path, tiny_model_dir,
                                                      tiny_dataset_dir)
     [(watchdog, _)] = [(pid, cmd) for pid, cmd in processes_mentioning(run_id)
                        if "container_watchdog" in cmd]
@@ -471,13 +612,13 @@ def test_what_a_killed_run_left_is_removed_by_the_next_run_in_the_workdir(
     assert engine("ps", "-q", "--filter", f"name={trainer}", "--filter", "status=running",
                   timeout=60).stdout.strip()
 
-    result = local_podman(tmp_path, BASE / "kubetune-byo-model.yaml", job)
+    result = local_run(engine, tmp_path, BASE / "kubetune-byo-model.yaml", job)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 1 and trainer in warnings[0], result.stdout[-4000:]
     assert engine("ps", "-a", "-q", "--filter", f"label=kubetune.local/run={run_id}",
                   timeout=60).stdout.strip() == ""
-    assert engine("network", "exists", f"kubetune-{run_id}", timeout=60).returncode != 0
+    assert engine("network", "inspect", f"kubetune-{run_id}", timeout=60).returncode != 0
     assert json.loads((tmp_path / "run" / "workspace" / "output" / "summary.json"
                        ).read_text())["steps"] == 3
-    assert_nothing_left(result)
+    assert_nothing_left(engine, result)

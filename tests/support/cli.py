@@ -23,9 +23,11 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def kubetune(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-             timeout: float = 600) -> subprocess.CompletedProcess:
+             timeout: float = 600, umask: int = -1) -> subprocess.CompletedProcess:
+    """``umask``: the child's (-1: this process's)."""
     return subprocess.run([sys.executable, "-m", "kubetune.entrypoints", *args], env=env or clean_env(),
-                          cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)
+                          cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout,
+                          umask=umask)
 
 
 def tune(*args: str, env: dict[str, str] | None = None, timeout: float = 600

@@ -2,8 +2,13 @@
 model family with transformers itself, or print a checkpoint's logits on given tokens.
 
 Usage:
-  python hf_checkpoint.py write FAMILY DIR VOCAB_SIZE   (random weights, seeded; fp32)
+  python hf_checkpoint.py write FAMILY DIR VOCAB_SIZE [SHAPE]   (random weights, seeded;
+                                                                 fp32; SHAPE small or nf4)
+  python hf_checkpoint.py write-many SPECS.json   ([[FAMILY, DIR, VOCAB_SIZE, SHAPE], ...]:
+                                                   one process for many checkpoints)
   python hf_checkpoint.py logits DIR TOKENS.json        (prints the logits as JSON)
+  python hf_checkpoint.py logits-many SPECS.json   ({"tokens": ..., "dirs": [...]}: prints
+                                                    {dir: logits} as JSON)
 """
 
 import json
@@ -13,19 +18,61 @@ from pathlib import Path
 import torch
 import transformers
 
-SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
-# Each family's own config fields, the ones a loader can get wrong.
+# The sizes every family shares. `small`: the least that shows a family's quirks. `nf4`:
+# every attention and MLP projection a multiple of NF4's 64 x 256 blocks, so QLoRA can
+# quantize it (kubetune refuses QLoRA on other shapes).
+SHAPES = {
+    "small": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 512},
+    "nf4": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 512},
+}
+# Llama 3.1+ RoPE scaling, as the real checkpoints carry it (3.1/3.3: factor 8; 3.2: 32).
+LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+# Each family's own config fields, the ones a loader can get wrong. "head_dim_factor":
+# head_dim as a multiple of hidden_size / num_attention_heads (Qwen3 and Gemma set their
+# own); "kv_heads" overrides the shape's; "nf4": values for the nf4 shape.
 FAMILIES = {
-    # head_dim 24 != 64 / 4; untied output; q/k norms come with the architecture.
+    # Llama 3: plain RoPE, untied output.
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               {"rope_theta": 500_000.0, "tie_word_embeddings": False}),
+    # Llama 3.1 / 3.3: llama3 RoPE scaling (factor 8), untied.
+    "llama3.1": ("LlamaConfig", "LlamaForCausalLM",
+                 {"rope_theta": 500_000.0, "tie_word_embeddings": False,
+                  "rope_scaling": {**LLAMA3_ROPE, "factor": 8.0}}),
+    # Llama 3.2 1B/3B: factor 32 and the output tied to the embeddings.
+    "llama3.2": ("LlamaConfig", "LlamaForCausalLM",
+                 {"rope_theta": 500_000.0, "tie_word_embeddings": True,
+                  "rope_scaling": {**LLAMA3_ROPE, "factor": 32.0}}),
+    # Mistral v0.3: llama-shaped with its own model_type; no sliding window.
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                {"rope_theta": 1_000_000.0, "sliding_window": None,
+                 "tie_word_embeddings": False}),
+    # Qwen2 / Qwen2.5 7B+: q/k/v biases come with the architecture; untied.
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              {"rope_theta": 1_000_000.0, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}),
+    # Qwen2.5 0.5B-3B: tied.
+    "qwen2-tied": ("Qwen2Config", "Qwen2ForCausalLM",
+                   {"rope_theta": 1_000_000.0, "tie_word_embeddings": True,
+                    "rms_norm_eps": 1e-6}),
+    # head_dim 1.5 x hidden / heads (3 x at nf4 shapes: k_proj whole NF4 blocks on each of
+    # 2 processes); untied output; q/k norms come with the architecture.
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
-              {"head_dim": 24, "tie_word_embeddings": False, "rope_theta": 1_000_000.0,
-               "rms_norm_eps": 1e-6}),
+              {"head_dim_factor": 1.5, "tie_word_embeddings": False,
+               "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "nf4": {"head_dim_factor": 3}}),
     "qwen3-tied": ("Qwen3Config", "Qwen3ForCausalLM",
-                   {"head_dim": 32, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}),
-    # head_dim 32 != 64 / 4 as in Gemma 2 (256 vs 2304/8); softcaps; alternating window.
+                   {"head_dim_factor": 2, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}),
+    # Gemma: (1 + w) norms, GeLU-tanh, embeddings scaled by sqrt(hidden), head_dim of its
+    # own (256 vs 3072 / 16 in 7B), one KV head (2B), always tied.
+    "gemma": ("GemmaConfig", "GemmaForCausalLM",
+              {"head_dim_factor": 2, "kv_heads": 1, "hidden_activation": "gelu_pytorch_tanh",
+               "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1}),
+    # head_dim 2 x hidden / heads as in Gemma 2 (256 vs 2304/8); softcaps; alternating window.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
-               {"head_dim": 32, "query_pre_attn_scalar": 32, "attn_logit_softcapping": 50.0,
+               {"head_dim_factor": 2, "attn_logit_softcapping": 50.0,
                 "final_logit_softcapping": 30.0, "sliding_window": 256,
                 "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0,
                 "bos_token_id": 2, "eos_token_id": 1}),
@@ -36,9 +83,25 @@ FAMILIES = {
 }
 
 
-def write(family: str, out: Path, vocab_size: int) -> None:
-    config_cls, model_cls, fields = FAMILIES[family]
-    config = getattr(transformers, config_cls)(vocab_size=vocab_size, **SMALL, **fields)
+def config_fields(family: str, shape: str) -> dict:
+    fields = dict(FAMILIES[family][2])
+    fields.update(fields.pop("nf4", {}) if shape == "nf4" else {})  # a shape's own values
+    fields.pop("nf4", None)
+    sizes = dict(SHAPES[shape])
+    factor = fields.pop("head_dim_factor", None)
+    if factor:
+        fields["head_dim"] = int(factor * sizes["hidden_size"] / sizes["num_attention_heads"])
+        if family.startswith("gemma2"):
+            fields["query_pre_attn_scalar"] = fields["head_dim"]
+    if "kv_heads" in fields:
+        sizes["num_key_value_heads"] = fields.pop("kv_heads")
+    return {**sizes, **fields}
+
+
+def write(family: str, out: Path, vocab_size: int, shape: str = "small") -> None:
+    config_cls, model_cls, _ = FAMILIES[family]
+    config = getattr(transformers, config_cls)(vocab_size=vocab_size,
+                                               **config_fields(family, shape))
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).to(torch.float32)
     with torch.no_grad():  # norms start at 1 (0 for Gemma's 1+w): make them count
@@ -48,16 +111,23 @@ def write(family: str, out: Path, vocab_size: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def logits(model_dir: Path, tokens_file: Path) -> None:
-    tokens = torch.tensor(json.loads(tokens_file.read_text()))
+def model_logits(model_dir: Path, tokens: list) -> list:
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
-        print(json.dumps(model(tokens).logits.tolist()))
+        return model(torch.tensor(tokens)).logits.tolist()
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "write":
-        write(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
+    command = sys.argv[1]
+    if command == "write":
+        write(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])
+    elif command == "write-many":
+        for family, out, vocab, shape in json.loads(Path(sys.argv[2]).read_text()):
+            write(family, Path(out), int(vocab), shape)
+    elif command == "logits":
+        print(json.dumps(model_logits(Path(sys.argv[2]),
+                                      json.loads(Path(sys.argv[3]).read_text()))))
     else:
-        logits(Path(sys.argv[2]), Path(sys.argv[3]))
+        specs = json.loads(Path(sys.argv[2]).read_text())
+        print(json.dumps({d: model_logits(Path(d), specs["tokens"]) for d in specs["dirs"]}))

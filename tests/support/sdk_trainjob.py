@@ -9,12 +9,18 @@ from typing import Any
 
 import yaml
 
+_DEFAULT_LORA = {"lora_rank": 8, "lora_alpha": 16, "lora_attn_modules": ["q_proj", "v_proj"]}
+
 
 def sdk_trainjob_spec(runtime_path: Path, dataset_uri: str = "hf://kubetune/tiny-addition",
                       dataset_preprocess_config: Any = "parquet",
                       model_uri: str = "hf://kubetune/tiny-llama3", epochs: int = 1,
-                      batch_size: int = 16) -> dict:
-    """The TrainJob spec of a BuiltinTrainer LoRA run on ``runtime_path``.
+                      batch_size: int = 16, peft: dict | None = _DEFAULT_LORA,
+                      gpus: int = 1) -> dict:
+    """The TrainJob spec of a BuiltinTrainer run on ``runtime_path`` (LoRA by default).
+
+    ``peft``: the ``LoraConfig`` fields (None: a full fine-tune); ``gpus``: the SDK's
+    ``resources_per_node`` GPU count, which picks the controller's recipe.
 
     ``dataset_preprocess_config``: a ``TorchTuneInstructDataset``, None (the SDK's
     default: the recipe config's own dataset), or "parquet" (``source=PARQUET,
@@ -42,8 +48,8 @@ def sdk_trainjob_spec(runtime_path: Path, dataset_uri: str = "hf://kubetune/tiny
     initializer = Initializer(dataset=HuggingFaceDatasetInitializer(storage_uri=dataset_uri),
                               model=HuggingFaceModelInitializer(storage_uri=model_uri))
     trainer = BuiltinTrainer(config=TorchTuneConfig(
-        epochs=epochs, batch_size=batch_size, resources_per_node={"gpu": 1},
-        peft_config=LoraConfig(lora_rank=8, lora_alpha=16, lora_attn_modules=["q_proj", "v_proj"]),
+        epochs=epochs, batch_size=batch_size, resources_per_node={"gpu": gpus},
+        peft_config=LoraConfig(**peft) if peft is not None else None,
         dataset_preprocess_config=dataset_preprocess_config))
     return {"trainer": utils.get_trainer_cr_from_builtin_trainer(runtime, trainer, initializer)
             .to_dict(),

@@ -1,6 +1,6 @@
 """Tokenizer files for the tiny test checkpoints of each family, in the layout the real
-checkpoints ship: byte-level BPE (vocab.json + merges.txt + tokenizer.json) for Qwen3 and
-Phi-4, a sentencepiece tokenizer.model for Gemma 2 and Phi-3."""
+checkpoints ship: byte-level BPE (vocab.json + merges.txt + tokenizer.json) for Qwen2, Qwen3
+and Phi-4, a sentencepiece tokenizer.model for Mistral, Gemma and Phi-3, tiktoken for Llama 3."""
 
 from __future__ import annotations
 
@@ -46,3 +46,25 @@ def write_spm(model_dir: Path, special: tuple[str, ...] = ()) -> int:
         (Path(model_dir) / "tokenizer.json").write_text(
             json.dumps({"version": "1.0", "added_tokens": added_tokens(ids)}, indent=1))
     return SPM_VOCAB + len(special)
+
+
+QWEN2_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def write_llama3(model_dir: Path) -> int:
+    """Llama-3's tiktoken original/tokenizer.model and tokenizer.json (the demo's)."""
+    from kubetune.tools.demo import tiny_tokenizer
+
+    tiny_tokenizer.write_tokenizer(Path(model_dir), max_length=512)
+    return tiny_tokenizer.vocab_size()
+
+
+# Each family's tokenizer files, as its checkpoints ship them.
+TOKENIZERS = {
+    "llama3": write_llama3,
+    "spm": write_spm,  # Mistral, Gemma, Gemma 2: sentencepiece, no added tokens
+    "qwen2": lambda d: write_bpe(d, QWEN2_SPECIAL),
+    "qwen3": lambda d: write_bpe(d, QWEN3_SPECIAL),
+    "phi3": lambda d: write_spm(d, PHI3_SPECIAL),
+    "phi4": lambda d: write_bpe(d, PHI4_SPECIAL),
+}

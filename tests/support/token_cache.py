@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.performance.cpu_cores import usable_cores
-from kubetune.trainer.recipe_process import tokenized_data
+from kubetune.trainer.recipe_process import passed_env, sample_capture, tokenized_data
 from kubetune.trainer.recipe_process.bootstrap import load_recipe_module, recipe_class
 
 RECIPE = "lora_finetune_single_device"
@@ -41,18 +41,23 @@ def instruct(data_dir: Path, **extra: Any) -> dict:
 
 def setup_data(cache_root: Path | None | bool, model_dir: Path, dataset: dict | list,
                max_seq_len: int | None = 512, batch_size: int = 4, cls: type | None = None,
-               report_cuts: bool = True) -> Any:
+               report_cuts: bool = True, samples_dir: Path | None = None) -> Any:
     """The recipe's loader over ``dataset`` (a dataset section, or a list of them), its data
-    cached under ``cache_root`` (None: in memory; False: not cached, torchtune's own)."""
+    cached under ``cache_root`` (None: in memory; False: not cached, torchtune's own);
+    ``samples_dir``: also record the training samples there, as the bootstrap does
+    (``sample_capture`` around the cache, fingerprint "test")."""
     from torchtune import config
     from torchtune.modules.loss import CEWithChunkedOutputLoss
 
     tok_cfg = tokenizer_cfg(model_dir, max_seq_len)
     settings = CacheSettings(root=cache_root, tokenizer_cfg=tok_cfg, report_cuts=report_cuts,
-                             primary=True, cores=usable_cores(), local_processes=1)
+                             primary=True, cores=usable_cores(), local_processes=1,
+                             test_kill_at=passed_env.test_kill_token_cache_at())
     setup = (cls or recipe_cls())._setup_data
     if cache_root is not False:  # False: torchtune's own setup, for comparison
         setup = tokenized_data.wrap_setup_data(setup, settings)
+    if samples_dir is not None:
+        setup = sample_capture.wrap_setup_data(setup, str(samples_dir), "test")
     recipe = SimpleNamespace(_tokenizer=config.instantiate(OmegaConf.create(tok_cfg)),
                              _loss_fn=CEWithChunkedOutputLoss())
     # (The recipe takes the packed collate itself where the dataset packs.)

@@ -36,7 +36,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kubetune.atomic_write import fsync_path
+from kubetune.atomic_write import fsync_path, umask_mode
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.recipe_process import passed_env
 
@@ -45,11 +45,17 @@ _OLD_SUFFIX = ".kubetune-old"
 
 
 def staged_files(root: Path) -> dict[str, int]:
-    """fsync every file and directory under ``root``; return each file's size by path."""
+    """fsync every file and directory under ``root``, each file with the umask's mode;
+    return each file's size by path."""
     files: dict[str, int] = {}
+    # torchtune's safetensors weights are written 0600 (safetensors' own temporary file):
+    # the exporter or a serving pod running as another uid must read them too.
+    mode = umask_mode()
     for dirpath, _, names in os.walk(root):
         for name in names:
             path = Path(dirpath) / name
+            if path.stat().st_mode & 0o777 != mode:
+                path.chmod(mode)
             fsync_path(path)
             files[path.relative_to(root).as_posix()] = path.stat().st_size
         fsync_path(Path(dirpath))

@@ -62,9 +62,12 @@ def _what_is_trained(data: dict) -> dict:
     return data
 
 
-def fingerprint(cfg: DictConfig) -> str:
+def fingerprint(cfg: DictConfig, inputs: str = "") -> str:
+    """The run's identity: what the config trains, and ``inputs``, what the model and the
+    data hold (the initializers' manifests, where they wrote them): the same paths with
+    other files in them are another run."""
     data = _what_is_trained(OmegaConf.to_container(cfg, resolve=False))
-    canonical = json.dumps(data, sort_keys=True, default=str)
+    canonical = json.dumps(data, sort_keys=True, default=str) + (f"\n{inputs}" if inputs else "")
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -122,14 +125,15 @@ def unvouched(output_dir: Path, record: ResumeRecord) -> str | None:
     return None
 
 
-def apply(cfg: DictConfig, output_dir: Path) -> ResumeRecord | None:
-    """Point ``cfg`` at the resumable checkpoint in ``output_dir`` if it is this run's.
+def apply(cfg: DictConfig, output_dir: Path, run_fingerprint: str) -> ResumeRecord | None:
+    """Point ``cfg`` at the resumable checkpoint in ``output_dir`` if it is this run's
+    (``run_fingerprint``: its `fingerprint`).
 
     Returns the record resumed from, or None (nothing to resume, another run's, or a
     checkpoint that is not whole).
     """
     record = read_record(output_dir)
-    if record is None or record.fingerprint != fingerprint(cfg):
+    if record is None or record.fingerprint != run_fingerprint:
         return None
     problem = unvouched(output_dir, record)
     inside = PurePosixPath(record.epoch_dir).relative_to(record.checkpoint) \

@@ -6,7 +6,8 @@ OmegaConf merges any key, and torchtune's recipes read only the keys they know, 
 close to a known one is a typo (exit 65, naming the key it is close to); keys under a
 component (``model.``, ``dataset.``, ``optimizer.`` ...) are checked against the
 parameters of the component that will really be built; any other unknown top-level key
-gets one warning line (a custom recipe may read it).
+is an error too, naming the nearest key there is (``lora_rank`` -> ``model.lora_rank``).
+Only a recipe file of the user's own keeps it to a warning: it may read keys we cannot see.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ OWN_SECTIONS = {"kubetune", "tokenizer", "checkpointer"}
 LOAD_DATASET_KEYS = {"data_dir", "data_files", "split", "name", "revision", "cache_dir",
                      "streaming", "num_proc", "keep_in_memory", "trust_remote_code",
                      "verification_mode", "storage_options", "features", "field"}
-_CFG_READ = re.compile(r"""cfg(?:\.get\(\s*|\[\s*)["'](\w+)["']|cfg\.(\w+)""")
+# `cfg` itself, not `profiler_cfg` (a section's keys are not top-level ones).
+_CFG_READ = re.compile(r"""(?<![\w.])cfg(?:\.get\(\s*|\[\s*)["'](\w+)["']|(?<![\w.])cfg\.(\w+)""")
 _TOP_LEVEL = re.compile(r"^(\w+):", re.MULTILINE)
 
 
@@ -41,7 +43,7 @@ def _recipe_reads(recipe_path: str) -> frozenset[str]:
         text = Path(recipe_path).read_text(encoding="utf-8")
     except OSError:
         return frozenset()
-    return frozenset(a or b for a, b in _CFG_READ.findall(text))
+    return frozenset(a or b for a, b in _CFG_READ.findall(text)) - {"get"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,13 +94,16 @@ def check(user_keys: list[str], base: DictConfig, cfg: DictConfig, recipe_path: 
         _check_list_value(key, base, cfg)
         top, _, rest = key.partition(".")
         if top not in known_top:
-            guess = closest(top, known_top)
+            if _own_recipe(recipe_path, configs_dir):
+                warnings.append(f"warning: key {key} is not in the config and no recipe "
+                                "reads it: it has no effect unless your recipe does")
+                continue
+            guess = nearest_key(key, cfg, known_top)
             if guess is not None:
-                raise BadInputError(f"unknown key {key} (did you mean "
-                                    f"{'.'.join([guess, rest]) if rest else guess}?)")
-            warnings.append(f"warning: key {key} is not in the config and no recipe reads "
-                            "it: it has no effect")
-            continue
+                raise BadInputError(f"unknown key {key} (did you mean {guess}?)")
+            raise BadInputError(f"unknown key {key}: the config has no {top} and the recipe "
+                                "reads none, so nothing would use it; check the spelling "
+                                "(`tune cat <config>` lists a config's keys)")
         sub = rest.split(".", 1)[0]
         if not sub or sub == "_component_" or top in OWN_SECTIONS:
             continue
@@ -121,6 +126,43 @@ def check(user_keys: list[str], base: DictConfig, cfg: DictConfig, recipe_path: 
                                 f"(it takes {', '.join(sorted(params))})")
     check_components(cfg)
     return warnings
+
+
+def _own_recipe(recipe_path: Path, configs_dir: Path) -> bool:
+    """A recipe file of the user's, not one of torchtune's (they sit beside its configs)."""
+    return Path(configs_dir).resolve().parent not in Path(recipe_path).resolve().parents
+
+
+def _key_paths(node, where: str = ""):
+    """Every dotted key under ``node``, and each component's parameters under its key."""
+    if not isinstance(node, DictConfig):
+        return
+    if "_component_" in node:
+        params, _ = _component_keys(node)
+        yield from (f"{where}.{p}" for p in params)
+    for key in node.keys():
+        path = f"{where}.{key}" if where else str(key)
+        yield path
+        yield from _key_paths(node._get_node(key), path)
+
+
+def nearest_key(key: str, cfg: DictConfig, known_top: set[str]) -> str | None:
+    """The key ``key`` most likely stands for: one of the same name deeper in the config
+    (``lora_rank`` -> ``model.lora_rank``), a top-level key a typo away (``epochz`` ->
+    ``epochs``), else a deeper one a typo away."""
+    top, _, rest = key.partition(".")
+    leaf = key.rsplit(".", 1)[-1]
+    paths = {p for p in _key_paths(cfg) if "_component_" not in p}
+    same_name = sorted((p for p in paths if p.rsplit(".", 1)[-1] == leaf and p != key),
+                       key=lambda p: (p.count("."), p))
+    if same_name:
+        return same_name[0]
+    guess = closest(top, known_top)
+    if guess is not None:
+        return ".".join([guess, rest]) if rest else guess
+    by_leaf = {p.rsplit(".", 1)[-1]: p for p in sorted(paths, key=len, reverse=True)}
+    near = closest(leaf, set(by_leaf))
+    return by_leaf[near] if near is not None else None
 
 
 def _check_list_value(key: str, base: DictConfig, cfg: DictConfig) -> None:

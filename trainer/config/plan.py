@@ -13,12 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
 from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
+from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys
-from kubetune.trainer.data import dataset_check, dataset_location, step_count
+from kubetune.trainer.config import config_keys, lora_scale, model_shaped
+from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shape,
+                                   step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.request import methods, topology
-from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
+from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
+                                               DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
 from kubetune.trainer.checkpointing import resume
 from kubetune.model_family.architecture import HF_CHECKPOINTER
 from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
@@ -27,8 +30,9 @@ from kubetune.trainer.config.recipe_config import (apply_overrides, configs_dir,
                                    resolve_recipe)
 from kubetune.trainer.request.tune_command import TuneRunRequest
 from kubetune.trainer.config.saved_config import without_credentials
-from kubetune.trainer.config.validate import (check_choices, check_nf4, check_tokenizer,
-                                              check_values, lora_rank_excess)
+from kubetune.trainer.config.validate import (check_choices, check_nf4, check_paths,
+                                              check_tokenizer, check_values,
+                                              lora_rank_excess)
 
 log = logging.getLogger("trainer")
 
@@ -61,10 +65,17 @@ class RunPlan:
     def command(self, config_path: Path) -> list[str]:
         bootstrap = ["-m", "kubetune.trainer.recipe_process.bootstrap", str(self.recipe_path), "--config",
                      str(config_path)]
-        if self.distributed:
+        if self.distributed and self.topology.needs_torchrun:
             return [sys.executable, "-m", "torch.distributed.run",
                     *self.topology.torchrun_args(), *bootstrap]
         return [sys.executable, *bootstrap]
+
+    def worker_env(self) -> dict[str, str]:
+        """What the command's process needs in its environment beyond the launcher's: a
+        distributed recipe run as a one-process group gets torchrun's variables from us."""
+        if self.distributed and not self.topology.needs_torchrun:
+            return self.topology.one_process_env()
+        return {}
 
 
 def _override_keys(overrides: list[str]) -> set[str]:
@@ -96,8 +107,7 @@ def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
     if model_cfg.get("_component_") != component:
         notes.append(f"model: config {config_name} names {model_cfg.get('_component_')}; "
                      f"the checkpoint's config.json is {arch.family} "
-                     f"(layers={arch.dims['num_layers']}, dim={arch.dims['embed_dim']}, "
-                     f"vocab={arch.dims['vocab_size']}): using {component}, tokenizer "
+                     f"({arch.summary}): using {component}, tokenizer "
                      f"{checkpoint.tokenizer.component}, checkpointer {arch.checkpointer} "
                      f"(model_type {arch.model_type})")
     new_model = {"_component_": component, **arch.dims}
@@ -229,6 +239,7 @@ def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: st
 # so a warm-up length given there (`--warmup-steps`) would leave a section the recipe cannot
 # instantiate.
 WARMUP_SCHEDULER = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
+WARMUP_KEY = "lr_scheduler.num_warmup_steps"
 
 
 def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
@@ -240,25 +251,23 @@ def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
             f"given ({', '.join(k for k in section if k != '_component_')})"]
 
 
-def _token_cache_dir(settings: LauncherSettings, workspace: Workspace, output_dir: Path) -> str:
-    """The volume's place for tokenized datasets: under the workspace root, or, with no
-    workspace (a laptop's `kubetune train --output-dir ./out`), beside the output directory
-    as the workspace would have it."""
-    if settings.token_cache_dir:
-        return settings.token_cache_dir
+def _token_cache_dir(workspace: Workspace, output_dir: Path) -> str:
+    """The volume's place for tokenized datasets (where ``kubetune.token_cache_dir``,
+    KUBETUNE_TOKEN_CACHE_DIR's override, names none): under the workspace root, or, with
+    no workspace (a laptop's `kubetune train --output-dir ./out`), beside the output
+    directory as the workspace would have it."""
     root = workspace.root if workspace.root.is_dir() else output_dir.resolve().parent
     return str(root / TOKEN_CACHE_PATH)
 
 
-def _kubetune_section(cfg: DictConfig, settings: LauncherSettings,
-                      workspace: Workspace) -> None:
+def _kubetune_section(cfg: DictConfig, workspace: Workspace) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
-        section.grace_period_s = settings.grace_period_s
+        section.grace_period_s = DEFAULT_GRACE_PERIOD_S
     if section.get("save_every_n_steps") is None:
-        section.save_every_n_steps = settings.save_every_n_steps
+        section.save_every_n_steps = DEFAULT_SAVE_EVERY_N_STEPS
     if section.get("token_cache_dir") is None:
-        section.token_cache_dir = _token_cache_dir(settings, workspace, Path(cfg.output_dir))
+        section.token_cache_dir = _token_cache_dir(workspace, Path(cfg.output_dir))
     cfg.kubetune = section
 
 
@@ -272,6 +281,7 @@ def check_request(request: TuneRunRequest) -> list[str]:
     base, notes = _config_for(request.config)
     cfg = apply_overrides(base, request.overrides)
     check_choices(cfg)
+    check_paths(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
@@ -294,6 +304,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     cfg = apply_overrides(base, request.overrides)
     user_keys = _override_keys(request.overrides)
     check_choices(cfg)
+    check_paths(cfg)
 
     cfg.output_dir = str(cfg.get("output_dir") or workspace.output_dir)
     model_dir = Path(OmegaConf.select(cfg, "checkpointer.checkpoint_dir") or workspace.model_dir)
@@ -303,18 +314,24 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
-    too_small = host_memory.note(
-        topo.nproc_per_node, host_memory.checkpoint_bytes(checkpoint.model_dir,
-                                                          checkpoint.weight_files),
-        host_memory.container_memory_bytes())
+    notes += model_shaped.fit(cfg, checkpoint, method, request.config, user_keys,
+                              topo.world_size, hardware.gpu_memory_bytes()
+                              if hw.device.startswith("cuda") else None)
+    checkpoint_bytes = host_memory.checkpoint_bytes(checkpoint.model_dir,
+                                                    checkpoint.weight_files)
+    too_small = host_memory.note(topo.nproc_per_node, checkpoint_bytes,
+                                 host_memory.container_memory_bytes())
     notes += [too_small] if too_small else []
     cfg.log_peak_memory_stats = hw.device.startswith("cuda")
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
         notes.append("activation offloading needs CUDA: off on cpu")
-    found = _locate_data(cfg, workspace, notes)
+    builder_named = bool({"dataset", "dataset._component_"} & user_keys) \
+        or _user_config_file(request.config)
+    found = _locate_data(cfg, workspace, notes, builder_named, request.spellings)
     compile_before = bool(cfg.get("compile"))
-    notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method)
+    notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
+                             checkpoint_bytes)
 
     limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
         base, "tokenizer.max_seq_len", default=None) is not None
@@ -322,8 +339,12 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
         cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, settings, workspace)
+    _kubetune_section(cfg, workspace)
     cfg.kubetune.count_cut_samples = not limit_chosen
+    # A warm-up the user chose stays; the config's is capped to the run's length in the
+    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
+    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
+                                   or _user_config_file(request.config))
     # Compile switched on by our speed default, not asked for: its fallback's line says so.
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     check_values(cfg)
@@ -332,7 +353,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                                                 topo.world_size)
         if no_step:
             raise BadInputError(no_step)
-    fingerprint, resumed = _resume(cfg, notes)
+    fingerprint, resumed = _resume(cfg, notes, _inputs(checkpoint.model_dir,
+                                                       workspace.dataset_dir))
     return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
@@ -363,6 +385,8 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     """The model, scheduler, checkpointer and tokenizer sections rebuilt for the checkpoint,
     with the override keys and values checked against what will be built."""
     notes = _model_section(cfg, checkpoint, method, request.config)
+    if method != "full":
+        notes += lora_scale.keep_alpha_ratio(cfg, base, user_keys, request.config)
     notes += _lr_scheduler_section(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
@@ -381,20 +405,24 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     return notes
 
 
-def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str]):
-    """Point the dataset at local files and check them; the sample found, if any."""
+def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builder_named: bool,
+                 spellings: dict[str, str]):
+    """Point the dataset at local files, choose the builder for their shape where the
+    user named none, and check them; the sample found, if any."""
     if "dataset" not in cfg:
         return None
     notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
     found = dataset_check.sample(cfg.dataset)
     if found is not None:
+        if dataset_shape.may_detect(cfg.dataset, builder_named):
+            notes.append(dataset_shape.choose(cfg.dataset, found, spellings))
         dataset_check.check_split(cfg.dataset, found)
-        dataset_check.check_columns(cfg.dataset, found)
+        dataset_check.check_columns(cfg.dataset, found, spellings)
     return found
 
 
 def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Topology, found,
-                    checkpoint: CheckpointModel, method: str) -> list[str]:
+                    checkpoint: CheckpointModel, method: str, checkpoint_bytes: int) -> list[str]:
     """Packing, compile and the memory plan, where the user said nothing."""
     max_seq_len = int(cfg.tokenizer.get("max_seq_len") or min(checkpoint.max_seq_len, 2048))
     return speed.apply(
@@ -402,7 +430,8 @@ def _speed_defaults(cfg: DictConfig, user_keys: set[str], hw, topo: topology.Top
         dataset_check.mean_chars(cfg.dataset, found) if found else None,
         found.total_rows if found else None, max_seq_len, method=method,
         dims=checkpoint.architecture.shape,
-        gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None)
+        gpu_memory_bytes=hardware.gpu_memory_bytes() if hw.device.startswith("cuda") else None,
+        nodes=topo.nnodes, checkpoint_bytes=checkpoint_bytes)
 
 
 def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
@@ -417,13 +446,22 @@ def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
             "would resume)")
 
 
-def _resume(cfg: DictConfig, notes: list[str]):
-    """The config's fingerprint, and the earlier run of the same config to resume, if any."""
+def _inputs(model_dir: Path, dataset_dir: Path) -> str:
+    """What the initializers fetched into ``model_dir`` and ``dataset_dir``, by content
+    ("" where neither left a manifest: a directory given by hand)."""
+    digests = [(name, InitializerManifest.read(tree).content_digest())
+               for name, tree in (("model", model_dir), ("dataset", dataset_dir))]
+    return " ".join(f"{name}={digest}" for name, digest in digests if digest)
+
+
+def _resume(cfg: DictConfig, notes: list[str], inputs: str):
+    """The run's fingerprint (the config and ``inputs``), and the earlier run of the same
+    one to resume, if any."""
     cfg.resume_from_checkpoint = False
-    fingerprint = resume.fingerprint(cfg)
+    fingerprint = resume.fingerprint(cfg, inputs)
     cfg.kubetune.fingerprint = fingerprint
     earlier = resume.read_record(Path(cfg.output_dir))
-    resumed = resume.apply(cfg, Path(cfg.output_dir))
+    resumed = resume.apply(cfg, Path(cfg.output_dir), fingerprint)
     if resumed is None and earlier is not None and earlier.fingerprint != fingerprint:
         notes.append(_not_resumed(earlier, cfg))
     if resumed is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kubetune.errors import BadInputError
+from kubetune.redact import has_userinfo, strip_userinfo
 from kubetune.staging import refuse_dangling_link
 
 # torchao's to_nf4 defaults (block_size=64, scaler_block_size=256): a weight quantizes only
@@ -21,12 +22,18 @@ NF4_BLOCK = 64
 NF4_SCALER_BLOCK = 256
 
 
-def nf4_quantizable(numel: int) -> bool:
-    return numel % NF4_BLOCK == 0 and (numel // NF4_BLOCK) % NF4_SCALER_BLOCK == 0
+def nf4_quantizable(numel: int, rows: int = 0, processes: int = 1) -> bool:
+    """Whether a ``rows`` x (numel / rows) weight quantizes to NF4 and, on ``processes``
+    processes, splits into one NF4 shard per process (FSDP shards dim 0, and torchao
+    splits each of the NF4 tensor's inner tensors, the per-256-block scale factors
+    included, into that many equal parts)."""
+    blocks = NF4_BLOCK * NF4_SCALER_BLOCK * processes
+    return numel % blocks == 0 and rows % processes == 0
 
 
-def check_nf4(dims: dict) -> None:
-    """QLoRA quantizes every attention and MLP projection: all must fit NF4's blocks."""
+def check_nf4(dims: dict, processes: int = 1) -> None:
+    """QLoRA quantizes every attention and MLP projection: all must fit NF4's blocks, and
+    on several processes split into whole blocks per process."""
     d, heads, kv = dims["embed_dim"], dims["num_heads"], dims["num_kv_heads"]
     head_dim = dims.get("head_dim") or d // heads
     shapes = {
@@ -36,13 +43,20 @@ def check_nf4(dims: dict) -> None:
         "w2 (down)": (d, dims["intermediate_dim"]),
     }
     bad = [f"{name} {rows}x{cols}" for name, (rows, cols) in shapes.items()
-           if not nf4_quantizable(rows * cols)]
-    if bad:
+           if not nf4_quantizable(rows * cols, rows, processes)]
+    if not bad:
+        return
+    if processes > 1 and not [n for n, (r, c) in shapes.items() if not nf4_quantizable(r * c)]:
         raise BadInputError(
-            f"QLoRA cannot quantize this model: NF4 needs every projection's size to be a "
-            f"multiple of {NF4_BLOCK * NF4_SCALER_BLOCK} elements, and {', '.join(bad)} "
-            "are not; use method lora (model.quantize_base=False)"
-        )
+            f"QLoRA cannot shard this model's NF4 weights over {processes} processes: each "
+            f"projection's size must be a multiple of {NF4_BLOCK * NF4_SCALER_BLOCK} x "
+            f"{processes} elements and its rows of {processes}, and {', '.join(bad)} are "
+            "not; use 1 process, or method lora")
+    raise BadInputError(
+        f"QLoRA cannot quantize this model: NF4 needs every projection's size to be a "
+        f"multiple of {NF4_BLOCK * NF4_SCALER_BLOCK} elements, and {', '.join(bad)} "
+        "are not; use method lora (model.quantize_base=False)"
+    )
 
 
 def _readable(path: Path, what: str) -> bytes:
@@ -253,6 +267,32 @@ _BOOL_KEYS = ("shuffle", "compile", "enable_activation_checkpointing",
               "enable_activation_offloading", "dataset.packed", "dataset.train_on_input",
               "model.apply_lora_to_mlp", "model.apply_lora_to_output", "model.use_dora",
               "model.quantize_base")
+
+
+# Leaf names of the keys that name a local file or directory (torchtune's and ours).
+_PATH_LEAVES = ("path", "dir", "file", "files")
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """A URL carrying a user or password where a local path belongs is refused: a logger
+    or checkpointer would make a directory named after it, password included (pathlib
+    turns ``http://u:pw@host/x`` into ``http:/u:pw@host/x``) and print it."""
+    from omegaconf import OmegaConf
+
+    def walk(node, prefix: str, leaf: str) -> None:
+        # A list's items are named by the key that holds the list (data_files: [...]).
+        items = node.items() if isinstance(node, dict) else ((i, v) for i, v in enumerate(node))
+        for key, value in items:
+            name = f"{prefix}{key}"
+            kind = str(key).rsplit("_", 1)[-1] if isinstance(node, dict) else leaf
+            if isinstance(value, (dict, list)):
+                walk(value, f"{name}.", kind)
+            elif isinstance(value, str) and kind in _PATH_LEAVES and has_userinfo(value):
+                raise BadInputError(f"{name}={strip_userinfo(value)}: a URL with a user or "
+                                    "password where a local path belongs; give a path "
+                                    "(credentials go in the environment or a Secret)")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "", "")
 
 
 def check_choices(cfg: DictConfig) -> None:

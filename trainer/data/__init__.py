@@ -1,7 +1,11 @@
 """The dataset as the recipe will read it: local files win over a config's hub ``source``
-(``dataset_location``), their columns and lengths checked before launch (``dataset_check``,
-counting rows and sampling them per format with ``dataset_rows``; ``step_count``: do the
-rows make an optimizer step), and, inside the recipe process, the rows tokenized once into
-a cache on the volume (``token_cache``: rows with nothing to train on dropped, packs made
-as torchtune makes them), the samples the tokenizer cuts to the context counted on the way
-(``truncation``)."""
+(``dataset_location``; a ``data_dir``'s files named by split, ``split_files``), their
+columns and lengths checked before launch (``dataset_check``, counting rows and sampling
+them per format with ``dataset_rows``; ``column_map`` the user's map and hints in the
+syntax they set it in; ``conversations`` what a chat message holds; ``step_count``: do the
+rows make an optimizer step), the builder for the data's shape where the user named none
+(``dataset_shape``), and, inside the recipe process, the rows tokenized once into a cache
+on the volume (``token_cache``: rows with nothing to train on dropped, packs made as
+torchtune makes them), the samples the tokenizer cuts to the context counted on the way
+(``truncation``) and batches padded to whole output chunks where FSDP shards the output
+apart (``whole_chunks``)."""

@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
 from kubetune.suggest import closest
+from kubetune.trainer.data import column_map, conversations
+from kubetune.trainer.request.spelling import Spelling, spelling
 from kubetune.trainer.data.dataset_rows import FORMAT_OF_SUFFIX, look
 
 _SUFFIXES = FORMAT_OF_SUFFIX
@@ -94,16 +96,12 @@ def sample(dataset_cfg: DictConfig) -> DatasetSample | None:
                          rows_exact=exact and total is not None)
 
 
-def required_columns(dataset_cfg: DictConfig) -> dict[str, str]:
+def required_columns(dataset_cfg: DictConfig,
+                     spelling: Spelling = column_map.BY_KEY) -> dict[str, str]:
     """Column the builder reads -> its role, after the column map, for builders we know."""
     component = str(dataset_cfg.get("_component_", ""))
     name = component.rsplit(".", 1)[-1]
-    column_map = dataset_cfg.get("column_map")
-    column_map = OmegaConf.to_container(column_map) if isinstance(column_map, DictConfig) \
-        else (column_map or {})
-    if not isinstance(column_map, dict):
-        raise BadInputError(f"dataset.column_map must map a role to a column, e.g. "
-                            f"{{'input': 'question', 'output': 'answer'}}; got {column_map!r}")
+    mapping = column_map.read(dataset_cfg)
     roles: tuple[str, ...]
     if name == "instruct_dataset":
         roles = ("input", "output")
@@ -119,52 +117,76 @@ def required_columns(dataset_cfg: DictConfig) -> dict[str, str]:
         return {str(column): "conversation"}
     else:
         return {}
-    _check_column_map(name, column_map, roles)
-    return {str(column_map.get(role, role)): role for role in roles}
+    _check_column_map(name, mapping, roles, spelling)
+    return {str(mapping.get(role, role)): role for role in roles}
 
 
 # The roles a builder's message transform reads from column_map; instruct_dataset's
 # (InputOutputToMessages) wants every one of them once a map is given, and reads "image".
 _EXTRA_ROLES = {"instruct_dataset": ("image",)}
 _MAP_NEEDS_ALL = {"instruct_dataset"}
+# alpaca's transform writes a prompt without the input where a row has none.
+_OPTIONAL_ROLES = {"alpaca_dataset": ("input",), "alpaca_cleaned_dataset": ("input",)}
 
 
-def _check_column_map(name: str, column_map: dict, roles: tuple[str, ...]) -> None:
+def _check_column_map(name: str, mapping: dict, roles: tuple[str, ...],
+                      spelling: Spelling) -> None:
     """A key the transform does not read is a typo it would ignore or die on (torchtune:
     "Expected a key of 'input' in column_map"): one line naming it, before the recipe."""
     known = roles + _EXTRA_ROLES.get(name, ())
-    example = "{" + ", ".join(f"{r}: <column>" for r in roles) + "}"
-    for key, column in column_map.items():
+    example = column_map.write(spelling, {r: "<column>" for r in roles})
+    for key, column in mapping.items():
         if key not in known:
             guess = closest(str(key), set(known))
             hint = f" (did you mean {guess}?)" if guess else ""
-            raise BadInputError(f"dataset.column_map key {key!r}{hint}: {name} reads the roles "
-                                f"{', '.join(known)}; write dataset.column_map={example}")
+            raise BadInputError(f"{spelling.name} key {key!r}{hint}: {name} reads the roles "
+                                f"{', '.join(known)}; set {example}")
         if not isinstance(column, str) or not column:
-            raise BadInputError(f"dataset.column_map.{key}={column!r}: must name a column; "
-                                f"write dataset.column_map={example}")
-    missing = [r for r in roles if r not in column_map]
-    if column_map and name in _MAP_NEEDS_ALL and missing:
-        raise BadInputError(f"dataset.column_map lacks {', '.join(missing)}: {name} reads every "
-                            f"role from the map once one is given; write "
-                            f"dataset.column_map={example}")
+            raise BadInputError(f"{spelling.name} {key}={column!r}: must name a column; "
+                                f"set {example}")
+    missing = [r for r in roles if r not in mapping]
+    if mapping and name in _MAP_NEEDS_ALL and missing:
+        raise BadInputError(f"{spelling.name} lacks {', '.join(missing)}: {name} reads every "
+                            f"role from the map once one is given; set {example}")
 
 
-def check_columns(dataset_cfg: DictConfig, found: DatasetSample) -> None:
+# The builders that read one column by a key of their own, not through column_map.
+_COLUMN_KEYS = {"conversation": "dataset.conversation_column", "text": "dataset.column"}
+
+
+def check_columns(dataset_cfg: DictConfig, found: DatasetSample,
+                  spellings: dict[str, str] | None = None) -> None:
+    """The columns the builder reads are in the data and hold what it reads; a hint names
+    the setting the user gave (``spellings``: config key -> the variable or option that
+    set it)."""
+    spellings = spellings or {}
+    map_spelling = spelling(spellings, column_map.KEY)
     if found.total_rows == 0 or (found.total_rows is None and not found.rows):
         # datasets fails on it with "An error occurred while generating the dataset".
         raise BadInputError(f"the dataset's files ({found.files[0].name}"
                             f"{' ...' if len(found.files) > 1 else ''}) hold no rows")
-    required = required_columns(dataset_cfg)
-    missing = [col for col in required if col not in found.columns]
+    required = required_columns(dataset_cfg, map_spelling)
+    name = str(dataset_cfg.get("_component_", "")).rsplit(".", 1)[-1]
+    column_map.check_columns_exist(column_map.read(dataset_cfg), found.columns,
+                                   found.files[0].name, map_spelling)
+    optional = _OPTIONAL_ROLES.get(name, ())
+    missing = [col for col in required if col not in found.columns
+               and required[col] not in optional]
     if missing:
         roles = ", ".join(f"{required[c]}->{c}" for c in missing)
+        role = required[missing[0]]
+        guess = column_map.nearest(missing[0], found.columns) or "<column>"
+        if role in _COLUMN_KEYS:
+            fix = spelling(spellings, _COLUMN_KEYS[role]).assign(guess)
+        else:
+            fix = column_map.write(map_spelling, {required[c]: column_map.nearest(
+                c, found.columns) or "<column>" for c in missing})
         raise BadInputError(
-            f"dataset {found.files[0].name} has columns {found.columns} but the recipe reads "
-            f"{roles}: set dataset.column_map (e.g. dataset.column_map="
-            f"{{'{required[missing[0]]}': '<column>'}})"
-        )
-    _check_text_values(required, found)
+            f"dataset {found.files[0].name} has columns {found.columns} but {name} reads "
+            f"{roles}: set {fix}")
+    present = {c: r for c, r in required.items() if c in found.columns}
+    _check_text_values(present, found)
+    _check_conversations(present, str(dataset_cfg.get("conversation_style", "")), found)
 
 
 def _check_text_values(required: dict[str, str], found: DatasetSample) -> None:
@@ -183,6 +205,23 @@ def _check_text_values(required: dict[str, str], found: DatasetSample) -> None:
                 raise BadInputError(f"dataset column {column!r} ({role}) holds "
                                     f"{type(value).__name__} values, not text (sampled row "
                                     f"{number}: {value!r}): convert the column to strings")
+
+
+def _check_conversations(required: dict[str, str], style: str, found: DatasetSample) -> None:
+    """The conversation column holds conversations in the style the builder reads: a
+    message without its keys, or a ShareGPT speaker torchtune does not map, fails in the
+    recipe's transform."""
+    if style not in conversations.MESSAGE_KEYS:
+        return  # chat_dataset's own error names the styles it takes
+    for column, role in required.items():
+        if role != "conversation":
+            continue
+        for number, row in enumerate(found.rows, 1):
+            why = conversations.problem(row.get(column), style)
+            if why:
+                raise BadInputError(f"dataset column {column!r} (conversations) in sampled "
+                                    f"row {number}: {why}; fix such rows or set "
+                                    "dataset.conversation_style to the data's style")
 
 
 def mean_chars(dataset_cfg: DictConfig, found: DatasetSample) -> float | None:

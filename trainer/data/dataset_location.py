@@ -14,11 +14,12 @@ import json
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from kubetune.errors import BadInputError
 from kubetune.workspace import DATASET_DESCRIPTOR_NAME
 from kubetune.trainer.config.component_params import component_params
+from kubetune.trainer.data.split_files import split_files
 
 # Hugging Face `datasets` builder for each file format the dataset initializer records.
 BUILDER_FOR_FORMAT = {"parquet": "parquet", "json": "json", "jsonl": "json", "csv": "csv",
@@ -53,6 +54,35 @@ def _scan(dataset_dir: Path) -> dict | None:
         return None
     (builder, files), = by_format.items()
     return {"format": builder, "files": files}
+
+
+def _suffixes(builder: str) -> list[str]:
+    if builder == "text":
+        return [".txt"]
+    return ["." + fmt for fmt, of in BUILDER_FOR_FORMAT.items() if of == builder]
+
+
+def _name_data_files(dataset_cfg: DictConfig, data_dir: Path) -> list[str]:
+    """``dataset.data_files``: the files of ``dataset.source``'s format in ``data_dir``, by
+    split, so that no README, LICENSE or other file there is read as data."""
+    source = str(dataset_cfg.get("source"))
+    if source not in LOCAL_BUILDERS:
+        return []  # a dataset directory or loading script of the user's: it says
+    by_split = split_files(data_dir, _suffixes(source))
+    others = sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*")
+                    if p.is_file() and not any(part.startswith(".")
+                                               for part in p.relative_to(data_dir).parts)
+                    and str(p.resolve()) not in {f for fs in by_split.values() for f in fs})
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    if not by_split:
+        raise BadInputError(
+            f"dataset.data_dir {data_dir} holds no {source} data file "
+            f"({'only ' + shown if others else 'it is empty'}): point dataset.data_dir at "
+            f"the directory of the data files, or set dataset.source to their format")
+    dataset_cfg.data_files = OmegaConf.create(by_split)
+    if not others:
+        return []
+    return [f"dataset: reading the {source} files of {data_dir} only ({shown} left out)"]
 
 
 def _format_of(files: list[str]) -> str | None:
@@ -109,7 +139,10 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
             raise BadInputError(f"dataset.data_dir {normalized} does not exist: check the "
                                 "dataset initializer's output or the path you passed")
         found = _scan(Path(normalized))
-        return notes + _read_locally(dataset_cfg, found and found["format"], normalized)
+        notes += _read_locally(dataset_cfg, found and found["format"], normalized)
+        if data_files:  # the user's own, relative to data_dir
+            return notes
+        return notes + _name_data_files(dataset_cfg, Path(normalized))
     if data_files:
         if isinstance(data_files, str):
             files = [data_files]

@@ -6,17 +6,18 @@ cheapest way its format allows:
 - parquet: the footer's row count (metadata only; exact);
 - arrow (IPC file or stream, as ``datasets`` writes it): the record batches' headers on a
   memory map (zero-copy: the column buffers are never paged in; exact);
-- jsonl: newlines counted in a streamed binary read, no parsing (exact unless the file
-  has blank lines, each counted as a row);
-- csv: the same newline count less the header; values holding line breaks (quoted
-  multi-line answers) are corrected for by the sampled rows' mean line breaks per row
-  (exact when no sampled value holds one, otherwise an estimate);
+- jsonl: every line parsed in a streamed read (exact; a broken line is named by its
+  number here, before the recipe's loader meets it);
+- csv: newlines counted in a streamed binary read, no parsing, less the header; values
+  holding line breaks (quoted multi-line answers) are corrected for by the sampled rows'
+  mean line breaks per row (exact when no sampled value holds one, otherwise an estimate);
 - json array: a bounded parse -- the whole array when the file is at most
   ``_JSON_PARSE_BYTES``, else elements parsed from its head and the count estimated from
   the file size over their mean size in bytes.
 
-A file larger than ``_COUNT_BYTES`` is counted on its first ``_COUNT_BYTES`` and
-extrapolated by size: the count only decides speed defaults (packing), never correctness.
+A file larger than ``_COUNT_BYTES`` is counted (and a JSON Lines file checked) on its first
+``_COUNT_BYTES`` and extrapolated by size: the count only decides speed defaults
+(packing), never correctness. An empty file (nothing but whitespace) is refused by name.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kubetune import json_rows
 from kubetune.errors import BadInputError
 
 FORMAT_OF_SUFFIX = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv",
@@ -49,6 +51,9 @@ def look(path: Path, sample_rows: int) -> FileRows:
     reader = _READERS.get(FORMAT_OF_SUFFIX.get(path.suffix))
     if reader is None:
         return FileRows([], [], None, False)
+    if json_rows.is_blank(path):
+        # Every format's reader fails on it later, naming something else.
+        raise json_rows.empty_file_error(f"dataset file {path}")
     try:
         return reader(path, sample_rows)
     except BadInputError:
@@ -122,18 +127,12 @@ def _csv(path: Path, n: int) -> FileRows:
     return FileRows(columns, rows, data_lines, exact)
 
 
-def _first_char(path: Path) -> str:
-    with open(path, "rb") as f:
-        return f.read(4096).lstrip()[:1].decode("ascii", "replace")
-
-
 def _json(path: Path, n: int) -> FileRows:
-    if _first_char(path) != "[":
+    if json_rows.starts_with(path) != b"[":
         return _jsonl(path, n)
     size = path.stat().st_size
     if size <= _JSON_PARSE_BYTES:
-        with open(path, encoding="utf-8") as f:
-            array = json.load(f)
+        array = json_rows.json_document(path, f"dataset file {path}")
         return FileRows(list(array[0]) if array else [], array[:n], len(array), True)
     with open(path, "rb") as f:
         head = f.read(_JSON_HEAD_BYTES).decode("utf-8", "ignore")
@@ -156,15 +155,18 @@ def _json(path: Path, n: int) -> FileRows:
 
 
 def _jsonl(path: Path, n: int) -> FileRows:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if len(rows) >= n:
-                break
-            if line.strip():
-                rows.append(json.loads(line))
-    count, exact = _newlines(path)
-    return FileRows(list(rows[0]) if rows else [], rows, count, exact)
+    """Every line parsed (up to ``_COUNT_BYTES``), not only the sampled ones: a broken
+    line anywhere fails here with its number, not in the recipe's loader."""
+    rows: list[dict] = []
+    count, read = 0, 0
+    for read, row in json_rows.json_lines(path, f"dataset file {path}", _COUNT_BYTES):
+        count += 1
+        if len(rows) < n:
+            rows.append(row)
+    size = path.stat().st_size
+    if read < size:
+        return FileRows(list(rows[0]) if rows else [], rows, round(count * size / read), False)
+    return FileRows(list(rows[0]) if rows else [], rows, count, True)
 
 
 # A reader per format FORMAT_OF_SUFFIX names.

@@ -2,7 +2,9 @@
 and, through ``kubetune.trainer.metric_logging.train_progress``, prints one progress line per logged step
 (``kubectl logs``, no carriage-return bars) and reports the TrainJob status.
 
-Each line: step, epoch, loss, lr, tokens (this step, all ranks), tokens_per_second (as
+Each line: step, epoch, loss, lr (the learning rate the step trained with: torchtune's
+recipes log the one the scheduler has already moved on to, so a run's first step would
+show the second's), tokens (this step, all ranks), tokens_per_second (as
 the recipe measured it, per device), batch_digest (of the token ids the step trained on,
 all ranks), peak_memory_bytes (CUDA peak reserved on GPU, peak
 resident memory on CPU), time_s since the logger started.
@@ -58,6 +60,7 @@ class JsonLinesMetricLogger:
         self._epoch: int | None = None
         self._step_tokens: int | None = None
         self._step_digest: str | None = None
+        self._step_lr: float | None = None
         # (step, loss) of the last logged step: step_guard stops the run on a non-finite one.
         self.last_loss: tuple[int, Any] | None = None
 
@@ -74,6 +77,9 @@ class JsonLinesMetricLogger:
 
     def note_step_digest(self, digest: str) -> None:
         self._step_digest = digest
+
+    def note_step_lr(self, lr: float | None) -> None:
+        self._step_lr = lr
 
     def log(self, name: str, data: Any, step: int) -> None:
         for other in self._also:
@@ -100,6 +106,9 @@ class JsonLinesMetricLogger:
             if self._step_digest is not None:
                 record["batch_digest"] = self._step_digest
                 self._step_digest = None
+            if self._step_lr is not None and "lr" in record:
+                record["lr"] = self._step_lr
+                self._step_lr = None
             record["peak_memory_bytes"] = peak_memory_bytes()
         record["time_s"] = round(time.monotonic() - self._start, 3)
         self._file.write(json.dumps(record) + "\n")

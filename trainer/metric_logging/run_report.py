@@ -1,9 +1,9 @@
 """The run report in the output dir: ``kubetune-report.md`` (what ran, on what, how fast,
 how it ended) and ``kubetune-curves.png`` (loss, learning rate and tokens/s by step).
 
-Written by rank 0 after every checkpoint (the run so far) and by the launcher at the end
-(with ``summary.json``'s numbers); the exporter carries both into the export. Each file
-is replaced by rename, so a reader never sees half of one.
+Written by rank 0 after every resumable checkpoint (the run so far) and by the launcher
+at the end (with ``summary.json``'s numbers); the exporter carries both into the export.
+Each file is replaced by rename, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def write(output_dir: Path, summary: dict | None = None, state: str = "in progre
 
 
 def on_checkpoint(output_dir: Path, rank: int) -> None:
-    """After a checkpoint save, inside the recipe: the report of the run so far (rank 0).
+    """After a resumable checkpoint's save, inside the recipe: the report of the run so
+    far (rank 0).
     A report that cannot be written costs a warning, never the run."""
     if rank != 0:
         return

@@ -23,6 +23,8 @@ import torch
 from torchtune import training
 from torchtune.training.checkpointing._checkpointer import FullModelHFCheckpointer
 
+from kubetune.atomic_write import atomic_path
+
 log = logging.getLogger("trainer")
 
 # torchtune module (in a layer) -> (HF fused module, its parts in HF row order)
@@ -109,6 +111,18 @@ class Phi3HFCheckpointer(FullModelHFCheckpointer):
     """torchtune's ``FullModelHFCheckpointer`` for PHI3_MINI / PHI4, writing the PEFT
     adapter (``adapter_model.safetensors`` + ``adapter_config.json``) beside its own."""
 
+    def load_checkpoint(self) -> dict:
+        state = super().load_checkpoint()
+        # torchtune splits the fused qkv_proj / gate_up_proj into views of one tensor;
+        # FSDP's sharded load of an NF4 weight (QLoRA on several processes) cannot take
+        # a view into a larger storage ("aten.as_strided(NF4Tensor) only support original
+        # storage offset"): each part gets its own.
+        model = state[training.MODEL_KEY]
+        state[training.MODEL_KEY] = {
+            k: v.clone() if v.untyped_storage().nbytes() > v.numel() * v.element_size()
+            else v for k, v in model.items()}
+        return state
+
     def save_checkpoint(self, state_dict: dict, epoch: int, *args, **kwargs) -> None:
         adapter = state_dict.get(training.ADAPTER_KEY)
         tune_config = dict(state_dict.get(training.ADAPTER_CONFIG) or {})
@@ -129,6 +143,7 @@ class Phi3HFCheckpointer(FullModelHFCheckpointer):
         epoch_dir = Path(self._output_dir) / f"epoch_{epoch}"
         config = peft_config(tune_config, ranks, self.repo_id)
         (epoch_dir / "adapter_config.json").write_text(json.dumps(config))
-        save_file({k: v.contiguous() for k, v in weights.items()},
-                  str(epoch_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+        with atomic_path(epoch_dir / "adapter_model.safetensors") as tmp:  # the umask's mode
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
+                      metadata={"format": "pt"})
         log.info("PEFT adapter written for the fused Phi-3 modules: %s", sorted(ranks))

@@ -8,6 +8,7 @@ would kill the pod (OOMKilled) with no line of ours. One note says so before the
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 # cgroup v2, then v1: the container's own limit, as the container sees it.
@@ -41,11 +42,17 @@ def _gib(n: float) -> str:
     return f"{n / 2 ** 30:.1f} GiB"
 
 
+def required_bytes(processes: int, checkpoint: int) -> int:
+    """The memory limit a node needs for ``processes`` each loading ``checkpoint`` bytes,
+    with this module's headroom (`kubetune size` asks for it)."""
+    return math.ceil(processes * checkpoint / HEADROOM)
+
+
 def note(processes: int, checkpoint: int, limit: int | None) -> str | None:
     """The line for a node whose ``processes`` each load ``checkpoint`` bytes under a
     ``limit`` they do not fit with headroom; None where they fit or nothing limits them."""
     need = processes * checkpoint
-    if limit is None or need <= HEADROOM * limit:
+    if limit is None or required_bytes(processes, checkpoint) <= limit:
         return None
     each = "each load" if processes > 1 else "loads"
     return (f"memory: {processes} process(es) on this node {each} the whole checkpoint "

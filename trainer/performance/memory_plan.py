@@ -139,6 +139,15 @@ def choose(w: Workload, gpu_memory_bytes: int, batch_size: int, accumulation: in
     return plan(min(sizes), True, False)
 
 
+def least_estimate(w: Workload, batch_size: int, checkpointing: bool | None,
+                   split_fixed: bool) -> int:
+    """The smallest estimate ``choose`` can pick from: the smallest micro-batch it may use
+    (1, or ``batch_size`` where the split is fixed), checkpointed unless the user said
+    otherwise. What a device must hold, whatever the card."""
+    return estimate_bytes(w, batch_size if split_fixed else 1,
+                          True if checkpointing is None else checkpointing)
+
+
 def gib(n: float) -> str:
     return f"{n / 2 ** 30:.1f} GiB"
 

@@ -1,10 +1,11 @@
 """Speed defaults a practitioner would pick, applied only where the user said nothing;
 each one is a note (logged, and shown by ``--kubetune-dry-run``) naming its off switch.
 
-- packing: short samples waste most of each padded batch; packing them into
+- packing (CUDA): short samples waste most of each padded batch; packing them into
   ``max_seq_len`` sequences trains the same tokens in fewer steps. Only when the data is
   large enough to fill many packs (on a tiny set packing would leave a handful of steps);
-  the row count covers every shard (``kubetune.trainer.data.dataset_check``).
+  the row count covers every shard (``kubetune.trainer.data.dataset_check``). Not on CPU,
+  where a pack's attention is dense (a note says so where packing would otherwise apply).
 - chunked cross-entropy: never materializes the full fp32 logits (vocab x sequence).
 - fused AdamW on CUDA (one kernel per step, not one per tensor); not on CPU.
 - torch.compile (model and loss) on CUDA; off on CPU, where inductor's compile time
@@ -23,7 +24,7 @@ import importlib.util
 
 from omegaconf import DictConfig, OmegaConf
 
-from kubetune.trainer.performance import memory_plan
+from kubetune.trainer.performance import memory_plan, sizing
 from kubetune.trainer.performance.model_shape import adapter_count
 
 CHUNKED_CE = "torchtune.modules.loss.CEWithChunkedOutputLoss"
@@ -35,6 +36,13 @@ CHARS_PER_TOKEN = 4.0
 SHORT_FACTOR = 4
 # ...and the data fills at least this many optimizer steps' worth of packs.
 MIN_PACKED_STEPS = 20
+# Why not on CPU: torchtune 0.6.1 keeps a pack's documents apart with flex attention's
+# block mask only on CUDA; elsewhere it builds a dense max_seq_len x max_seq_len mask, so
+# every pack pays attention over all its positions. Measured on CPU (alpaca-like rows,
+# batch 4, trained tokens per CPU second): 0.50x of unpacked on the tiny Llama-3, 0.74x
+# at dim 512, and the dense attention's activations raise the peak memory too.
+_DENSE_PACKS = ("without flex attention (CUDA only) each pack attends over all its "
+                "positions, slower per trained token than padded batches")
 
 
 def _user_set(user_keys: set[str], key: str) -> bool:
@@ -44,9 +52,11 @@ def _user_set(user_keys: set[str], key: str) -> bool:
 def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
           mean_chars: float | None, rows: int | None, max_seq_len: int, *,
           method: str = "lora", dims: dict | None = None,
-          gpu_memory_bytes: int | None = None) -> list[str]:
+          gpu_memory_bytes: int | None = None, nodes: int = 1,
+          checkpoint_bytes: int | None = None) -> list[str]:
     """Set the speed defaults in ``cfg``; ``dims`` (config.json's) and
-    ``gpu_memory_bytes`` (the smallest GPU's) let the memory plan run on CUDA."""
+    ``gpu_memory_bytes`` (the smallest GPU's) let the memory plan run on CUDA, over
+    ``world_size`` processes on ``nodes`` nodes, each loading ``checkpoint_bytes``."""
     notes: list[str] = []
     loss = cfg.get("loss")
     if isinstance(loss, DictConfig) and loss.get("_component_") in _PLAIN_CE \
@@ -92,27 +102,33 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
         packs = rows * tokens_per_sample / max_seq_len
         steps = packs / max(1, int(cfg.get("batch_size") or 1) * world_size)
         if tokens_per_sample * SHORT_FACTOR <= max_seq_len and steps >= MIN_PACKED_STEPS:
-            dataset.packed = True
-            notes.append(f"speed: packing {rows} samples (~{tokens_per_sample:.0f} tokens "
-                         f"each) into {max_seq_len}-token sequences "
-                         "(dataset.packed=False to turn off)")
+            if device.startswith("cuda"):
+                dataset.packed = True
+                notes.append(f"speed: packing {rows} samples (~{tokens_per_sample:.0f} "
+                             f"tokens each) into {max_seq_len}-token sequences "
+                             "(dataset.packed=False to turn off)")
+            else:
+                notes.append(f"speed: not packing {rows} samples (~{tokens_per_sample:.0f} "
+                             f"tokens each) on {device}: {_DENSE_PACKS} "
+                             "(dataset.packed=True to force)")
     if isinstance(dataset, DictConfig) and dataset.get("packed") \
             and cfg.tokenizer.get("max_seq_len") is None:
         cfg.tokenizer.max_seq_len = max_seq_len  # packing needs a pack length
 
     if device.startswith("cuda") and dims and gpu_memory_bytes:
         notes += _fit_memory(cfg, user_keys, world_size, max_seq_len, method, dims,
-                             gpu_memory_bytes)
+                             gpu_memory_bytes, nodes, checkpoint_bytes)
     return notes
 
 
 def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,
-                method: str, dims: dict, gpu_memory_bytes: int) -> list[str]:
-    """Micro-batch and activation checkpointing for this GPU (``kubetune.trainer.performance.memory_plan``)."""
+                method: str, dims: dict, gpu_memory_bytes: int, nodes: int,
+                checkpoint_bytes: int | None) -> list[str]:
+    """Micro-batch and activation checkpointing for this GPU
+    (``kubetune.trainer.performance.memory_plan``), and the ``memory plan:`` line
+    `kubetune size` answers with for the same model, method, length and batch."""
     sizes_set = {"batch_size", "gradient_accumulation_steps"} <= user_keys
     checkpointing_set = _user_set(user_keys, "enable_activation_checkpointing")
-    if sizes_set and checkpointing_set:
-        return []
     model_cfg = cfg.get("model")
     model_cfg = OmegaConf.to_container(model_cfg) if isinstance(model_cfg, DictConfig) else {}
     in_backward = bool(cfg.get("optimizer_in_bwd"))
@@ -124,16 +140,20 @@ def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_l
         n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward)
     batch = int(cfg.get("batch_size") or 1)
     accumulation = int(cfg.get("gradient_accumulation_steps") or 1)
-    plan = memory_plan.choose(
+    fit = sizing.fit(
         workload, gpu_memory_bytes, batch, accumulation,
         bool(cfg.get("enable_activation_checkpointing")) if checkpointing_set else None,
-        split_fixed=sizes_set or in_backward)
+        sizes_set or in_backward, nodes, checkpoint_bytes)
+    plan = fit.plan
     if not plan.fits:
         return [f"memory: even {memory_plan.describe(plan)}: this run may run out of GPU "
-                "memory (a shorter tokenizer.max_seq_len, method qlora or more GPUs use less)"]
+                "memory (a shorter tokenizer.max_seq_len, method qlora or more GPUs use less)",
+                sizing.describe(fit)]
+    if sizes_set and checkpointing_set:
+        return [sizing.describe(fit)]  # the user's own plan: stated, not changed
     cfg.batch_size = plan.batch_size
     cfg.gradient_accumulation_steps = plan.gradient_accumulation_steps
     cfg.enable_activation_checkpointing = plan.activation_checkpointing
     return [f"speed: {memory_plan.describe(plan)}; effective batch {batch * accumulation} "
             "kept (set batch_size and gradient_accumulation_steps, and "
-            "enable_activation_checkpointing, to choose yourself)"]
+            "enable_activation_checkpointing, to choose yourself)", sizing.describe(fit)]

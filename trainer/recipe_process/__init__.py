@@ -6,7 +6,9 @@ train on or non-finite weights: nothing is saved, one line, exit 65), ``fallback
 (torch.compile that fails -> eager; out of memory at the first step -> a smaller
 micro-batch, same effective batch), ``tokenized_data`` (the recipe's datasets tokenized
 once through the token cache), ``empty_batches`` (a micro-batch with nothing to train on
-adds nothing to its step, instead of NaN), ``recipe_noise`` (torchtune's dumps kept at
-debug) and ``passed_env`` (what torchrun and the launcher tell this process through its
-environment: rank, processes on the node, stop file, compile backend, test hooks; read
-there alone)."""
+adds nothing to its step, instead of NaN), ``warmup_cap`` (a warm-up the user did not set
+capped to a tenth of the run's steps), ``sample_capture`` (a few training samples as the
+tokenizer made them, for the exporter's chat-template check), ``recipe_noise``
+(torchtune's dumps kept at debug) and ``passed_env`` (what torchrun and the launcher tell
+this process through its environment: rank, processes on the node, stop file, compile
+backend, test hooks; read there alone)."""

@@ -25,7 +25,8 @@ from omegaconf import OmegaConf
 from kubetune import logs
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.recipe_process import (cpu_adapt, empty_batches, fallbacks, passed_env,
-                                             recipe_noise, run_sanity, tokenized_data)
+                                             recipe_noise, run_sanity, sample_capture,
+                                             tokenized_data, warmup_cap)
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
@@ -56,10 +57,21 @@ def defines_save(cls: type) -> bool:
                if k.__module__ == cls.__module__)
 
 
-def install(cls: type, guard: Guard, data: CacheSettings | None = None) -> None:
+def install(cls: type, guard: Guard, data: CacheSettings | None = None,
+            cap_warmup: bool = False, fingerprint: str = "") -> None:
     if data is not None and hasattr(cls, "_setup_data"):
         cls._setup_data = tokenized_data.wrap_setup_data(cls._setup_data, data)
     empty_batches.install(cls)
+    if cap_warmup and hasattr(cls, "_setup_lr_scheduler"):
+        # Its step count comes from the data loader, so from the rows the cache kept.
+        cls._setup_lr_scheduler = warmup_cap.wrap_setup_lr_scheduler(cls._setup_lr_scheduler)
+    if hasattr(cls, "_setup_data"):
+        # Outside the cache: its recorder sees the rows the cache tokenizes in this process,
+        # and draws the first ones again from the rows the cache was made from
+        # (``tokenized_from``) where the tokenizing happened in workers or a mapped entry
+        # replaced it.
+        cls._setup_data = sample_capture.wrap_setup_data(cls._setup_data, guard.output_dir,
+                                                         fingerprint)
     original_setup = cls.setup
 
     @functools.wraps(original_setup)
@@ -84,9 +96,9 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None) -> None:
             checkpointer = getattr(self, "_checkpointer", None)
             original_dir = guard.before_save(checkpointer)
             result = original_save(self, epoch, *args, **kwargs)
-            guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch,
-                             epoch + 1 < self.total_epochs)
-            run_report.on_checkpoint(guard.output_dir, guard.rank)
+            resumable = epoch + 1 < self.total_epochs
+            guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch, resumable)
+            _report_progress(guard, resumable)
             return result
 
         cls.save_checkpoint = save_checkpoint
@@ -103,10 +115,10 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None) -> None:
             original_dir = guard.before_save(checkpointer)
             result = original_client_save(self, model, optimizer, training_progress, epoch,
                                           *args, **kwargs)
+            resumable = epoch + 1 < training_progress.total_epochs
             guard.after_save(current.get("recipe"), checkpointer, original_dir,
-                             training_progress.epochs_run, epoch,
-                             epoch + 1 < training_progress.total_epochs)
-            run_report.on_checkpoint(guard.output_dir, guard.rank)
+                             training_progress.epochs_run, epoch, resumable)
+            _report_progress(guard, resumable)
             return result
 
         CheckpointClient.save_checkpoint = client_save
@@ -117,6 +129,15 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None) -> None:
             return inner_setup(self, *args, **kwargs)
 
         cls.setup = remember
+
+
+def _report_progress(guard: Guard, resumable: bool) -> None:
+    """The run report so far, after a checkpoint a restart may resume from. Not after the
+    final one: the launcher writes the finished run's report moments later, and drawing
+    the curves twice cost ~1.8 CPU s at the end of every run (matplotlib's import and one
+    figure)."""
+    if resumable:
+        run_report.on_checkpoint(guard.output_dir, guard.rank)
 
 
 def quiet_progress_bars() -> None:
@@ -162,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
     cls = recipe_class(module)
-    install(cls, guard, tokenized_data.cache_settings(cfg, settings))
+    install(cls, guard, tokenized_data.cache_settings(cfg, settings),
+            bool(settings.get("cap_warmup")), str(settings.get("fingerprint") or ""))
     fallbacks.install(cls, guard, compile_on=bool(cfg.get("compile")),
                       compile_ours=bool(settings.get("compile_default")))
 

@@ -39,7 +39,8 @@ def local_world_size(environ: Mapping[str, str] | None = None) -> int:
 
 
 def under_torchrun() -> bool:
-    """Started by torchrun (it sets ``LOCAL_RANK`` in each worker)."""
+    """Started as a process-group worker: by torchrun, or by the launcher for a
+    one-process group (either sets ``LOCAL_RANK``)."""
     return _environ(None).get(env.LOCAL_RANK) is not None
 
 

@@ -2,7 +2,8 @@
 keeps it): torchtune's 80-line resolved-config dump (the merged config is already
 ``output_dir/kubetune-config.yaml``), its profiler chatter, torchao's import warnings
 (``kubetune.logs.quiet_libraries``, shared with every step), and library deprecation
-warnings a user cannot act on.
+warnings a user cannot act on. torchtune's own lines below the user's level go too
+(``-q``: its INFO chatter; its warnings and errors stay).
 
 Applied in the recipe process before torchtune is imported, so each source is silenced
 where it speaks; anything not listed here still reaches the log.
@@ -31,7 +32,15 @@ WARNING_NOISE = (
 
 
 class _DropNoise(logging.Filter):
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
     def filter(self, record: logging.LogRecord) -> bool:
+        # torchtune's recipes set their logger to DEBUG each time they fetch it, so the
+        # user's level (`-q`: warnings and errors only) is applied here, per record.
+        if record.levelno < self.level:
+            return False
         message = record.getMessage()
         return not any(fragment in message for fragment in TORCHTUNE_NOISE)
 
@@ -39,7 +48,7 @@ class _DropNoise(logging.Filter):
 def quiet() -> None:
     if logs.debug_mode():
         return
-    logging.getLogger("torchtune.utils._logging").addFilter(_DropNoise())
+    logging.getLogger("torchtune.utils._logging").addFilter(_DropNoise(logs.log_level()))
     logs.quiet_libraries()  # torchao's import warnings, as in every step's process
     for message in WARNING_NOISE:
         warnings.filterwarnings("ignore", message=message)

@@ -43,12 +43,19 @@ class NoTrainableRowsError(RunRefused):
     pass
 
 
-def learning_rate(recipe: Any) -> str:
+def current_lr(recipe: Any) -> float | None:
+    """The learning rate the recipe's optimizer holds now; None where it has none to read
+    (an optimizer-in-backward wrapper)."""
     optimizer = getattr(recipe, "_optimizer", None)
     try:
-        return f"{float(optimizer.param_groups[0]['lr']):g}"
+        return float(optimizer.param_groups[0]["lr"])
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-        return "?"
+        return None
+
+
+def learning_rate(recipe: Any) -> str:
+    lr = current_lr(recipe)
+    return "?" if lr is None else f"{lr:g}"
 
 
 def _diverged(what: str, recipe: Any) -> str:

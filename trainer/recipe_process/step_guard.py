@@ -280,4 +280,8 @@ class GuardedLoader:
                     logger.note_step_tokens(tokens)
                 if hasattr(logger, "note_step_digest"):
                     logger.note_step_digest(digest)
+                if hasattr(logger, "note_step_lr"):
+                    # Before the step: the rate it trains with (the recipe logs the one the
+                    # scheduler has moved on to for the next step).
+                    logger.note_step_lr(run_sanity.current_lr(recipe))
             yield batch

@@ -33,7 +33,8 @@ def cache_settings(cfg: DictConfig, settings: dict) -> CacheSettings:
         tokenizer_cfg=OmegaConf.to_container(tokenizer, resolve=True)
         if isinstance(tokenizer, DictConfig) else {},
         report_cuts=bool(settings.get("count_cut_samples")), primary=passed_env.is_primary(),
-        cores=usable_cores(), local_processes=passed_env.local_world_size())
+        cores=usable_cores(), local_processes=passed_env.local_world_size(),
+        test_kill_at=passed_env.test_kill_token_cache_at())
 
 
 @contextlib.contextmanager

@@ -12,23 +12,24 @@ from kubetune.errors import BadInputError
 from kubetune.trainer.request.topology import Topology
 from kubetune.workspace.trainer_output import METHODS as METHOD_NAMES
 
-# (method, distributed) -> (recipe, base config, implied overrides)
-_CHOICES = {
-    ("lora", False): ("lora_finetune_single_device", "llama3_2/1B_lora_single_device", []),
-    ("dora", False): ("lora_finetune_single_device", "llama3_2/1B_lora_single_device",
-                      ["model.use_dora=True"]),
-    ("qlora", False): ("lora_finetune_single_device", "llama3_2/1B_qlora_single_device", []),
-    ("full", False): ("full_finetune_single_device", "llama3_2/1B_full_single_device", []),
-    ("lora", True): ("lora_finetune_distributed", "llama3_2/1B_lora", []),
-    ("dora", True): ("lora_finetune_distributed", "llama3_2/1B_lora", ["model.use_dora=True"]),
-    ("qlora", True): ("lora_finetune_distributed", "llama3_2/1B_lora",
-                      ["model.quantize_base=True"]),
-    ("full", True): ("full_finetune_distributed", "llama3_2/1B_full", []),
+# What Kubeflow Trainer's torch plugin picks (getRecipeAndConfig): (method, one device?) ->
+# (recipe, config suffix) on one node; on several nodes it always picks full fine-tuning's
+# multi-node recipe. DoRA is LoRA to the controller (it reads only LoRA and QLoRA args).
+_CONTROLLER = {
+    ("lora", True): ("lora_finetune_single_device", "_lora_single_device"),
+    ("dora", True): ("lora_finetune_single_device", "_lora_single_device"),
+    ("qlora", True): ("lora_finetune_single_device", "_qlora_single_device"),
+    ("full", True): ("full_finetune_single_device", "_full_single_device"),
+    ("lora", False): ("lora_finetune_distributed", "_lora"),
+    ("dora", False): ("lora_finetune_distributed", "_lora"),
+    ("qlora", False): ("lora_finetune_distributed", "_qlora"),
+    ("full", False): ("full_finetune_distributed", "_full"),
 }
+MULTINODE = ("full_finetune_distributed", "_full_multinode")
 
 # The config suffixes the controller composes (<family>/<size><suffix>), each with a config
-# torchtune ships for it: used when the composed name does not exist (e.g. a QLoRA
-# config for a size torchtune has none for).
+# torchtune ships for it: the base config `kubetune train` runs, and the one used when a
+# composed name does not exist (e.g. a QLoRA config for a size torchtune has none for).
 VARIANT_TEMPLATES = {
     "_lora_single_device": "llama3_2/1B_lora_single_device",
     "_qlora_single_device": "llama3_2/1B_qlora_single_device",
@@ -38,19 +39,32 @@ VARIANT_TEMPLATES = {
     "_full": "llama3_2/1B_full",
     "_full_multinode": "llama3_3/70B_full_multinode",
 }
+# What a base config leaves to the method: it says neither DoRA nor, for the distributed
+# LoRA config the controller composes for QLoRA, the quantized base.
+_IMPLIED = {("dora", True): ["model.use_dora=True"], ("dora", False): ["model.use_dora=True"],
+            ("qlora", False): ["model.quantize_base=True"]}
+
+
+def controller_choice(method: str, nnodes: int, one_device: bool) -> tuple[str, str]:
+    """The recipe and config suffix the controller picks for ``method`` (read from a
+    TrainJob's args) on ``nnodes`` nodes; ``one_device``: one process (or GPU) per node."""
+    if nnodes > 1:
+        return MULTINODE
+    return _CONTROLLER[(method, one_device)]
 
 
 def recipe_for(method: str, topology: Topology | None = None) -> tuple[str, str, list[str]]:
-    """The recipe, base config and implied overrides for ``method`` on ``topology``."""
+    """The recipe, base config and implied overrides `kubetune train` runs ``method`` with
+    on ``topology``: the controller's choice, except that on several nodes LoRA and DoRA run
+    torchtune's distributed LoRA recipe (the controller has only full fine-tuning there)."""
     if method not in METHOD_NAMES:
         raise BadInputError(f"method {method!r} is not one of {', '.join(METHOD_NAMES)}")
-    distributed = topology is not None and topology.world_size > 1
-    if topology is not None and topology.nnodes > 1:
+    one_device = topology is None or topology.world_size == 1
+    nnodes = topology.nnodes if topology is not None else 1
+    if nnodes > 1:
         check_multinode(method)
-    recipe, config, implied = _CHOICES[(method, distributed)]
-    if method == "full" and topology is not None and topology.nnodes > 1:
-        config = VARIANT_TEMPLATES["_full_multinode"]
-    return recipe, config, list(implied)
+    recipe, suffix = controller_choice(method, nnodes if method == "full" else 1, one_device)
+    return recipe, VARIANT_TEMPLATES[suffix], list(_IMPLIED.get((method, one_device), []))
 
 
 def check_multinode(method: str) -> None:
@@ -80,8 +94,8 @@ def method_of(model_cfg, recipe: str) -> str:
     return "lora"
 
 
-# What entrypoints/local.py (and older callers) list: method -> single-device choice.
-METHODS = {m: _CHOICES[(m, False)] for m in METHOD_NAMES}
+# What entrypoints/local.py lists as its --method choices.
+METHODS = METHOD_NAMES
 
 
 def check_recipe(recipe: str, method: str, topology: Topology) -> list[str]:

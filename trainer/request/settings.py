@@ -1,19 +1,16 @@
 """What the launcher reads from its environment, in one place: the ``PET_*`` variables the
 torch plugin of Kubeflow Trainer sets (``topology`` turns them into nodes and processes;
-torchrun options win over them), the SIGTERM grace period and the step-level save cadence
-and where the token cache lives (the merged config's ``kubetune`` section wins over them).
+torchrun options win over them).
 
-Each value is parsed when first asked for and kept: what an option or the config already
-decides is never read, so a stray value there is not refused."""
+The trainer's own settings (``KUBETUNE_EPOCHS``, the SIGTERM grace period, the step-level
+save cadence, ...) are `kubetune train`'s options, read from their variables by those
+options on every path (``kubetune.entrypoints.train.environment_settings``) and handed to
+the plan as overrides."""
 
 from __future__ import annotations
 
 import os
-from functools import cached_property
 from typing import Mapping
-
-from kubetune import env
-from kubetune.env_numbers import env_float, env_int
 
 DEFAULT_GRACE_PERIOD_S = 30.0
 DEFAULT_SAVE_EVERY_N_STEPS = 0  # a resumable save per epoch only
@@ -29,18 +26,3 @@ class LauncherSettings:
         """A ``PET_*`` value as the plugin set it, unparsed (``topology`` checks it against
         the torchrun option of the same meaning, and names whichever it took); None: unset."""
         return self._environ.get(variable) or None
-
-    @cached_property
-    def grace_period_s(self) -> float:
-        """Seconds from SIGTERM to the checkpoint deadline."""
-        return env_float(env.GRACE_PERIOD_S, DEFAULT_GRACE_PERIOD_S, 0, self._environ)
-
-    @cached_property
-    def save_every_n_steps(self) -> int:
-        """Steps between two resumable saves (0: per epoch)."""
-        return env_int(env.SAVE_EVERY_N_STEPS, DEFAULT_SAVE_EVERY_N_STEPS, 0, self._environ)
-
-    @cached_property
-    def token_cache_dir(self) -> str | None:
-        """Where tokenized datasets are cached; None: the workspace's place for them."""
-        return self._environ.get(env.TOKEN_CACHE_DIR) or None

@@ -38,6 +38,20 @@ class Topology:
             return "multi-node"
         return "multi-device" if self.nproc_per_node > 1 else "single-device"
 
+    @property
+    def needs_torchrun(self) -> bool:
+        """More than one process: torchrun starts them and they meet at its rendezvous.
+        One process needs neither, and torchrun would cost a process importing torch
+        (about 1.5 CPU s and 200 MB) before the recipe's own start."""
+        return self.world_size > 1
+
+    def one_process_env(self) -> dict[str, str]:
+        """The environment torchrun gives the only worker of a one-process group, for the
+        launcher to start it directly. Port 0: the worker's own store takes a free port
+        (nobody else has to reach it), so no port is picked here and raced for."""
+        return {env.RANK: "0", env.LOCAL_RANK: "0", env.WORLD_SIZE: "1",
+                env.LOCAL_WORLD_SIZE: "1", env.MASTER_ADDR: "127.0.0.1", env.MASTER_PORT: "0"}
+
     def torchrun_args(self) -> list[str]:
         args = [f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc_per_node}"]
         if self.nnodes == 1:

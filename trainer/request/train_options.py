@@ -1,11 +1,17 @@
 """`kubetune train`'s options -> the `tune run` request they stand for: the `key=value`
 overrides a TrainJob's args would carry, and the recipe the method needs on the topology
 (``PET_*``), chosen as the controller would. The click surface is `entrypoints/train.py`.
+
+`train_overrides` is the one mapping of these settings to overrides, on every path: the
+options of `kubetune train`, and their ``KUBETUNE_*`` variables where no option is given
+(`tune run` and `kubetune local` read them through the same click options:
+``kubetune.entrypoints.train.environment_settings``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,7 @@ SCHEDULERS = {"cosine": COSINE, "constant": COSINE,
               "linear": "kubetune.trainer.schedules.linear_schedule_with_warmup"}
 DATASET_TYPES = {"instruct": "torchtune.datasets.instruct_dataset",
                  "chat": "torchtune.datasets.chat_dataset"}
+log = logging.getLogger("trainer")
 # PEFT / Hugging Face module names -> torchtune's.
 _ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj",
                       "o_proj": "output_proj", "output_proj": "output_proj"}
@@ -89,6 +96,19 @@ _MEMORY_OVERRIDES = (
 _LORA_OVERRIDES = (
     ("model.lora_rank", "lora_rank"), ("model.lora_alpha", "lora_alpha"),
     ("model.lora_dropout", "lora_dropout"))
+
+
+# Options that set one config key (the others set several, or none as given).
+OPTION_KEYS = {option: key for key, option in (
+    *_PLAIN_OVERRIDES, *_MEMORY_OVERRIDES, *_LORA_OVERRIDES,
+    ("optimizer.lr", "learning_rate"), ("lr_scheduler.num_warmup_steps", "warmup_steps"),
+    ("dataset.column_map", "column_map"), ("dataset.split", "split"),
+    ("dataset.new_system_prompt", "system_prompt"), ("dataset.train_on_input", "train_on_input"),
+    ("dataset.conversation_column", "conversation_column"),
+    ("dataset.conversation_style", "conversation_style"),
+    ("kubetune.save_every_n_steps", "save_every_n_steps"),
+    ("kubetune.grace_period_s", "grace_period"),
+    ("kubetune.token_cache_dir", "token_cache_dir"))}
 
 
 def lora_target_overrides(modules: list[str]) -> list[str]:
@@ -165,7 +185,8 @@ def _column_map(text: str) -> str:
 
 
 def train_overrides(options: TrainOptions) -> list[str]:
-    """The `key=value` overrides that ``options`` stand for."""
+    """The `key=value` overrides that ``options`` stand for; an option left None sets
+    nothing."""
     o = options
     args: list[str] = []
 
@@ -193,22 +214,42 @@ def train_overrides(options: TrainOptions) -> list[str]:
         put_all(_LORA_OVERRIDES)
         if o.lora_target_modules:
             args += lora_target_overrides(o.lora_target_modules.split(","))
-    dataset_type = o.dataset_type or "instruct"
-    if dataset_type not in DATASET_TYPES:
-        raise BadInputError(f"dataset type {dataset_type!r} is not one of instruct, chat")
-    put("dataset", DATASET_TYPES[dataset_type])
+    else:
+        _warn_lora_settings_unused(o)
+    # No dataset type: the config's default builder stands, and the plan replaces it with
+    # the one the data's columns need (`kubetune.trainer.data.dataset_shape`).
+    if o.dataset_type is not None and o.dataset_type not in DATASET_TYPES:
+        raise BadInputError(f"dataset type {o.dataset_type!r} is not one of instruct, chat")
+    put("dataset", DATASET_TYPES.get(o.dataset_type or ""))
     put("dataset.split", o.split)
     if o.column_map:
         put("dataset.column_map", _column_map(o.column_map))
-    if dataset_type == "chat":
-        put("dataset.conversation_column", o.conversation_column or "messages")
-        put("dataset.conversation_style", o.conversation_style or "openai")
+    chat = o.dataset_type == "chat"
+    put("dataset.conversation_column", o.conversation_column or ("messages" if chat else None))
+    put("dataset.conversation_style", o.conversation_style or ("openai" if chat else None))
     put("dataset.new_system_prompt", o.system_prompt)
     put("dataset.train_on_input", o.train_on_input)
     put("kubetune.save_every_n_steps", o.save_every_n_steps)
     put("kubetune.grace_period_s", o.grace_period)
     put("kubetune.token_cache_dir", o.token_cache_dir)
     return args
+
+
+def _warn_lora_settings_unused(o: TrainOptions) -> None:
+    """A runtime's LoRA defaults (its env) stay set when a TrainJob switches the method to
+    full: not an error, but never without a word."""
+    given = [name for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
+                               "lora_config") if getattr(o, name) is not None]
+    if given:
+        log.warning("method full trains every weight: the LoRA settings given (%s) are not "
+                    "used", ", ".join(given))
+
+
+def setting_overrides(options: TrainOptions, overrides_text: str | None) -> list[str]:
+    """What the settings given stand for, on a path whose command already names its config
+    (`tune run`, `kubetune local`): their overrides, then ``KUBETUNE_TRAIN_OVERRIDES``'
+    (``overrides_text``)."""
+    return [*train_overrides(options), *split_overrides(overrides_text)]
 
 
 def split_overrides(text: str | None) -> list[str]:
@@ -227,11 +268,23 @@ def _requested_device(args: list[str]) -> str:
     return named[-1] if named and named[-1] else BASE_CONFIG_DEVICE
 
 
+def spellings_of(set_by: dict[str, str], later: list[str]) -> dict[str, str]:
+    """Config key -> the variable or option that set it, from ``set_by`` (option name ->
+    that setting), for the keys no override in ``later`` sets again."""
+    overridden = {arg.lstrip("~").split("=", 1)[0].removesuffix("._component_")
+                  for arg in later}
+    return {OPTION_KEYS[option]: setting for option, setting in set_by.items()
+            if option in OPTION_KEYS and OPTION_KEYS[option] not in overridden}
+
+
 def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, output_dir: str,
                   overrides_text: str | None = None, overrides: tuple[str, ...] = (),
-                  settings: LauncherSettings | None = None) -> RunPlan:
+                  settings: LauncherSettings | None = None,
+                  set_by: dict[str, str] | None = None) -> RunPlan:
     """Plan fine-tuning the model in ``model_dir`` on ``dataset_dir`` into ``output_dir``:
-    ``overrides_text`` (space-separated) applies after the options, ``overrides`` last.
+    ``overrides_text`` (space-separated) applies after the options, ``overrides`` last;
+    ``set_by``: option name -> the variable or option the user set it with (its hints
+    name that).
 
     The topology is resolved here, once: it picks the recipe, and the plan runs on it."""
     settings = settings or LauncherSettings()
@@ -246,7 +299,8 @@ def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, outpu
     shared = workspace()
     steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
                       output_dir=Path(output_dir), export_dir=shared.export_dir)
-    request = TuneRunRequest(recipe=recipe, config=config, overrides=args)
+    request = TuneRunRequest(recipe=recipe, config=config, overrides=args,
+                             spellings=spellings_of(set_by or {}, [*extra, *overrides]))
     from kubetune.trainer.config.plan import plan
 
     return plan(request, steps, settings, topo)

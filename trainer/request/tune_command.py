@@ -28,6 +28,9 @@ class TuneRunRequest:
     config: str
     overrides: list[str] = field(default_factory=list)
     torchrun_args: list[str] = field(default_factory=list)
+    # Config key -> the environment variable or option that set it (`kubetune train`'s),
+    # so that a hint names what the user set (``kubetune.trainer.request.spelling``).
+    spellings: dict[str, str] = field(default_factory=dict)
 
     def torchrun_option(self, name: str) -> str | None:
         """The value of ``--name`` among the torchrun options (``--a=b`` or ``--a b``)."""

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubetune.atomic_write import atomic_path
 from kubetune.tools.demo import tiny_tokenizer
 from kubetune.tools.demo.decoder_weights import DecoderSpec
 
@@ -73,6 +74,8 @@ def write_tiny_model(model_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> 
         "do_sample": False,
     }, indent=2))
     tiny_tokenizer.write_tokenizer(model_dir, max_length=spec.max_position_embeddings)
-    save_file(_random_state_dict(spec), str(model_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    # Through atomic_path: safetensors alone writes 0600, and an engine's container user
+    # (or a pod's) must read the demo's weights as any other file of the model.
+    with atomic_path(model_dir / "model.safetensors") as tmp:
+        save_file(_random_state_dict(spec), str(tmp), metadata={"format": "pt"})
     return model_dir

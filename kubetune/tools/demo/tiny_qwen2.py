@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubetune.atomic_write import atomic_path
 from kubetune.tools.demo.decoder_weights import DecoderSpec
 from kubetune.tools.demo.tiny_tokenizer import (NUM_BYTES, _byte_to_unicode,
                                                 added_tokens_decoder, tokenizer_json)
@@ -109,6 +110,7 @@ def write_tiny_qwen2(model_dir: Path, spec: TinyQwen2Spec = TinyQwen2Spec()) -> 
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(spec.config_json(), indent=2))
     _write_tokenizer(model_dir, spec.max_position_embeddings)
-    save_file(spec.random_weights(vocab_size(), qkv_bias=True), str(model_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    with atomic_path(model_dir / "model.safetensors") as tmp:  # the umask's mode, not 0600
+        save_file(spec.random_weights(vocab_size(), qkv_bias=True), str(tmp),
+                  metadata={"format": "pt"})
     return model_dir

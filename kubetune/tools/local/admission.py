@@ -127,7 +127,8 @@ def _trainjob_facts(runtime: dict, trainjob: dict, controller: dict) -> dict:
         "runtime_ref_kind": ref_kind, "runtime_file_kind": runtime["kind"],
         "runtime_kind_matches": ref_kind == runtime["kind"], "runtime_ref": _runtime_ref(ref),
         "torch_policy": _dig(runtime, "spec", "mlPolicy", "torch") is not None,
-        "trainer_set": bool(spec.get("trainer")),
+        # Set means present, `trainer: {}` included (Go's non-nil pointer).
+        "trainer_set": spec.get("trainer") is not None,
         "tune_run": trainer.get("command") == list(TUNE_ENTRYPOINT),
         "num_nodes": trainer.get("numNodes") or 1,
         "num_proc_per_node": "auto" if nproc is None else nproc,

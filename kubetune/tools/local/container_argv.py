@@ -8,9 +8,10 @@ Pure argv building (no engine is called), so every rule is unit-tested without a
   environment, so a credential never appears on a command line (`ps` shows argv).
 - volumes are host directories bind-mounted (`readOnly` kept); a `medium: Memory` emptyDir
   is a tmpfs; the termination log is one host file per container at /dev/termination-log.
-- securityContext: runAsUser/runAsGroup -> `--user`, fsGroup -> `--group-add`,
-  readOnlyRootFilesystem -> `--read-only`, dropped capabilities -> `--cap-drop`,
-  allowPrivilegeEscalation false -> no-new-privileges.
+- the user: `--user` and `--userns` as `container_user` decides (the user running
+  `kubetune local`, not the runtime's runAsUser/runAsGroup); fsGroup and
+  supplementalGroups -> `--group-add`; readOnlyRootFilesystem -> `--read-only`, dropped
+  capabilities -> `--cap-drop`, allowPrivilegeEscalation false -> no-new-privileges.
 - pods reach each other by their JobSet DNS names: network aliases on a per-job network.
 - GPUs: docker's `--gpus all`, podman's CDI device `nvidia.com/gpu=all`.
 """
@@ -50,6 +51,7 @@ class ContainerRun:
     hostname: str | None = None
     aliases: list[str] = field(default_factory=list)
     user: str | None = None
+    userns: str | None = None
     groups: list[str] = field(default_factory=list)
     read_only: bool = False
     cap_drop: list[str] = field(default_factory=list)
@@ -73,6 +75,8 @@ def run_argv(c: ContainerRun) -> list[str]:
             argv += ["--network-alias", alias]
     if c.hostname:
         argv += ["--hostname", c.hostname]
+    if c.userns:
+        argv += ["--userns", c.userns]
     if c.user:
         argv += ["--user", c.user]
     for group in c.groups:

@@ -3,11 +3,12 @@ container of its image (argv from `container_argv`), one run's network and names
 their removal however the run ends.
 
 What the kubelet gives a pod is mapped here: the per-job PVC and other volumes are host
-directories under the work directory (made writable by any user, as fsGroup makes a
-volume writable by the pod's user); a `file://` path named in the container's env or
+directories under the work directory; a `file://` path named in the container's env or
 args that exists on this host is bind-mounted read-only at the same path, so the URI is
-unchanged (a host-path EXPORT_URI is mounted read-write: `jobset.export_mount`); pods find each other by their JobSet DNS names (network aliases) on one
-network per run.
+unchanged (a host-path EXPORT_URI is mounted read-write: `jobset.export_mount`); pods
+find each other by their JobSet DNS names (network aliases) on one network per run.
+Every container runs as the user running `kubetune local` (`container_user`): it reads
+what they may read, and what it writes is theirs.
 
 Every container and network of a run is labelled with the run, the work directory (a
 hash of this host's name and the directory's absolute path) and the pid of the `kubetune
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError
-from kubetune.tools.local import container_watchdog
+from kubetune.tools.local import container_user, container_watchdog
 from kubetune.tools.local.container_argv import (ContainerRun, Mount, image_for,
                                                  labelled_containers_argv,
                                                  labelled_networks_argv,
@@ -91,21 +92,32 @@ def workdir_identity(workdir: Path) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _security(pod_spec: dict, container: dict) -> dict:
+def _cap_drop(container: dict) -> list[str]:
+    own = container.get("securityContext") or {}
+    return [str(c) for c in ((own.get("capabilities") or {}).get("drop")) or []]
+
+
+def _security(pod_spec: dict, container: dict, who: container_user.RunAs) -> dict:
+    """The securityContext as the engine's options. runAsUser and runAsGroup yield to the
+    user running `kubetune local` (``who``): the files the steps read and write are theirs."""
     pod = pod_spec.get("securityContext") or {}
     own = container.get("securityContext") or {}
-    user, group = own.get("runAsUser", pod.get("runAsUser")), \
-        own.get("runAsGroup", pod.get("runAsGroup"))
-    drop = ((own.get("capabilities") or {}).get("drop")) or []
+    pod_groups = ([pod["fsGroup"]] if "fsGroup" in pod else []) + list(
+        pod.get("supplementalGroups") or [])
     return {
-        "user": None if user is None else (f"{user}:{group}" if group is not None
-                                           else str(user)),
-        "groups": [str(g) for g in ([pod["fsGroup"]] if "fsGroup" in pod else [])
-                   + list(pod.get("supplementalGroups") or [])],
+        "user": who.user, "userns": who.userns,
+        "groups": [*who.groups, *(str(g) for g in pod_groups)],
         "read_only": bool(own.get("readOnlyRootFilesystem")),
-        "cap_drop": [str(c) for c in drop],
+        "cap_drop": _cap_drop(container),
         "no_new_privileges": own.get("allowPrivilegeEscalation") is False,
     }
+
+
+def _source_paths(container: dict, env: dict[str, str]) -> list[Path]:
+    """The host paths a container's (expanded) command, args and env name as sources."""
+    texts = [*(container.get("command") or []), *(container.get("args") or []),
+             *env.values()]
+    return file_sources(texts, env.get(envnames.STORAGE_URI))
 
 
 def _wants_gpu(container: dict) -> bool:
@@ -127,6 +139,8 @@ class ContainerSession:
         self.labels = {RUN_LABEL: self.run_id, WORKDIR_LABEL: self.workdir_id,
                        PID_LABEL: str(os.getpid())}
         self.started: list[str] = []
+        # Who the containers run as: the engine is asked on first use (`identify`).
+        self.run_as: container_user.RunAs | None = None
         self._network_made = False
         self._watchdog: container_watchdog.Watchdog | None = None
 
@@ -141,10 +155,32 @@ class ContainerSession:
                                                           or ["failed"])[-1])
         return result
 
+    def identify(self) -> container_user.RunAs:
+        """Who this run's containers run as: the user running us, as the engine maps
+        users (asked once)."""
+        if self.run_as is None:
+            info = self._engine(container_user.info_argv(self.options.engine)).stdout
+            facts = container_user.engine_facts(self.options.engine, info)
+            self.run_as = container_user.run_as(facts, container_user.HostUser.current())
+        return self.run_as
+
+    def check_sources(self, container: dict, env: dict[str, str]) -> None:
+        """Refuse (exit 65), before any step, a source this user may read that the
+        container, running as them through the engine, may not (`container_user`)."""
+        who, cap_drop = self.identify(), _cap_drop(container)
+        for source in _source_paths(container, env):
+            path = container_user.first_unreadable(source, who, cap_drop)
+            if path is not None:
+                raise BadInputError(f"{container['name']}: " + container_user.refusal(
+                    path, who, self.options.engine))
+
     def open(self, logs_dir: Path) -> None:
         """Remove what a dead run in this work directory left (the caller holds the work
         directory's lock), start this run's watchdog (its log in ``logs_dir``), then make
         this run's network."""
+        # Asked now, not by the first containers: they start in parallel, none waiting
+        # on the engine for the others.
+        self.identify()
         self.remove_orphans()
         self._watchdog = container_watchdog.start(
             self.options.engine, RUN_LABEL, self.run_id, self.network,
@@ -188,9 +224,7 @@ class ContainerSession:
         """The Step whose command runs ``container`` of ``pod`` in its image."""
         command = list(container.get("command") or [])
         args = list(container.get("args") or [])
-        sources = [Mount(p, str(p), read_only=True)
-                   for p in file_sources(command + args + list(env.values()),
-                                         env.get(envnames.STORAGE_URI))
+        sources = [Mount(p, str(p), read_only=True) for p in _source_paths(container, env)
                    if not any(m.target == str(p) for m in mounts)]
         engine_name = f"kubetune-{self.run_id}-{name}-{len(self.started)}"
         run = ContainerRun(
@@ -202,6 +236,6 @@ class ContainerSession:
             termination_log=termination_log(logs_dir, name),
             network=self.network, hostname=pod, aliases=aliases,
             gpus=self.options.gpus and _wants_gpu(container),
-            labels=dict(self.labels), **_security(pod_spec, container))
+            labels=dict(self.labels), **_security(pod_spec, container, self.identify()))
         self.started.append(engine_name)
         return Step(name, run_argv(run), env, in_container=True)

@@ -8,7 +8,10 @@
   paths rewritten to those directories wherever they appear in its command, args and env
   (there is no container filesystem here to mount them into).
 - Env is resolved as the kubelet does: `$(VAR)` expansion, the Job completion index for
-  `PET_NODE_RANK`; pod DNS names of the JobSet resolve to 127.0.0.1.
+  `PET_NODE_RANK`; pod DNS names of the JobSet resolve to 127.0.0.1, and each port a
+  container declares (the trainer's rendezvous port) becomes a free loopback port of this
+  run: on a cluster every pod has an address of its own, here two runs at once would
+  otherwise meet on one port.
 - A failed pod goes through the Job's podFailurePolicy and backoffLimit, a failed Job
   through the JobSet's failurePolicy, so a runtime's restart rules can be seen working.
 With no engine (`--engine process`), the image of each container is not used: this
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -32,7 +36,8 @@ from kubetune import env as envnames, storage_uri
 from kubetune.errors import BadInputError, StepFailedError
 from kubetune.tools.local.container_argv import Mount
 from kubetune.tools.local.containers import ContainerSession, EngineOptions
-from kubetune.tools.local.steps import Step, StepResult, emit, run_process, stop_requested
+from kubetune.tools.local.steps import (Step, StepResult, emit, run_process, status_text,
+                                        stop_requested, stopped_cause)
 from kubetune.tools.local.runtime_merge import COMPLETION_INDEX_PATH
 from kubetune.workspace import DEFAULT_ROOT
 
@@ -54,6 +59,14 @@ def expand(text: str, variables: dict[str, str]) -> str:
         return variables.get(name, match.group(0))
 
     return _VAR_REF.sub(sub, text)
+
+
+def _expanded(container: dict, env: dict[str, str]) -> dict:
+    """``container`` with $(VAR) in its command and args expanded against its env, as
+    Kubernetes does."""
+    return {**container,
+            "command": [expand(a, env) for a in container.get("command") or []],
+            "args": [expand(a, env) for a in container.get("args") or []]}
 
 
 STEP_NAMES = ("dataset-initializer", "model-initializer", "trainer", "exporter")
@@ -103,14 +116,26 @@ def export_mount(export_uri: str | None, mounts: list[Mount]) -> Mount | None:
         return None
     if not path.exists():
         try:
+            # The container runs as this user (`container_user`): theirs, with the
+            # umask's mode, as every directory a step makes.
             path.mkdir(parents=True)
-            # Writable by the pod's user (uid 65532 in our runtimes), as the workspace
-            # is: only the directory made here for the export, never one the user had.
-            path.chmod(0o777)
         except OSError as exc:
             raise BadInputError(f"{envnames.EXPORT_URI} {export_uri}: cannot create "
                                 f"{path}: {exc.strerror}") from None
     return Mount(path, str(path))
+
+
+def _loopback_ports(spec: dict) -> dict[int, int]:
+    """Each containerPort of the JobSet -> a loopback port free now (the OS picks it)."""
+    declared = {p["containerPort"] for job in spec["replicatedJobs"]
+                for c in job["template"]["spec"]["template"]["spec"].get("containers") or []
+                for p in c.get("ports") or [] if p.get("containerPort")}
+    ports = {}
+    for number in sorted(declared):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports[int(number)] = sock.getsockname()[1]
+    return ports
 
 
 class LocalJobSet:
@@ -135,7 +160,8 @@ class LocalJobSet:
         names = "|".join(re.escape(j["name"]) for j in self.spec["replicatedJobs"])
         self._pod_dns = re.compile(
             rf"\b{re.escape(self.name)}-(?:{names})-\d+-\d+\.{re.escape(subdomain)}"
-            r"(?:\.[A-Za-z0-9.-]*svc[A-Za-z0-9.-]*)?\b")
+            r"(?:\.[A-Za-z0-9.-]*svc[A-Za-z0-9.-]*)?\b(?::(\d+)\b)?")
+        self._ports = {} if self.session else _loopback_ports(self.spec)
 
     # -- ordering --------------------------------------------------------------------
 
@@ -170,7 +196,8 @@ class LocalJobSet:
     def check(self) -> None:
         """Raise, before anything runs, what running would raise only when it reaches the
         container: the job order, each container's env (a Secret value not exported), its
-        volumes, its command (processes) or image (containers). Writes nothing."""
+        volumes, its command (processes) or image and sources the engine's containers
+        could not read (containers). Writes nothing."""
         self.stages()
         for job in self.spec["replicatedJobs"]:
             pod_spec = job["template"]["spec"]["template"]["spec"]
@@ -185,7 +212,9 @@ class LocalJobSet:
                     raise BadInputError(f"container {container['name']} of job {job['name']} "
                                         "has no command: kubetune local runs commands, not "
                                         "image entrypoints")
-                self._env(container, 0, pod)  # every pod's env differs only by its index
+                env = self._env(container, 0, pod)  # pods' envs differ only by index
+                if self.session is not None:
+                    self.session.check_sources(_expanded(container, env), env)
                 for mount in container.get("volumeMounts") or []:
                     if mount["mountPath"].rstrip("/") not in SCRATCH_MOUNTS:
                         self._volume_dir(volumes, mount["name"], container, pod)
@@ -227,10 +256,9 @@ class LocalJobSet:
                 continue
             base = self._volume_dir(volumes, name, container, pod)
             local = base / mount["subPath"] if mount.get("subPath") else base
+            # The container runs as this user (`container_user`), so the directory made
+            # here is its own, as fsGroup makes a volume the pod's on a cluster.
             local.mkdir(parents=True, exist_ok=True)
-            # Writable by the pod's user, whichever it is: what fsGroup does on a cluster.
-            for path in {base, local}:
-                path.chmod(0o777)
             mounts.append(Mount(local, target, bool(mount.get("readOnly"))))
         return mounts, tmpfs
 
@@ -242,10 +270,7 @@ class LocalJobSet:
             raise BadInputError(f"container {container['name']} of job {job['name']} has "
                                 "no image")
         env = self._env(container, index, pod)
-        # Kubernetes expands $(VAR) in command and args against the container's env.
-        resolved = {**container,
-                    "command": [expand(a, env) for a in container.get("command") or []],
-                    "args": [expand(a, env) for a in container.get("args") or []]}
+        resolved = _expanded(container, env)
         mounts, tmpfs = self._container_mounts(pod_spec, container, pod)
         destination = export_mount(env.get(envnames.EXPORT_URI), mounts)
         if destination is not None:
@@ -263,7 +288,11 @@ class LocalJobSet:
             pattern = "|".join(re.escape(path) for path, _ in mounts)
             text = re.sub(rf"(?<![\w./-])({pattern})(?=/|\b|$)",
                           lambda m: str(local[m.group(1)]), text)
-        return self._pod_dns.sub("127.0.0.1", text)
+        return self._pod_dns.sub(self._loopback, text)
+
+    def _loopback(self, match: re.Match) -> str:
+        port = match.group(1)
+        return f"127.0.0.1:{self._ports.get(int(port), port)}" if port else "127.0.0.1"
 
     def _env(self, container: dict, index: int, pod: str) -> dict[str, str]:
         resolved: dict[str, str] = {}
@@ -303,6 +332,9 @@ class LocalJobSet:
         # Kubernetes expands $(VAR) in command and args against the container's env.
         argv = [self._localize(expand(a, env), mounts) for a in argv]
         env = {k: self._localize(v, mounts) for k, v in env.items()}
+        port = env.get(envnames.PET_MASTER_PORT, "")
+        if port.isdigit():
+            env[envnames.PET_MASTER_PORT] = str(self._ports.get(int(port), port))
         root = next((local for path, local in mounts if path == DEFAULT_ROOT), None)
         if root is not None:
             env.setdefault(envnames.WORKSPACE, str(root))
@@ -400,9 +432,7 @@ class LocalJobSet:
         for t in threads:
             t.join()
         for container, result in results:
-            emit(f"==> {result.name}: " + ("ok" if result.exit_code == 0 else
-                                          f"FAILED (exit {result.exit_code})") +
-                 f" in {result.seconds:.1f}s\n")
+            emit(f"==> {result.name}: {status_text(result)} in {result.seconds:.1f}s\n")
             if result.exit_code != 0:
                 return PodFailure(job["name"], container, result.exit_code, result.error or "")
         return None
@@ -457,8 +487,9 @@ class LocalJobSet:
                  + (" -> restarting\n" if can_restart else " -> JobSet failed\n"))
             if not can_restart:
                 pod = failure.failure
-                raise StepFailedError(pod.container, _cause(pod.error, pod.container) or
-                                      f"exited with code {pod.exit_code}", pod.exit_code)
+                raise StepFailedError(pod.container, stopped_cause(
+                    _cause(pod.error, pod.container) or f"exited with code {pod.exit_code}"),
+                    pod.exit_code)
             if counted:
                 restarts += 1
             else:

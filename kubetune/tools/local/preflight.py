@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune import env, storage_uri
-from kubetune.errors import BadInputError
+from kubetune.errors import BadInputError, TransientError
 from kubetune.suggest import closest
 from kubetune.tools.local.jobset import SCRATCH_MOUNTS
 from kubetune.tools.local.train_args import arg_key
@@ -46,6 +46,8 @@ class Options:
     gpus: bool
     images: tuple[str, ...]
     train_args: tuple[str, ...]
+    # Trainer settings' variables (KUBETUNE_EPOCHS, ...) this shell sets.
+    settings_in_shell: tuple[str, ...] = ()
 
 
 def check_combinations(o: Options, option_names: set[str],
@@ -64,6 +66,11 @@ def check_combinations(o: Options, option_names: set[str],
     if o.runtime_path is not None and (o.model_uri or o.dataset_uri or o.train_args):
         raise BadInputError("with --runtime, set sources and trainer args in the TrainJob "
                             "(--trainjob), not --model/--dataset/TRAIN_ARGS")
+    if o.runtime_path is not None and o.settings_in_shell:
+        # A pod gets the TrainJob's env, never this shell's (nor does --engine's container).
+        raise BadInputError(f"with --runtime, set {', '.join(o.settings_in_shell)} in the "
+                            "TrainJob's spec.trainer.env, not in this shell: the runtime's "
+                            "pods get only the TrainJob's env")
     ignored = sorted({"method", "export_uri"} & on_command_line)
     if o.runtime_path is not None and ignored:
         flags = "/".join("--" + name.replace("_", "-") for name in ignored)
@@ -138,6 +145,27 @@ def resolve_sources(model_uri: str | None, dataset_uri: str | None,
         except BadInputError as exc:
             raise BadInputError(f"--export-uri: {exc.message}") from None
     return model, dataset, export
+
+
+def check_export_destination(export_uri: str | None, work_dir: Path) -> None:
+    """The exporter's own check of ``export_uri`` (absolute; None: the workspace's), made
+    before any step rather than after the training: a directory holding what no export
+    wrote, S3 credentials missing or refused, a bucket that does not exist, a hub token
+    missing or read-only. Each failure is the exporter's line, naming --export-uri.
+    Credentials are this process's environment, which the exporter step inherits. One
+    attempt per request, each bounded (``destination.PROBE_TIMEOUT_S``): an endpoint that
+    does not answer is exit 75 here, not minutes of retries."""
+    if export_uri is None:
+        return
+    from kubetune.exporter.destination import open_destination
+
+    try:
+        open_destination(export_uri, None, work_dir, probe=True).check()
+    except BadInputError as exc:
+        raise BadInputError(f"--export-uri: {exc.message}") from None
+    except TransientError as exc:
+        raise TransientError(f"--export-uri: {exc.message} (checked before any step: fix "
+                             "the endpoint, or run again when it answers)") from None
 
 
 def _verified_model(model_dir: Path) -> None:

@@ -2,7 +2,8 @@
 
 The result is the JobSet spec the controller would create. Followed, rule by rule, from
 kubeflow/trainer's `pkg/runtime/core/trainingruntime.go` (pod counts, resourcesPerNode),
-`plugins/torch` (PET_* env, the `tune run` composition), `plugins/jobset` (initializer
+`plugins/torch` (PET_* env, into the node container and the containers
+`mlPolicy.torch.envInjection` names; the `tune run` composition), `plugins/jobset` (initializer
 and trainer overrides, runtimePatches) and `plugins/coscheduling` (the pod-group label).
 Only the ClusterTrainingRuntime / TrainJob fields that change what a container runs are
 modelled; the rest is carried through unchanged. The plugins' admission checks are the
@@ -14,15 +15,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
-import re
-from decimal import Decimal, InvalidOperation
-from typing import Any
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError
-from kubetune.tools.local import admission_rules
+from kubetune.tools.local import admission_rules, node_resources
 from kubetune.tools.local.admission import admission_errors
+from kubetune.trainer.request import methods
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 DATASET_INITIALIZER = "dataset-initializer"
@@ -36,7 +34,6 @@ POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 TUNE_ENTRYPOINT = list(admission_rules.TUNE_ENTRYPOINT)
 # The only entries of the runtime's `tune run` command the controller carries over.
 TUNE_IMMUTABLE = admission_rules.TUNE_IMMUTABLE_CONFIGS
-_GPU = re.compile("gpu", re.IGNORECASE)
 log = logging.getLogger("kubetune.local")
 
 
@@ -65,49 +62,6 @@ def upsert_env(env: list[dict], *new: dict) -> None:
                 break
         else:
             env.append(copy.deepcopy(var))
-
-
-def _quantity(value: Any) -> Decimal:
-    """A Kubernetes quantity as an exact number (enough for counts of GPUs and CPUs)."""
-    text = str(value)
-    suffixes = {"m": Decimal("0.001"), "k": Decimal(1000), "M": Decimal(10) ** 6,
-                "G": Decimal(10) ** 9, "Ki": Decimal(1024), "Mi": Decimal(1024) ** 2,
-                "Gi": Decimal(1024) ** 3}
-    scale = Decimal(1)
-    for suffix in sorted(suffixes, key=len, reverse=True):
-        if text.endswith(suffix):
-            text, scale = text[: -len(suffix)], suffixes[suffix]
-            break
-    try:
-        return Decimal(text) * scale
-    except InvalidOperation:
-        raise BadInputError(f"resource quantity {str(value)!r} is not a number") from None
-
-
-def gpus_per_node(resources: dict | None) -> int:
-    """GPU count as the controller reads it: requests first, then limits."""
-    resources = resources or {}
-
-    def count(section: dict | None) -> int:
-        for name, value in (section or {}).items():
-            if _GPU.search(name):
-                return int(_quantity(value))
-        return 0
-
-    return count(resources.get("requests")) or count(resources.get("limits"))
-
-
-def _cpus_per_node(resources: dict | None) -> int:
-    """Processes for `nproc_per_node: auto` without a GPU (calculateNumProcPerNode).
-
-    Limits first, requests only where there are no limits; a missing cpu counts as 1,
-    and a fraction rounds up as resource.Quantity.Value() does: 2.5 or 2500m is 3.
-    """
-    resources = resources or {}
-    section = resources.get("limits") or resources.get("requests")
-    if not section:
-        return 1
-    return max(1, math.ceil(_quantity(section.get("cpu") or 0)))
 
 
 # -- torchtune (plugins/torch/torchtune.go) ---------------------------------------------
@@ -143,22 +97,10 @@ def _dora_drops_qlora(args: list[str]) -> bool:
 
 def tune_recipe_and_config(num_nodes: int, nproc: int | str, gpus: int, args: list[str],
                            runtime_name: str) -> tuple[str, str]:
-    """The recipe and config the controller picks (getRecipeAndConfig)."""
-    recipe, suffix = "full_finetune_distributed", "_full"
-    single = nproc == 1 or gpus == 1
-    if num_nodes == 1 and single:
-        if _uses_qlora(args):
-            recipe, suffix = "lora_finetune_single_device", "_qlora_single_device"
-        elif _uses_lora(args):
-            recipe, suffix = "lora_finetune_single_device", "_lora_single_device"
-        else:
-            recipe, suffix = "full_finetune_single_device", "_full_single_device"
-    elif num_nodes == 1 and _uses_qlora(args):
-        recipe, suffix = "lora_finetune_distributed", "_qlora"
-    elif num_nodes == 1 and _uses_lora(args):
-        recipe, suffix = "lora_finetune_distributed", "_lora"
-    elif num_nodes > 1:
-        suffix = "_full_multinode"
+    """The recipe and config the controller picks (getRecipeAndConfig): the method its
+    args ask for, as the controller reads them, put to the trainer's one table."""
+    method = "qlora" if _uses_qlora(args) else "lora" if _uses_lora(args) else "full"
+    recipe, suffix = methods.controller_choice(method, num_nodes, nproc == 1 or gpus == 1)
     return recipe, tune_model(runtime_name) + suffix
 
 
@@ -169,13 +111,20 @@ def _admission_facts(runtime: dict, trainjob: dict) -> dict:
     trainer = trainjob["spec"].get("trainer") or {}
     name = trainjob["spec"]["runtimeRef"]["name"]
     args = list(trainer.get("args") or [])
-    resources = trainer.get("resourcesPerNode") or (_trainer_node(runtime) or {}).get(
-        "resources")
-    _, config = tune_recipe_and_config(trainer.get("numNodes") or 1,
-                                       trainer.get("numProcPerNode") or "auto",
-                                       gpus_per_node(resources), args, name)
+    _, config = tune_recipe_and_config(
+        trainer.get("numNodes") or 1, trainer.get("numProcPerNode") or "auto",
+        node_resources.gpus(_counted_resources(trainer, _trainer_node(runtime))), args, name)
     return {"tune_model": tune_model(name), "tune_config": config,
             "uses_lora": _uses_lora(args), "uses_qlora": _uses_qlora(args)}
+
+
+def _counted_resources(trainer: dict | None, node: dict | None) -> dict | None:
+    """The resources the torch plugin counts GPUs and CPUs in: the TrainJob's
+    resourcesPerNode wherever it is set, even empty (then it counts none), else the
+    runtime node container's -- not the two merged."""
+    if trainer is not None and trainer.get("resourcesPerNode") is not None:
+        return trainer["resourcesPerNode"]
+    return (node or {}).get("resources")
 
 
 def _trainer_node(runtime: dict) -> dict | None:
@@ -254,47 +203,61 @@ def _pod_counts(jobs: list[dict], ml_policy: dict | None, trainer: dict | None
                 ) -> dict[str, int]:
     """Pods per replicatedJob (newRuntimeInfo); resourcesPerNode merged into `node`."""
     counts: dict[str, int] = {}
+    per_node = (trainer or {}).get("resourcesPerNode")
     for rjob in jobs:
         count = rjob["template"]["spec"].get("parallelism", 1)
         if _ancestor(rjob) == ANCESTOR_TRAINER and ml_policy is not None:
             count = ml_policy.get("numNodes") or 1
-            if trainer and trainer.get("resourcesPerNode") and (node := _container(rjob, NODE)):
-                merged = copy.deepcopy(node.get("resources") or {})
-                for section, values in trainer["resourcesPerNode"].items():
-                    merged.setdefault(section, {}).update(values)
-                node["resources"] = merged
+            if per_node is not None and (node := _container(rjob, NODE)):
+                node["resources"] = node_resources.merge(node.get("resources"), per_node)
         counts[rjob["name"]] = count
     return counts
 
 
-def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict,
+def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict | None,
                    counts: dict[str, int]) -> None:
-    """The torch plugin's EnforceMLPolicy: node count, PET_* env, the `tune run` command."""
+    """The torch plugin's EnforceMLPolicy: node count, PET_* env, the `tune run` command.
+
+    A TrainJob with ``spec.trainer`` -- any, ``trainer: {}`` included (absent and empty
+    differ: Go sees a non-nil pointer) -- gets PET_* and the port on its node container;
+    without it the node container is left alone. The containers the runtime's
+    ``envInjection`` names get PET_* and the master address either way.
+    """
     name = trainjob["metadata"]["name"]
     trainer = trainjob["spec"].get("trainer")
-    node = _container(trainer_job, NODE)
-    if trainer and trainer.get("numNodes"):
+    node = _container(trainer_job, NODE) if trainer_job is not None else None
+    if trainer_job is not None and trainer is not None and trainer.get("numNodes"):
         counts[trainer_job["name"]] = trainer["numNodes"]
-    num_nodes = counts[trainer_job["name"]]
+    num_nodes = counts[trainer_job["name"]] if trainer_job is not None else 1
     nproc: int | str = (trainer or {}).get("numProcPerNode") or "auto"
-    resources = (trainer or {}).get("resourcesPerNode") or (node or {}).get("resources")
-    gpus = gpus_per_node(resources)
+    resources = _counted_resources(trainer, node)
+    gpus = node_resources.gpus(resources)
     if nproc == "auto" and gpus == 0:
-        nproc = _cpus_per_node(resources)
-    if node is None or not trainer:
-        # No spec.trainer: the controller touches no container (no PET_*, no port).
-        return
-    is_tune = trainer.get("command") == TUNE_ENTRYPOINT
+        nproc = max(1, node_resources.cpus(resources))
+    pet = [{"name": envnames.PET_NNODES, "value": str(num_nodes)},
+           {"name": envnames.PET_NPROC_PER_NODE, "value": str(nproc)},
+           {"name": envnames.PET_NODE_RANK, "valueFrom": {"fieldRef": {
+               "fieldPath": COMPLETION_INDEX_PATH}}}]
+    master = f"{name}-{NODE}-0-0.{name}"
+    master_env = [{"name": envnames.PET_MASTER_ADDR, "value": master},
+                  {"name": envnames.PET_MASTER_PORT, "value": str(TRAINER_PORT)}]
+    if node is not None and trainer is not None:
+        _enforce_on_node(runtime, trainjob, node, pet, master_env,
+                         (num_nodes, nproc, gpus, master))
+    _inject_into_targets(runtime, pet + master_env)
+
+
+def _enforce_on_node(runtime: dict, trainjob: dict, node: dict, pet: list[dict],
+                     master_env: list[dict], topology: tuple) -> None:
+    """PET_* and the port into the node container; master address for torchrun, or the
+    `tune run` command completed (rendezvous, recipe, config, the runtime's paths)."""
+    trainer = trainjob["spec"]["trainer"]
+    num_nodes, nproc, gpus, master = topology
     env = node.setdefault("env", [])
     upsert_env(env, *(trainer.get("env") or []))
-    upsert_env(env, {"name": envnames.PET_NNODES, "value": str(num_nodes)},
-               {"name": envnames.PET_NPROC_PER_NODE, "value": str(nproc)},
-               {"name": envnames.PET_NODE_RANK, "valueFrom": {"fieldRef": {
-                   "fieldPath": COMPLETION_INDEX_PATH}}})
-    master = f"{name}-{NODE}-0-0.{name}"
-    if not is_tune:
-        upsert_env(env, {"name": envnames.PET_MASTER_ADDR, "value": master},
-                   {"name": envnames.PET_MASTER_PORT, "value": str(TRAINER_PORT)})
+    upsert_env(env, *pet)
+    if trainer.get("command") != TUNE_ENTRYPOINT:
+        upsert_env(env, *master_env)
     else:
         args = list(trainer.get("args") or [])
         if _dora_drops_qlora(args):
@@ -314,6 +277,21 @@ def _enforce_torch(runtime: dict, trainjob: dict, trainer_job: dict,
     ports = node.setdefault("ports", [])
     if not any(p.get("containerPort") == TRAINER_PORT for p in ports):
         ports.append({"containerPort": TRAINER_PORT})
+
+
+def _inject_into_targets(runtime: dict, env: list[dict]) -> None:
+    """PET_* and the master address into every container ``mlPolicy.torch.envInjection``
+    names (v2.3, #3516): a container of that job first, else an init container of that
+    name. Admission has refused a target the runtime lacks."""
+    targets = ((runtime["spec"].get("mlPolicy") or {}).get("torch") or {}).get(
+        "envInjection") or {}
+    jobs = {j["name"]: j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    for target in targets.get("targets") or []:
+        pod = _pod_spec(jobs[target["jobName"]])
+        for name in target.get("containerNames") or []:
+            container = next(c for kind in ("containers", "initContainers")
+                             for c in pod.get(kind) or [] if c.get("name") == name)
+            upsert_env(container.setdefault("env", []), *env)
 
 
 def _apply_initializers(jobs: list[dict], initializer: dict) -> None:
@@ -340,7 +318,7 @@ def _apply_trainer(trainer_job: dict, trainer: dict | None) -> None:
     """Builder.Trainer: image, command and args replace the runtime's; env upserts."""
     trainer_job["replicas"] = 1
     node = _container(trainer_job, NODE)
-    if node is None or not trainer:
+    if node is None or trainer is None:
         return
     for key in ("image", "command", "args"):
         if trainer.get(key) is not None:
@@ -364,7 +342,7 @@ def merge(runtime: dict, trainjob: dict) -> dict:
     apply_runtime_patches(spec, trainjob)
     counts = _pod_counts(jobs, ml_policy, trainer)
     trainer_job = next((j for j in jobs if _ancestor(j) == ANCESTOR_TRAINER), None)
-    if (ml_policy or {}).get("torch") is not None and trainer_job is not None:
+    if (ml_policy or {}).get("torch") is not None:
         _enforce_torch(runtime, trainjob, trainer_job, counts)
     # PodSet counts -> parallelism/completions (syncParallelCount).
     for rjob in jobs:

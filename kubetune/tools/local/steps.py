@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,37 @@ def signal_report(signum: int) -> str:
 def stop_requested() -> int | None:
     """The signal that asked the run to stop, if one did: start nothing more."""
     return _stop_signal
+
+
+# What the user did, where a signal's name alone would not say it.
+_USER_SIGNALS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (the terminal closed)"}
+
+
+def user_signal_name(signum: int) -> str:
+    return _USER_SIGNALS.get(signum, signal.Signals(signum).name)
+
+
+def status_text(result: StepResult) -> str:
+    """A finished step's word on its `==> name: ...` line: a step that ended because the
+    run was stopped is stopped, not failed."""
+    if result.exit_code == 0:
+        return "ok"
+    stopped = stop_requested()
+    if stopped is not None:
+        return f"stopped by {user_signal_name(stopped)} (exit {result.exit_code})"
+    return f"FAILED (exit {result.exit_code})"
+
+
+def stopped_cause(cause: str) -> str:
+    """A step's own line, when the user's signal stopped the run: it names the signal
+    `kubetune local` forwarded for the user's (the kubelet's SIGTERM, or the step's generic
+    "signal"), so the user's own takes its place; else the user's leads."""
+    stopped = stop_requested()
+    if stopped is None:
+        return cause
+    user = f"stopped by {user_signal_name(stopped)}"
+    forwarded = re.match(rf"stopped by (signal|{STEP_STOP_SIGNAL.name})\b", cause)
+    return user + cause[forwarded.end():] if forwarded else f"{user}: {cause}"
 
 
 def _signal_step(pid: int, signum: int) -> None:
@@ -238,9 +270,8 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     """Run one step to its end; its output goes to stdout prefixed with its name."""
     termination = termination_log(logs_dir, step.name)
     # Empty, not absent: a container step has this file bind-mounted, which needs it to
-    # exist; any user its container runs as may write it.
+    # exist; its container runs as this user (`container_user`), who may write it.
     termination.write_text("")
-    termination.chmod(0o666)
     # A step's process inherits this shell's environment, as a pod inherits its image's.
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
                  env.LOCAL_RUN: "1", env.PYTHONUNBUFFERED: "1"}
@@ -299,8 +330,7 @@ def run_stages(stages: list[list[Step]], logs_dir: Path) -> list[StepResult]:
         for step in stage:
             result = results[step.name]
             finished.append(result)
-            status = "ok" if result.exit_code == 0 else f"FAILED (exit {result.exit_code})"
-            _emit(f"==> {step.name}: {status} in {result.seconds:.1f}s\n")
+            _emit(f"==> {step.name}: {status_text(result)} in {result.seconds:.1f}s\n")
         failed = [results[s.name] for s in stage if results[s.name].exit_code != 0]
         if failed:
             first = failed[0]
@@ -308,5 +338,5 @@ def run_stages(stages: list[list[Step]], logs_dir: Path) -> list[StepResult]:
             cause = first.error.split(": ", 1)[1] if first.error.startswith(
                 tuple(f"{n}:" for n in ("dataset-initializer", "model-initializer", "trainer",
                                         "exporter"))) else first.error
-            raise StepFailedError(first.name, cause, first.exit_code)
+            raise StepFailedError(first.name, stopped_cause(cause), first.exit_code)
     return finished

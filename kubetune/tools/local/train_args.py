@@ -11,7 +11,9 @@ was sized for, and applies only while that part is in use:
   (epochs, batch size, warm-up, measured in that dataset's steps); gone with ``--dataset``;
 - `COMMON_ARGS` (a fixed seed: a local try-out is repeatable) apply to every run.
 
-The user's ``key=value`` arguments then win key by key: a default is dropped when the user
+The trainer settings of the environment (``KUBETUNE_LORA_RANK=2``, as `kubetune train`
+and `tune run` read them) win over these defaults, and the user's ``key=value`` arguments
+over both, key by key: a default is dropped when the user
 sets the same key (``dataset`` and ``dataset._component_`` are one key, as torchtune's
 override parser reads them) or deletes it or its section (``~key``); every other default
 stays. LoRA-only defaults are left out for ``--method full``, whose model takes no rank.
@@ -19,8 +21,9 @@ stays. LoRA-only defaults are left out for ``--method full``, whose model takes 
 
 from __future__ import annotations
 
-DEMO_MODEL_ARGS = ["optimizer.lr=3e-3", "model.lora_rank=8", "model.lora_alpha=16",
-                   "model.apply_lora_to_output=True"]
+# No alpha: the trainer keeps the config's alpha/rank ratio (2) for rank 8, and for any
+# rank the user sets instead.
+DEMO_MODEL_ARGS = ["optimizer.lr=3e-3", "model.lora_rank=8", "model.apply_lora_to_output=True"]
 DEMO_DATASET_ARGS = ["dataset=torchtune.datasets.instruct_dataset", "dataset.split=train",
                      "epochs=3", "batch_size=8", "gradient_accumulation_steps=1",
                      "lr_scheduler.num_warmup_steps=10"]
@@ -64,6 +67,9 @@ def demo_defaults(demo_model: bool, demo_dataset: bool, method: str) -> list[str
 
 
 def effective_train_args(user_args: list[str], demo_model: bool, demo_dataset: bool,
-                         method: str) -> list[str]:
-    """What the trainer gets: the demo defaults that apply, the user's args winning."""
-    return merge(demo_defaults(demo_model, demo_dataset, method), user_args)
+                         method: str, setting_args: list[str] = ()) -> list[str]:
+    """What the trainer gets: the demo defaults that apply, the overrides of the
+    environment's settings (``setting_args``) winning over them, the user's args over
+    both."""
+    settings_first = merge(demo_defaults(demo_model, demo_dataset, method), list(setting_args))
+    return merge(settings_first, user_args)

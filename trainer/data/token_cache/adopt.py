@@ -69,7 +69,7 @@ def _produce(dataset: Any, tokenizer: Any, ignore_index: int, packing: dict | No
         workers = build.workers_for(len(dataset), cores)
         started = time.monotonic()
         counts = build.tokenize(dataset, tokenizer, ignore_index, workers, writer.write,
-                                after_range=lambda done: store.kill_point("tokenizing"))
+                                after_range=lambda done: store.kill_point("tokenizing", settings.test_kill_at))
         offsets = counts.offsets()
         packs = pack_bounds(offsets, packing["max_seq_len"], packing["split_across_pack"],
                             packing["max_packs"]) if packing else None
@@ -125,7 +125,8 @@ def cached(built: Any, deferred: list[PackedDataset], dataset_cfg: dict, tokeniz
             rows, built_now = store.obtain(
                 settings.root, key,
                 _produce(rows_dataset, tokenizer, ignore_index, packing, settings, key, inputs),
-                warn=log.warning if settings.primary else log.debug)
+                warn=log.warning if settings.primary else log.debug,
+                kill_at=settings.test_kill_at)
         except build.NotCacheable as exc:
             reason = str(exc)
     if reason is not None:
@@ -135,5 +136,5 @@ def cached(built: Any, deferred: list[PackedDataset], dataset_cfg: dict, tokeniz
         return built
     _report(rows, built_now, settings)
     if packing is None:
-        return CachedRows(rows)
-    return CachedPacks(rows, **packing)
+        return CachedRows(rows, tokenized_from=rows_dataset)
+    return CachedPacks(rows, **packing, tokenized_from=rows_dataset)

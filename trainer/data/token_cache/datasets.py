@@ -19,8 +19,13 @@ from kubetune.trainer.data.token_cache.rows import TokenRows
 
 
 class CachedRows(Dataset):
-    def __init__(self, rows: TokenRows) -> None:
+    """``tokenized_from``: the builder's dataset the rows were tokenized from (its rows
+    with nothing to train on included), for what must see the tokenizer at work on a few
+    of them (the exporter's training samples)."""
+
+    def __init__(self, rows: TokenRows, tokenized_from: Dataset | None = None) -> None:
         self.rows = rows
+        self.tokenized_from = tokenized_from
         self._with_mask = "mask" in rows.meta.get("row_keys", [])
 
     def __len__(self) -> int:
@@ -42,10 +47,12 @@ class CachedPacks(PackedDataset):
     """PackedDataset's attributes, with its packs made from ``rows`` on demand."""
 
     def __init__(self, rows: TokenRows, max_seq_len: int, padding_idx: int,
-                 max_packs: int | None, split_across_pack: bool) -> None:
+                 max_packs: int | None, split_across_pack: bool,
+                 tokenized_from: Dataset | None = None) -> None:
         # Not PackedDataset.__init__: that packs the whole dataset into memory up front.
         self.rows = rows
-        self.ds = CachedRows(rows)
+        self.ds = CachedRows(rows, tokenized_from)
+        self.tokenized_from = tokenized_from
         self.max_seq_len = max_seq_len
         self.padding_idx = padding_idx
         self.max_packs = max_packs

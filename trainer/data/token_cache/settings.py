@@ -15,3 +15,6 @@ class CacheSettings:
     primary: bool  # this process reports
     cores: int  # this node's usable cores
     local_processes: int  # this run's processes on this node
+    # Tests only: the point of a build at which its builder SIGKILLs itself
+    # (``store.KILL_POINTS``; the recipe process's KUBETUNE_TEST_KILL_TOKEN_CACHE_AT).
+    test_kill_at: str | None = None

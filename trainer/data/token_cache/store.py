@@ -39,7 +39,6 @@ from kubetune.workspace import STAGING_PREFIX
 from kubetune.trainer.data.token_cache.key import KEY_LENGTH
 from kubetune.trainer.data.token_cache.rows import (IN_USE_NAME, CacheUnusable, EntryWriter,
                                                     MemoryWriter, TokenRows, open_entry)
-from kubetune.trainer.recipe_process import passed_env
 
 log = logging.getLogger("trainer")
 
@@ -54,9 +53,11 @@ KILL_POINTS = ("tokenizing", "before-record", "before-rename")
 Produce = Callable[[EntryWriter | MemoryWriter, bool], None]
 
 
-def kill_point(name: str) -> None:
-    """Tests only: SIGKILL this process here when the hook names ``name``."""
-    if passed_env.test_kill_token_cache_at() == name:
+def kill_point(name: str, kill_at: str | None) -> None:
+    """Tests only: SIGKILL this process here when the hook (``kill_at``, the recipe
+    process's KUBETUNE_TEST_KILL_TOKEN_CACHE_AT: ``CacheSettings.test_kill_at``) names
+    ``name``."""
+    if kill_at == name:
         print(f"token cache: killing the builder at {name}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -82,7 +83,8 @@ def _hold(rows: TokenRows) -> TokenRows:
     return rows
 
 
-def _build_in(directory: Path, produce: Produce, shared: bool) -> None:
+def _build_in(directory: Path, produce: Produce, shared: bool,
+              kill_at: str | None = None) -> None:
     """Build the entry into ``directory`` (which must not exist); removed on any failure."""
     try:
         directory.mkdir()
@@ -90,7 +92,7 @@ def _build_in(directory: Path, produce: Produce, shared: bool) -> None:
         raise CacheUnusable(exc.strerror or str(exc)) from exc
     writer = None
     try:
-        writer = EntryWriter(directory, before_record=lambda: kill_point("before-record"))
+        writer = EntryWriter(directory, before_record=lambda: kill_point("before-record", kill_at))
         produce(writer, shared)
     except BaseException:
         if writer is not None:
@@ -111,7 +113,8 @@ def _move_aside(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _shared(root: Path, key: str, produce: Produce) -> tuple[TokenRows, bool]:
+def _shared(root: Path, key: str, produce: Produce,
+            kill_at: str | None = None) -> tuple[TokenRows, bool]:
     entry = root / key
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -132,8 +135,8 @@ def _shared(root: Path, key: str, produce: Produce) -> tuple[TokenRows, bool]:
             _remove_leftovers(root, key)
             if entry.exists():  # damaged (its sizes disagree with its record)
                 _move_aside(entry)
-            _build_in(staging, produce, shared=True)
-            kill_point("before-rename")
+            _build_in(staging, produce, shared=True, kill_at=kill_at)
+            kill_point("before-rename", kill_at)
             os.rename(staging, entry)
             fsync_path(root)
         except OSError as exc:
@@ -148,14 +151,14 @@ def _shared(root: Path, key: str, produce: Produce) -> tuple[TokenRows, bool]:
         lock.__exit__(None, None, None)
 
 
-def _private(key: str, produce: Produce) -> TokenRows:
+def _private(key: str, produce: Produce, kill_at: str | None = None) -> TokenRows:
     """Built in a temporary directory of this process's own, mapped, then unlinked."""
     try:
         scratch = Path(tempfile.mkdtemp(prefix="kubetune-tokens-"))
     except OSError as exc:
         raise CacheUnusable(exc.strerror or str(exc)) from exc
     try:
-        _build_in(scratch / key, produce, shared=False)
+        _build_in(scratch / key, produce, shared=False, kill_at=kill_at)
         rows = open_entry(scratch / key, key)
         if rows is None:
             raise CacheUnusable("the entry just written does not read back")
@@ -170,19 +173,19 @@ def _in_memory(produce: Produce) -> TokenRows:
     return writer.rows
 
 
-def obtain(root: Path | None, key: str, produce: Produce,
-           warn: Callable[[str], None]) -> tuple[TokenRows, bool]:
+def obtain(root: Path | None, key: str, produce: Produce, warn: Callable[[str], None],
+           kill_at: str | None = None) -> tuple[TokenRows, bool]:
     """The rows of ``key``: mapped from ``root``'s entry, built there first if missing;
     where ``root`` cannot hold it, built privately (one ``warn`` line). Returns the rows
     and whether this call built them. ``produce(writer)`` tokenizes into the writer."""
     reason = "no cache directory"
     if root is not None:
         try:
-            return _shared(Path(root), key, produce)
+            return _shared(Path(root), key, produce, kill_at)
         except CacheUnusable as exc:
             reason = f"{root} cannot hold it ({exc})"
     try:
-        rows, where = _private(key, produce), "a private temporary directory"
+        rows, where = _private(key, produce, kill_at), "a private temporary directory"
     except CacheUnusable:
         rows, where = _in_memory(produce), "memory"
     warn(f"token cache: {reason}: tokenized into {where} for this process only (the run "

@@ -1,0 +1,199 @@
+"""Which chat template the export carries, checked against how the model was trained.
+
+The trainer recorded a few training conversations with the token ids torchtune fed the
+model (``kubetune.workspace.training_samples``). A template must render each one's prompt
+(every message before the final answer, with ``add_generation_prompt``) to exactly the
+ids the answer followed in training: anything else prompts the model in a format it never
+saw. Then:
+
+- the base model has a template: it is kept when it also renders the whole conversation
+  as trained up to the end of the final answer, and ends that answer with a token
+  generation stops at (torchtune appends an end-of-text token after the last turn that
+  a base's template need not); otherwise the export fails, naming the first difference;
+- the base has none: torchtune's format for the run's tokenizer (``chat_templates``) is
+  written, after it reproduced every sample's ids exactly.
+
+``--chat-template trained`` writes torchtune's format over a base's; ``base`` exports the
+base's files unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubetune import env
+from kubetune.errors import BadInputError
+from kubetune.exporter import chat_template_render as rendering
+from kubetune.exporter.chat_templates import known_tokenizers, trained_template
+from kubetune.workspace.training_samples import TrainingSample, TrainingSamples
+
+log = logging.getLogger("exporter")
+
+MODES = ("check", "trained", "base")
+_SHOWN_CHARS = 60  # of each side of a difference, in the error line
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """What the export's tokenizer files get: a template to write (None: the base's files
+    as they are), where, and the token ids generation must stop at."""
+
+    template: str | None = None
+    template_file: str = rendering.TOKENIZER_CONFIG
+    stop_token_ids: list[int] = field(default_factory=list)
+    report: dict = field(default_factory=dict)  # for the manifest's verification
+
+
+def _quote(text: str) -> str:
+    shown = text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+    return json.dumps(shown, ensure_ascii=False)
+
+
+def _difference(got: list[int], want: list[int], encoder: rendering.TextTokenizer,
+                number: int, what: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    after = f" (after {_quote(encoder.decode(want[max(0, at - 6):at])[-_SHOWN_CHARS:])})" \
+        if at else ""
+    return (f"{what} of training sample {number} differs at token {at}{after}: the template "
+            f"gives {_quote(encoder.decode(got[at:at + 24]) or '(nothing)')} where training had "
+            f"{_quote(encoder.decode(want[at:at + 24]) or '(nothing)')}")
+
+
+def _answer_end(tokens: list[int], start: int, stops: set[int]) -> int:
+    """Where the final answer (from ``start``) ends in training: its first stop token."""
+    return next((i for i in range(start, len(tokens)) if tokens[i] in stops), len(tokens))
+
+
+def _sample_problem(template: str, number: int, sample: TrainingSample,
+                    encoder: rendering.TextTokenizer, named: dict[str, str], stops: set[int],
+                    exact: bool) -> str | None:
+    import jinja2
+
+    want = sample.tokens
+    try:
+        prompt = encoder.encode(rendering.render(template, sample.messages[:-1], True, named))
+        whole = encoder.encode(rendering.render(template, sample.messages, False, named))
+    except jinja2.TemplateError as exc:
+        return f"the template fails on training sample {number}: {exc}"
+    if want[:len(prompt)] != prompt:
+        return _difference(prompt, want, encoder, number, "the prompt")
+    if exact:
+        return None if whole == want else _difference(whole, want, encoder, number,
+                                                       "the whole conversation")
+    end = _answer_end(want, len(prompt), stops)
+    if whole[:end] != want[:end]:
+        return _difference(whole, want, encoder, number, "the final answer")
+    if end < len(want) and (len(whole) <= end or whole[end] not in stops):
+        return (f"training sample {number}'s final answer ends with "
+                f"{_quote(encoder.decode(want[end:end + 1]))} in training, but the template "
+                f"ends it with {_quote(encoder.decode(whole[end:end + 8]))}, where generation "
+                "would not stop")
+    return None
+
+
+def _first_problem(template: str, samples: TrainingSamples, encoder: rendering.TextTokenizer,
+                   named: dict[str, str], exact: bool) -> str | None:
+    stops = set(samples.stop_tokens.values())
+    for number, sample in enumerate(_answered(samples), start=1):
+        problem = _sample_problem(template, number, sample, encoder, named, stops, exact)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _answered(samples: TrainingSamples) -> list[TrainingSample]:
+    """Conversations that end with the assistant's answer: the ones a prompt is cut from."""
+    return [s for s in samples.samples if s.messages and s.messages[-1]["role"] == "assistant"]
+
+
+def _trained(samples: TrainingSamples) -> str | None:
+    return trained_template(samples.tokenizer, samples.prompt_template, samples.bos_token,
+                            samples.eos_token)
+
+
+def _no_template_known(samples: TrainingSamples) -> str:
+    tokenizer = samples.tokenizer.rsplit(".", 1)[-1]
+    if samples.prompt_template is not None:
+        return (f"the run formatted its conversations with the prompt template "
+                f"{samples.prompt_template.rsplit('.', 1)[-1]}, which has no chat template here")
+    return (f"no chat template is known for torchtune's {tokenizer} (known: "
+            f"{', '.join(known_tokenizers())})")
+
+
+def _encoder(model_dir: Path) -> tuple[rendering.TextTokenizer | None, str]:
+    """The base's tokenizer.json as transformers encodes with it, or why there is none."""
+    if not (model_dir / rendering.TOKENIZER_JSON).is_file():
+        return None, f"the base model has no {rendering.TOKENIZER_JSON} to tokenize it with"
+    try:
+        return rendering.TextTokenizer(model_dir), ""
+    except Exception as exc:  # the tokenizers library's own error: one that holds only
+        # the special tokens (what torchtune reads) is no tokenizer to encode with
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, f"the base model's {rendering.TOKENIZER_JSON} does not load ({first})"
+
+
+def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check") -> ChatFormat:
+    """The chat template and stop tokens the export carries (``model_dir``: the base model's
+    tokenizer files); a base template that prompts otherwise than training is exit 65."""
+    model_dir = Path(model_dir)
+    base = rendering.find_template(model_dir)
+    stops = sorted(set(samples.stop_tokens.values())) if samples else []
+    where = base.where if base else rendering.TOKENIZER_CONFIG
+    if mode == "base":
+        return ChatFormat(None, where, stops, {
+            "chat_template": f"the base model's files, not checked ({env.EXPORT_CHAT_TEMPLATE}"
+                             "=base)"})
+    answered = _answered(samples) if samples else []
+    if not answered:
+        if mode == "trained":
+            raise BadInputError(f"{env.EXPORT_CHAT_TEMPLATE}=trained: the run recorded no "
+                                "conversation to write a chat template for (a text-completion "
+                                "dataset has no chat format): leave it at check")
+        reason = "the run recorded no conversation (text-completion data, or an older trainer)"
+        return ChatFormat(None, where, stops, {"chat_template": f"not checked: {reason}"})
+    encoder, reason = _encoder(model_dir)
+    if encoder is None:
+        log.warning("chat template not checked: %s", reason)
+        return ChatFormat(None, where, stops, {"chat_template": f"not checked: {reason}"})
+    named = rendering.named_tokens(model_dir)
+    if base is not None and mode == "check":
+        problem = _first_problem(base.text, samples, encoder, named, exact=False)
+        if problem is None:
+            log.info("chat template: the base model's (%s) prompts as training did on %d "
+                     "sample(s)", base.where, len(answered))
+            return ChatFormat(None, where, stops, {
+                "chat_template": f"base's ({base.where}), checked on {len(answered)} "
+                                 "training sample(s)"})
+        instead = ("replace it with the format the model was trained on: "
+                   f"{env.EXPORT_CHAT_TEMPLATE}=trained (--chat-template trained)"
+                   if _trained(samples) is not None else
+                   f"train with data in the base template's format, or export it unchecked "
+                   f"with {env.EXPORT_CHAT_TEMPLATE}=base")
+        raise BadInputError(f"the base model's chat template ({base.where}) does not prompt "
+                            f"the model as it was trained: {problem}; {instead}")
+    template = _trained(samples)
+    if template is None:
+        reason = _no_template_known(samples)
+        if mode == "trained":
+            raise BadInputError(f"{env.EXPORT_CHAT_TEMPLATE}=trained: {reason}")
+        log.warning("no chat template written (the base model has none): %s", reason)
+        return ChatFormat(None, where, stops, {"chat_template": f"none: {reason}"})
+    problem = _first_problem(template, samples, encoder, named, exact=True)
+    if problem is not None:
+        # torchtune's format as written here does not reproduce this run: never ship it.
+        if mode == "trained":
+            raise BadInputError(f"{env.EXPORT_CHAT_TEMPLATE}=trained: torchtune's format as a "
+                                f"chat template does not reproduce this run: {problem}")
+        log.warning("no chat template written (the base model has none): torchtune's format "
+                    "does not reproduce this run: %s", problem)
+        return ChatFormat(None, where, stops, {"chat_template": f"none: {problem}"})
+    log.info("chat template: torchtune's %s format written to %s (the base model %s); it "
+             "reproduces the %d training sample(s) checked token for token",
+             samples.tokenizer.rsplit(".", 1)[-1], where,
+             "had another" if base is not None else "has none", len(answered))
+    return ChatFormat(template, where, stops, {
+        "chat_template": f"trained ({samples.tokenizer.rsplit('.', 1)[-1]}), reproduces "
+                         f"{len(answered)} training sample(s) exactly"})

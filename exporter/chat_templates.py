@@ -1,0 +1,66 @@
+"""torchtune's conversation formats, written as chat templates.
+
+The template of a family renders a conversation to exactly what that family's torchtune
+tokenizer made of it for training: the same headers and turn ends, content trimmed where
+torchtune trims it, and the end-of-text token torchtune appends after the last message.
+With ``add_generation_prompt`` it renders the conversation so far and the assistant's
+header instead of that token: the prefix the model was trained to answer. The exporter
+never trusts this file alone: every template is checked on the run's own samples
+(``chat_format``) before it is written.
+
+Only the tokenizers whose format needs no prompt template are here (torchtune's default
+for Llama-3 and Qwen); a run with a ``tokenizer.prompt_template`` has none.
+"""
+
+from __future__ import annotations
+
+# Llama3Tokenizer: a header per message (role stripped), content stripped, <|eot_id|>.
+_LLAMA3 = (
+    "{{ BOS }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] | trim + '<|end_header_id|>\\n\\n' "
+    "+ message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% else %}{{ EOS }}{% endif %}"
+)
+
+# Qwen2Tokenizer / Qwen2_5Tokenizer (ChatML): the last message, when the assistant's, is
+# not closed by <|im_end|>\n; the end-of-text token (<|im_end|> by default) ends it.
+_CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+    "{% if not (loop.last and message['role'] == 'assistant') %}{{ '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% else %}{{ EOS }}{% endif %}"
+)
+
+_BY_TOKENIZER = {
+    "torchtune.models.llama3._tokenizer.Llama3Tokenizer": _LLAMA3,
+    "torchtune.models.qwen2._tokenizer.Qwen2Tokenizer": _CHATML,
+    "torchtune.models.qwen2_5._tokenizer.Qwen2_5Tokenizer": _CHATML,
+}
+
+
+def _quoted(token: str) -> str:
+    return "'" + token.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def trained_template(tokenizer: str, prompt_template: str | None, bos_token: str | None,
+                     eos_token: str | None) -> str | None:
+    """The template of torchtune's ``tokenizer`` class (module-qualified), with its bos and
+    eos tokens; None where torchtune's format is not one of these."""
+    template = _BY_TOKENIZER.get(tokenizer)
+    if template is None or prompt_template is not None or eos_token is None:
+        return None
+    if "BOS" in template:
+        if bos_token is None:
+            return None
+        template = template.replace("BOS", _quoted(bos_token))
+    return template.replace("EOS", _quoted(eos_token))
+
+
+def known_tokenizers() -> list[str]:
+    return [name.rsplit(".", 1)[-1] for name in _BY_TOKENIZER]

@@ -1,0 +1,221 @@
+"""Run support-matrix cells (tests/support/support_matrix.py) as a user would: each one a
+TrainJob on the runtime that carries it, run by `kubetune local --runtime` (initializers,
+trainer, exporter, as processes), several cells at once; then serving-venv processes (as
+many as cells ran at once) load every export with transformers / PEFT.
+
+Every cell trains the same way: 2 optimizer steps of batch 2 per process on 16 short rows,
+fp32 (the tolerance of the exporter's own logits check assumes it), no warm-up, and
+LoRA-family methods on every attention and MLP projection (and the output where
+`all-linear` reaches it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support import tiny_tokenizers
+from tests.support.cli import REPO, clean_env, kubetune
+from tests.support.runtimes import initializer_uris, runtime_file, write_trainjob
+from tests.support.support_matrix import GANG, LAYOUT, MODEL, Cell, runtime_for
+
+HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
+LOAD_EXPORTS = REPO / "tests/support/load_adapter.py"
+VOCAB = 320  # the embedding rows; each tokenizer uses the first ones
+STEPS = 2
+ROWS = 16
+LEARNING_RATE = "1e-2"
+LORA = {"lora_rank": 8, "lora_alpha": 16,
+        "lora_attn_modules": ["q_proj", "k_proj", "v_proj", "output_proj"],
+        "apply_lora_to_mlp": True}
+# torchtune overrides of the drop-in (`tune run`) and gang runtimes' TrainJobs, the same
+# run the KUBETUNE_* settings below make of `kubetune train`.
+TUNE_ARGS = [f"max_steps_per_epoch={STEPS}", "gradient_accumulation_steps=1", "dtype=fp32",
+             "seed=0", "dataset.packed=False", "tokenizer.max_seq_len=64",
+             f"optimizer.lr={LEARNING_RATE}"]
+TRAIN_ENV = {"KUBETUNE_EPOCHS": "1", "KUBETUNE_MAX_STEPS": str(STEPS),
+             "KUBETUNE_BATCH_SIZE": "2", "KUBETUNE_GRADIENT_ACCUMULATION_STEPS": "1",
+             "KUBETUNE_DTYPE": "fp32", "KUBETUNE_SEED": "0", "KUBETUNE_PACKING": "false",
+             "KUBETUNE_MAX_SEQ_LEN": "64", "KUBETUNE_LEARNING_RATE": LEARNING_RATE}
+PEFT_ENV = {"KUBETUNE_WARMUP_STEPS": "0", "KUBETUNE_LORA_RANK": "8",
+            "KUBETUNE_LORA_ALPHA": "16", "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
+
+
+def serving(python: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), *args], capture_output=True, text=True,
+                          timeout=timeout, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                                                "HOME": "/tmp"})
+
+
+def checkpoint_name(model: str) -> str:
+    """The directory of a model's checkpoint: one per (architecture, tokenizer)."""
+    spec = MODEL[model]
+    return f"{spec.checkpoint}-{spec.tokenizer}"
+
+
+def write_checkpoints(python: Path, root: Path, models: list[str]) -> dict[str, Path]:
+    """One transformers-written checkpoint per model (shared by models with the same
+    architecture and tokenizer), at shapes NF4 can quantize, in one serving process."""
+    dirs = {m: root / checkpoint_name(m) for m in models}
+    todo = {d: MODEL[m] for m, d in dirs.items() if not (d / "config.json").is_file()}
+    if todo:
+        specs = root / "checkpoints.json"
+        root.mkdir(parents=True, exist_ok=True)
+        specs.write_text(json.dumps([[m.checkpoint, str(d), VOCAB, "nf4"]
+                                     for d, m in todo.items()]))
+        written = serving(python, str(HF_CHECKPOINT), "write-many", str(specs))
+        assert written.returncode == 0, written.stderr[-3000:]
+        for d, m in todo.items():
+            tiny_tokenizers.TOKENIZERS[m.tokenizer](d)
+    return dirs
+
+
+@dataclass
+class CellRun:
+    cell: Cell
+    runtime: str
+    exit_code: int
+    output: str  # kubetune local's stdout + stderr
+    workspace: Path
+    base: Path  # the checkpoint it started from
+    export: Path | None = None
+    steps: int = 0
+    world_size: int = 0
+    served: dict = field(default_factory=dict)
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.output.splitlines() if line.startswith("error: ")]
+
+    @property
+    def stepped(self) -> bool:
+        return bool(re.search(r"train: step \d", self.output))
+
+    def outcome(self) -> dict:
+        """What the results file records: passed, or unsupported with its one line; any
+        other result is a failure, described."""
+        if self.exit_code == 0 and self.served.get("ok"):
+            return {"outcome": "passed"}
+        if self.exit_code == 65 and len(self.error_lines) == 1 and not self.stepped:
+            return {"outcome": "unsupported", "line": self.error_lines[0]}
+        return {"outcome": "failed", "detail": self.failure()}
+
+    def failure(self) -> str:
+        if self.exit_code != 0:
+            return f"exit {self.exit_code}: " + " | ".join(self.error_lines or
+                                                          self.output.splitlines()[-5:])
+        return f"steps {self.steps}, world size {self.world_size}, export {self.export}: " \
+               f"{self.served}"
+
+
+def _peft_spec(cell: Cell) -> dict | None:
+    if cell.method == "full":
+        return None
+    return {**LORA, "quantize_base": cell.method == "qlora", "use_dora": cell.method == "dora"}
+
+
+def trainjob_spec(cell: Cell, runtime: str, model_dir: Path, dataset_dir: Path) -> dict:
+    """The TrainJob a user would write for ``cell`` on ``runtime``."""
+    from tests.support.sdk_trainjob import sdk_trainjob_spec, use_local_sources
+
+    nodes, processes = LAYOUT[cell.topology]
+    if runtime.startswith("torchtune-"):  # the SDK's BuiltinTrainer, as a notebook sends it
+        spec = use_local_sources(
+            sdk_trainjob_spec(runtime_file(runtime), batch_size=2, peft=_peft_spec(cell),
+                              gpus=processes), model_dir, dataset_dir)
+        spec["trainer"]["numNodes"] = nodes
+        spec["trainer"]["numProcPerNode"] = processes
+        spec["trainer"]["args"] += TUNE_ARGS + (
+            ["lr_scheduler.num_warmup_steps=0"] if cell.method != "full" else [])
+        return spec
+    if runtime == GANG:  # one stage per node: sources from the trainer's env
+        return {"trainer": {
+            "numNodes": nodes, "numProcPerNode": processes,
+            "env": [{"name": "MODEL_URI", "value": f"file://{model_dir}"},
+                    {"name": "DATASET_URI", "value": f"file://{dataset_dir}"}],
+            "args": ["epochs=1", "batch_size=2", "dataset=torchtune.datasets.instruct_dataset",
+                     "dataset.split=train", *TUNE_ARGS]}}
+    env = {**TRAIN_ENV, "KUBETUNE_METHOD": cell.method,
+           **(PEFT_ENV if cell.method != "full" else {})}
+    return {**initializer_uris(f"file://{model_dir}", f"file://{dataset_dir}"),
+            "trainer": {"numNodes": nodes, "numProcPerNode": processes,
+                        "env": [{"name": k, "value": v} for k, v in env.items()]}}
+
+
+def _slug(cell: Cell) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", cell.key.lower()).strip("-")
+
+
+def run_cell(cell: Cell, model_dir: Path, dataset_dir: Path, root: Path) -> CellRun:
+    runtime = runtime_for(cell)
+    workdir = root / _slug(cell)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    job = write_trainjob(workdir / "trainjob.yaml", runtime,
+                         trainjob_spec(cell, runtime, model_dir, dataset_dir), name="matrix")
+    result = kubetune("local", "--workdir", str(workdir / "run"), "--runtime",
+                      str(runtime_file(runtime)), "--trainjob", str(job), env=clean_env(),
+                      timeout=900)
+    ws = workdir / "run" / "workspace"
+    run = CellRun(cell, runtime, result.returncode, result.stdout + result.stderr, ws,
+                  model_dir)
+    summary = ws / "output" / "summary.json"
+    if summary.is_file():
+        data = json.loads(summary.read_text())
+        run.steps, run.world_size = data.get("steps", 0), data.get("world_size", 0)
+    if (ws / "export" / "manifest.json").is_file():
+        run.export = ws / "export"
+    return run
+
+
+def run_cells(cells: list[Cell], checkpoints: dict[str, Path], dataset_dir: Path, root: Path,
+              workers: int) -> list[CellRun]:
+    """Run ``cells``, ``workers`` at a time (each a `kubetune local` of its own)."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda c: run_cell(c, checkpoints[c.model], dataset_dir, root),
+                             cells))
+
+
+def serve_exports(python: Path, runs: list[CellRun], root: Path, workers: int = 1) -> None:
+    """Load every export as a user's serving code does, in ``workers`` serving-venv
+    processes: an adapter with PEFT onto its base, merged weights with transformers; fill
+    ``served``: ok when the logits are finite and moved from the base's."""
+    exported = [r for r in runs if r.export is not None]
+    chunks = [exported[i::workers] for i in range(workers) if exported[i::workers]]
+
+    def serve(index: int) -> None:
+        request = root / f"exports-{index}.json"
+        request.write_text(json.dumps([{"base": str(r.base), "export": str(r.export)}
+                                       for r in chunks[index]]))
+        loaded = serving(python, str(LOAD_EXPORTS), "--many", str(request))
+        assert loaded.returncode == 0, loaded.stderr[-3000:]
+        for run, report in zip(chunks[index], json.loads(loaded.stdout.splitlines()[-1])):
+            run.served = {**report, "ok": _served_ok(report) and run.steps == STEPS
+                          and run.world_size == _world_size(run.cell)}
+
+    with ThreadPoolExecutor(max_workers=max(1, len(chunks))) as pool:
+        list(pool.map(serve, range(len(chunks))))
+
+
+def _world_size(cell: Cell) -> int:
+    nodes, processes = LAYOUT[cell.topology]
+    return nodes * processes
+
+
+def _served_ok(report: dict) -> bool:
+    if not (report["finite"] and report["moved"] > 0):
+        return False
+    if report["kind"] == "adapter":  # every exported tensor is the one PEFT loaded
+        return report["equal"] == report["tensors"] > 0 and not report["missing"] \
+            and not report["unexpected"]
+    return True
+
+
+def results(runs: list[CellRun]) -> dict[str, dict]:
+    return {r.cell.key: {"runtime": r.runtime, **r.outcome()} for r in runs}
+

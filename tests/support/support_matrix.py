@@ -1,0 +1,179 @@
+"""The support matrix: every model family the docs name x every fine-tuning method x every
+topology the runtimes use, and for each cell the runtime that carries it or the cell whose
+run covers it. tests/test_support_matrix.py runs it; docs/support-matrix.json records what
+the runs gave; docs/runtimes.md's table is rendered from that file
+(tests/support/matrix_table.py).
+
+A cell is *run* when it is a code path of its own: the family's builder, checkpointer and
+tokenizer under that method's recipe (every family x method on 1 process), FSDP sharding
+that family's modules (every family x method on 2 processes), a multi-node config's
+model-shaped settings (full fine-tuning on 2 nodes, every family). A cell is *covered* by
+another when nothing the two differ in reaches the code the cell would run: `COVERAGE`
+says why, and the docs print it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("lora", "qlora", "dora", "full")
+METHOD_NAMES = {"lora": "LoRA", "qlora": "QLoRA", "dora": "DoRA", "full": "full"}
+TOPOLOGIES = ("1 process", "2 processes", "2 nodes")
+# nodes, processes per node
+LAYOUT = {"1 process": (1, 1), "2 processes": (1, 2), "2 nodes": (2, 1)}
+
+BYO = "kubetune-byo-model"
+GANG = "kubetune-llama3.1-8b-full-multinode"
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str  # as README.md and docs/ name it
+    checkpoint: str  # tests/support/hf_checkpoint.py FAMILIES key
+    tokenizer: str  # tests/support/tiny_tokenizers.TOKENIZERS key
+    runtime: str  # the runtime a user of this model takes: a drop-in, a direct one, BYO
+    shape: str  # what sets this checkpoint apart, for the docs
+
+
+MODELS = (
+    Model("Llama 3", "llama3", "llama3", BYO, "plain RoPE, untied"),
+    Model("Llama 3.1", "llama3.1", "llama3", "kubetune-llama3.1-8b-lora",
+          "llama3 RoPE scaling x8, untied"),
+    Model("Llama 3.2", "llama3.2", "llama3", "torchtune-llama3.2-1b",
+          "llama3 RoPE scaling x32, tied"),
+    Model("Llama 3.3", "llama3.1", "llama3", "torchtune-llama3.3-70b",
+          "Llama 3.1's architecture, the 70B drop-in's configs"),
+    Model("Mistral", "mistral", "spm", "kubetune-mistral-7b-lora",
+          "llama-shaped, own model_type, sentencepiece"),
+    Model("Qwen2 / Qwen2.5 (7B+)", "qwen2", "qwen2", "kubetune-qwen2.5-7b-qlora",
+          "q/k/v biases, untied"),
+    Model("Qwen2 / Qwen2.5 (0.5B-3B)", "qwen2-tied", "qwen2", "torchtune-qwen2.5-1.5b",
+          "q/k/v biases, tied"),
+    Model("Qwen3 (8B+)", "qwen3", "qwen3", "kubetune-qwen3-8b-lora",
+          "own head_dim, q/k norms, untied"),
+    Model("Qwen3 (0.6B-4B)", "qwen3-tied", "qwen3", BYO, "own head_dim, q/k norms, tied"),
+    Model("Gemma", "gemma", "spm", "kubetune-gemma-7b-lora",
+          "(1+w) norms, GeLU, own head_dim, one KV head, tied"),
+    Model("Gemma 2", "gemma2", "spm", BYO, "soft-capping, sliding window, tied"),
+    Model("Phi-3", "phi3", "phi3", BYO, "fused qkv/gate_up in HF, sentencepiece"),
+    Model("Phi-4", "phi3", "phi4", BYO, "Phi-3's architecture, byte-level BPE"),
+)
+MODEL = {m.name: m for m in MODELS}
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    method: str
+    topology: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.model} | {METHOD_NAMES[self.method]} | {self.topology}"
+
+
+def all_cells() -> list[Cell]:
+    return [Cell(m.name, method, topology) for m in MODELS for method in METHODS
+            for topology in TOPOLOGIES]
+
+
+# Cells whose run would exercise nothing another run does not: cell -> (the cell that
+# covers it, why). Written as rules over the whole table.
+_TWO_NODE_ADAPTER_RUNS = {"Llama 3.2", "Qwen3 (8B+)"}
+_TWO_PROCESS_DORA_RUNS = {"Llama 3.1", "Qwen2 / Qwen2.5 (7B+)", "Gemma 2"}
+# A tied checkpoint -> the untied one of its family.
+_TIED_TWINS = {"Qwen2 / Qwen2.5 (0.5B-3B)": "Qwen2 / Qwen2.5 (7B+)",
+               "Qwen3 (0.6B-4B)": "Qwen3 (8B+)"}
+
+
+def coverage(cell: Cell) -> tuple[Cell, str] | None:
+    """The cell whose run covers ``cell``, and why; None for a cell run itself."""
+    if cell.model == "Llama 3" and (cell.topology != "1 process"
+                                    or cell.method in ("qlora", "dora")):
+        return (Cell("Llama 3.1", cell.method, cell.topology),
+                "the same modules, LoRA variants and FSDP units: Llama 3 and 3.1 differ "
+                "only in RoPE frequencies, which Llama 3's LoRA and full runs and the "
+                "logits check cover")
+    if cell.model == "Llama 3.3" and cell.topology == "1 process":
+        return (Cell("Llama 3.1", cell.method, cell.topology),
+                "torchtune ships no single-device 70B config: the drop-in falls back to "
+                "llama3_2/1B's, the configs kubetune train runs Llama 3.1's cell with")
+    if cell.model == "Llama 3.3" and cell.method == "dora" and cell.topology == "2 processes":
+        return (Cell("Llama 3.1", cell.method, cell.topology),
+                "the drop-in's DoRA is its LoRA config (llama3_3/70B_lora, run) with "
+                "use_dora; DoRA under FSDP on this architecture is Llama 3.1's cell")
+    if (cell.model in _TIED_TWINS and cell.method in ("qlora", "dora")
+            and cell.topology == "1 process"):
+        return (Cell(_TIED_TWINS[cell.model], cell.method, cell.topology),
+                "the same builder, LoRA variant and checkpointer; the tied output, the one "
+                "difference, changes the output LoRA (its LoRA cell runs it) and the saved "
+                "weights (its full and 2-process cells run them)")
+    if cell.model == "Phi-4" and cell.topology != "1 process":
+        return (Cell("Phi-3", cell.method, cell.topology),
+                "Phi-4 is Phi-3's architecture; its tokenizer, the one difference, makes "
+                "the same batches on any topology (Phi-4's 1-process cells run it)")
+    if (cell.method == "dora" and cell.topology == "2 processes"
+            and cell.model not in _TWO_PROCESS_DORA_RUNS):
+        return (Cell(cell.model, "lora", cell.topology),
+                "the family's modules under FSDP, as LoRA runs them; DoRA's magnitudes under "
+                "FSDP are the same DoRALinear in every family's builder, run for "
+                + ", ".join(sorted(_TWO_PROCESS_DORA_RUNS)))
+    if (cell.topology == "2 nodes" and cell.method in ("lora", "dora")
+            and cell.model not in _TWO_NODE_ADAPTER_RUNS):
+        return (Cell(cell.model, cell.method, "2 processes"),
+                "the same recipe and config on a world of 2, sharded alike; the 2-node "
+                "launch is the same for every family and is run for "
+                + " and ".join(sorted(_TWO_NODE_ADAPTER_RUNS)))
+    return None
+
+
+def run_cells() -> list[Cell]:
+    return [c for c in all_cells() if coverage(c) is None]
+
+
+def runtime_for(cell: Cell) -> str:
+    """The runtime that carries ``cell``: the model's own where it admits the cell, else
+    kubetune-byo-model (tests/test_support_matrix.py checks this against the admission
+    rules upstream's webhook applies)."""
+    model = MODEL[cell.model]
+    if cell.model == "Llama 3.1" and cell.method == "full" and cell.topology == "2 nodes":
+        return GANG
+    if model.runtime.startswith("torchtune-") and not dropin_admits(model.runtime, cell):
+        return BYO
+    return model.runtime
+
+
+# What upstream's TrainJob admission lets a `tune run` TrainJob do on each drop-in
+# (kubetune/tools/local/admission_rules.py holds the rules; the test checks these against
+# them): only the 70B trains on several nodes, and only full fine-tuning does; QLoRA on
+# the 1B/3B runs on one process; Qwen2.5 1.5B has no QLoRA.
+def dropin_admits(runtime: str, cell: Cell) -> bool:
+    nodes, processes = LAYOUT[cell.topology]
+    if nodes > 1:
+        return runtime == "torchtune-llama3.3-70b" and cell.method == "full"
+    if cell.method == "qlora":
+        if runtime == "torchtune-qwen2.5-1.5b":
+            return False
+        if runtime in ("torchtune-llama3.2-1b", "torchtune-llama3.2-3b"):
+            return processes == 1
+    return True
+
+
+# The cells `make test` runs (tests/test_support_matrix.py): every family, method and
+# topology at least once, each a run cell of the full matrix.
+FAST = (
+    Cell("Llama 3", "lora", "1 process"),
+    Cell("Llama 3.1", "full", "2 nodes"),
+    Cell("Llama 3.2", "full", "2 nodes"),
+    Cell("Llama 3.3", "full", "2 processes"),
+    Cell("Mistral", "qlora", "1 process"),
+    Cell("Qwen2 / Qwen2.5 (7B+)", "dora", "2 processes"),
+    Cell("Qwen2 / Qwen2.5 (0.5B-3B)", "lora", "2 processes"),
+    Cell("Qwen3 (8B+)", "lora", "2 nodes"),
+    Cell("Qwen3 (0.6B-4B)", "full", "1 process"),
+    Cell("Gemma", "lora", "1 process"),
+    Cell("Gemma", "qlora", "2 nodes"),
+    Cell("Gemma 2", "dora", "1 process"),
+    Cell("Phi-3", "qlora", "2 processes"),
+    Cell("Phi-4", "dora", "1 process"),
+)
