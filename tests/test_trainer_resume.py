@@ -170,7 +170,7 @@ def test_packed_lora_resumes_exactly_from_the_token_cache(tmp_path, tiny_model_d
 
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
     stops = [stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc), at, attempt)
-             for attempt, at in (("mid-epoch", 2), ("last-epoch", 8))]
+             for attempt, at in (("mid-epoch", 2), ("last-epoch", 7))]
     assert stops[0] < 6 <= stops[1] < 12, stops
     result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc))
     assert result.returncode == 0, result.stderr[-3000:]
