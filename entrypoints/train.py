@@ -201,6 +201,9 @@ class _TrainCommand(click.Command):
       "Also save a resumable checkpoint every N steps (default: each epoch)", type=int)
 @_opt("--grace-period", env.GRACE_PERIOD_S,
       "Seconds to save a checkpoint after SIGTERM (default 30)", type=float)
+@_opt("--token-cache-dir", env.TOKEN_CACHE_DIR,
+      "Where the tokenized dataset is cached (default: <workspace>/cache/tokens, or "
+      "cache/tokens beside the output directory without a workspace)")
 @click.option("--dry-run", is_flag=True,
               help="Print the recipe, the merged config and the command, then exit.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)

@@ -124,6 +124,11 @@ FAILURE_DIR = "KUBETUNE_FAILURE_DIR"
 # progress bar (unset without a terminal, or in JSON mode: per-step lines instead).
 PROGRESS_TTY = "KUBETUNE_PROGRESS_TTY"
 TEST_KILL_AT = "KUBETUNE_TEST_KILL_AT"  # tests only: SIGKILL at the N-th checkpoint write
+# Tests only: SIGKILL the token cache's builder at a named point of its build
+# (kubetune.trainer.data.token_cache.store.KILL_POINTS).
+TEST_KILL_TOKEN_CACHE_AT = "KUBETUNE_TEST_KILL_TOKEN_CACHE_AT"
+# Where the trainer caches tokenized datasets (default: <workspace>/cache/tokens).
+TOKEN_CACHE_DIR = "KUBETUNE_TOKEN_CACHE_DIR"
 # Tests only (kubetune.trainer.recipe_process.fallbacks; inert unless set): register a dynamo
 # backend of this name that raises, and make a forward above this micro-batch raise
 # torch.OutOfMemoryError, so a CPU test drives the compile and out-of-memory fallbacks.
@@ -172,7 +177,8 @@ RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 # ...and these, which torch.distributed reads to form the process group; the launcher sets
 # all six itself for a one-process group, which it starts without torchrun
-# (kubetune.trainer.request.topology).
+# (kubetune.trainer.request.topology). LOCAL_WORLD_SIZE: processes on this node, which
+# share its cores.
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"

@@ -176,14 +176,16 @@ def _with_long_rows(root: Path, rows: int, long_at: tuple[int, ...]) -> Path:
 def test_samples_longer_than_the_context_are_cut_and_counted(tmp_path, tiny_model_dir):
     dataset = _with_long_rows(tmp_path / "long", rows=40, long_at=(3, 17, 29))
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, dataset)
-    # batch_size 40: the first step holds every sample, the long ones included.
-    result = tune_run(pvc, *RECIPE, *pvc.runtime_args(), "batch_size=40", "epochs=1",
+    # Cut to the context, the long rows lose their answers, so they are left out: the
+    # first step, of batch_size 37, holds every other sample.
+    result = tune_run(pvc, *RECIPE, *pvc.runtime_args(), "batch_size=37", "epochs=1",
                       "max_steps_per_epoch=1", "gradient_accumulation_steps=1", "dtype=fp32")
     assert result.returncode == 0, result.stderr[-3000:]
     said = [line for line in result.stdout.splitlines() if "samples are longer than" in line]
     assert said == ["train: 3 of 40 samples are longer than tokenizer.max_seq_len=512 (the "
                     "model's context or the packing length) and were cut to it; set "
                     "tokenizer.max_seq_len to choose the limit yourself"]
+    assert "train: dropped 3 of 40 rows with no token to train on" in result.stderr
     merged = yaml.safe_load((pvc.output / "kubetune-config.yaml").read_text())
     assert merged["tokenizer"]["max_seq_len"] == 512
 

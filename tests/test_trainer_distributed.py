@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
 import pytest
 
 from kubetune.errors import EXIT_KILLED, EXIT_TRANSIENT
+from kubetune.tools.demo.alpaca_like import write_alpaca_like
+from kubetune.trainer.performance.cpu_cores import usable_cores
 from tests.support.trainer import SHORT, make_pvc, start_tune_run, tune_run
 
 pytestmark = pytest.mark.slow
@@ -25,8 +28,11 @@ def dataset_args(pvc) -> list[str]:
             f"dataset.data_dir={pvc.dataset / 'data'}", "epochs=1", *SHORT]
 
 
-def test_two_processes_lora_distributed_on_cpu(tmp_path, tiny_model_dir, tiny_dataset_dir):
-    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+def test_two_processes_lora_distributed_on_cpu(tmp_path, tiny_model_dir):
+    # Alpaca-like rows, enough that the token cache tokenizes them with a pool of workers
+    # forked from a recipe process (torchrun's worker, with its handlers and threads).
+    write_alpaca_like(tmp_path / "alpaca-like", 2400, 2, scale=0.25)
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tmp_path / "alpaca-like")
     env = pvc.env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0")
     # As the controller composes it for 2 processes: a rendezvous endpoint, the
     # distributed LoRA recipe, the multi-device config.
@@ -43,6 +49,13 @@ def test_two_processes_lora_distributed_on_cpu(tmp_path, tiny_model_dir, tiny_da
     # 0's bar on; the bootstrap turns it off without a terminal).
     assert "it/s]" not in result.stderr
     assert "train: step 1/3 (33%) | epoch 1/1 | loss" in result.stdout
+    # The data is tokenized once for the node: one process builds the cache, the other
+    # waits for it and maps it.
+    built = [line for line in result.stderr.splitlines() if "token cache: tokenized" in line]
+    assert len(built) == 1, result.stderr[-3000:]
+    [entry] = (pvc.root / "cache" / "tokens").glob("*/meta.json")
+    meta = json.loads(entry.read_text())
+    assert meta["rows_read"] == 2400 and meta["build_workers"] == min(2, usable_cores())
 
 
 def test_two_nodes_on_loopback_stop_together_resume_and_finish(tmp_path, tiny_model_dir,
@@ -72,11 +85,14 @@ def test_two_nodes_on_loopback_stop_together_resume_and_finish(tmp_path, tiny_mo
     codes = [node.wait(timeout=300) for node in nodes]
     assert codes == [EXIT_TRANSIENT, EXIT_TRANSIENT], logs("first")[-3000:]
     stopped_at = pvc.metrics()[-1]["step"]
+    # The nodes tokenized the data once between them, on the volume they share.
+    assert logs("first").count("token cache: tokenized") == 1, logs("first")[-3000:]
 
     nodes = start_nodes("second")
     codes = [node.wait(timeout=600) for node in nodes]
     assert codes == [0, 0], logs("second")[-3000:]
     assert logs("second").count(f"done (global step {stopped_at}") == 2  # both nodes resumed
+    assert "token cache: tokenized" not in logs("second")  # the restarted pods map it
     assert [m["step"] for m in pvc.metrics()] == list(range(1, 13))
     summary = pvc.summary()
     assert summary["world_size"] == 2 and summary["exit_reason"] == "completed"

@@ -154,6 +154,31 @@ def test_full_finetune_on_two_processes_resumes_exactly(tmp_path, tiny_model_dir
     assert_same_training(pvc, reference, "epoch_1", adapter=False)
 
 
+def test_packed_lora_resumes_exactly_from_the_token_cache(tmp_path, tiny_model_dir,
+                                                           small_dataset_dir):
+    """Packed: the rows tokenized once into the volume's cache, 12 packs of 96 tokens
+    made from it (6 steps per epoch); stopped twice, each restart maps the cache and
+    trains the same packs in the same order to the same weights."""
+
+    def args(pvc):
+        return ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
+                *train_args(pvc, "epochs=2", "dataset.packed=True", "tokenizer.max_seq_len=96",
+                            "batch_size=2")]
+
+    reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, {})
+    assert len(trained_steps(reference)) == 12
+
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
+    stops = [stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc), at, attempt)
+             for attempt, at in (("mid-epoch", 2), ("last-epoch", 7))]
+    assert stops[0] < 6 <= stops[1] < 12, stops
+    result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "token cache: 24 rows mapped from" in result.stderr
+    assert "token cache: tokenized" not in result.stderr
+    assert_same_training(pvc, reference, "epoch_1", adapter=True)
+
+
 @pytest.mark.parametrize("recipe,config,processes,extra", [
     ("full_finetune_single_device", "llama3_2/1B_full_single_device", 1,
      ["gradient_accumulation_steps=2", "optimizer_in_bwd=False"]),

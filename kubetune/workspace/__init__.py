@@ -6,7 +6,7 @@ Locally the same code runs against any directory: set ``KUBETUNE_WORKSPACE`` to 
 root, or one of the per-directory variables to move a single step's directory.
 
 This package is the one place the steps agree on what they leave for each other: the
-names below, the trainer's completion marker and its summary and config readers (``trainer_output``), a few
+names below (the token cache's place among them), the trainer's completion marker and its summary and config readers (``trainer_output``), a few
 training samples as the trainer tokenized them (``training_samples``), the initializers' manifest
 (``initializer_manifest``) and the model directory's config and weights (``model_files``;
 ``weight_headers``: their safetensors headers agree with each other and config.json).
@@ -41,6 +41,9 @@ ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # a PEFT adapter (LoRA, DoRA
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 TRAINER_LOCK_NAME = ".kubetune-trainer.lock"  # in output_dir: held by the trainer writing it
 STAGING_PREFIX = ".kubetune-staging-"  # sibling directories that are never read by a next step
+# The trainer's tokenized datasets, one directory per key, under the workspace root (beside
+# output/ when there is no workspace): kubetune.trainer.data.token_cache.
+TOKEN_CACHE_PATH = "cache/tokens"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
-from kubetune.workspace import TRAINER_CONFIG_NAME, Workspace
+from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys, lora_scale
@@ -252,12 +252,23 @@ def _lr_scheduler_section(cfg: DictConfig) -> list[str]:
             f"given ({', '.join(k for k in section if k != '_component_')})"]
 
 
-def _kubetune_section(cfg: DictConfig) -> None:
+def _token_cache_dir(workspace: Workspace, output_dir: Path) -> str:
+    """The volume's place for tokenized datasets (where ``kubetune.token_cache_dir``,
+    KUBETUNE_TOKEN_CACHE_DIR's override, names none): under the workspace root, or, with
+    no workspace (a laptop's `kubetune train --output-dir ./out`), beside the output
+    directory as the workspace would have it."""
+    root = workspace.root if workspace.root.is_dir() else output_dir.resolve().parent
+    return str(root / TOKEN_CACHE_PATH)
+
+
+def _kubetune_section(cfg: DictConfig, workspace: Workspace) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
         section.grace_period_s = DEFAULT_GRACE_PERIOD_S
     if section.get("save_every_n_steps") is None:
         section.save_every_n_steps = DEFAULT_SAVE_EVERY_N_STEPS
+    if section.get("token_cache_dir") is None:
+        section.token_cache_dir = _token_cache_dir(workspace, Path(cfg.output_dir))
     cfg.kubetune = section
 
 
@@ -329,7 +340,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
         cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg)
+    _kubetune_section(cfg, workspace)
     cfg.kubetune.count_cut_samples = not limit_chosen
     # A warm-up the user chose stays; the config's is capped to the run's length in the
     # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).

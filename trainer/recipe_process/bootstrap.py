@@ -3,8 +3,9 @@
 
 It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
 CPU; step-level stop/save/resume via ``step_guard``; compile and out-of-memory fallbacks
-via ``fallbacks``) and then calls the recipe's own
-``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
+via ``fallbacks``; the dataset tokenized once into the token cache via ``tokenized_data``;
+no NaN from a micro-batch with nothing to train on via ``empty_batches``) and then calls
+the recipe's own ``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import logs
-from kubetune.trainer.recipe_process import (cpu_adapt, failure_report, fallbacks,
-                                             recipe_noise, run_sanity, sample_capture,
-                                             warmup_cap)
+from kubetune.trainer.data.token_cache.settings import CacheSettings
+from kubetune.trainer.recipe_process import (cpu_adapt, empty_batches, failure_report,
+                                             fallbacks, recipe_noise, run_sanity,
+                                             sample_capture, tokenized_data, warmup_cap)
 from kubetune.trainer.request import passed_env
 from kubetune.trainer.metric_logging import run_report, train_progress
-from kubetune.trainer.data import truncation
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
@@ -57,13 +58,19 @@ def defines_save(cls: type) -> bool:
                if k.__module__ == cls.__module__)
 
 
-def install(cls: type, guard: Guard, count_cut_samples: bool = False,
+def install(cls: type, guard: Guard, data: CacheSettings | None = None,
             cap_warmup: bool = False, fingerprint: str = "") -> None:
-    if count_cut_samples and hasattr(cls, "_setup_data"):
-        cls._setup_data = truncation.wrap_setup_data(cls._setup_data)
+    if data is not None and hasattr(cls, "_setup_data"):
+        cls._setup_data = tokenized_data.wrap_setup_data(cls._setup_data, data)
+    empty_batches.install(cls)
     if cap_warmup and hasattr(cls, "_setup_lr_scheduler"):
+        # Its step count comes from the data loader, so from the rows the cache kept.
         cls._setup_lr_scheduler = warmup_cap.wrap_setup_lr_scheduler(cls._setup_lr_scheduler)
     if hasattr(cls, "_setup_data"):
+        # Outside the cache: its recorder sees the rows the cache tokenizes in this process,
+        # and draws the first ones again from the rows the cache was made from
+        # (``tokenized_from``) where the tokenizing happened in workers or a mapped entry
+        # replaced it.
         cls._setup_data = sample_capture.wrap_setup_data(cls._setup_data, guard.output_dir,
                                                          fingerprint)
     original_setup = cls.setup
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
     cls = recipe_class(module)
-    install(cls, guard, bool(settings.get("count_cut_samples")),
+    install(cls, guard, tokenized_data.cache_settings(cfg, settings),
             bool(settings.get("cap_warmup")), str(settings.get("fingerprint") or ""))
     fallbacks.install(cls, guard, compile_on=bool(cfg.get("compile")),
                       compile_ours=bool(settings.get("compile_default")))

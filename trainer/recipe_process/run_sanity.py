@@ -3,11 +3,15 @@
 - No optimizer step (one row with a larger batch, accumulation over more batches than the
   data has, every sample dropped): the recipe would save the untouched base model at the
   epoch's end and the run would end "completed". The save is refused instead.
+- No row to train on: every row's answer was cut away by the tokenizer's ``max_seq_len``
+  (the token cache drops such rows and counts them): refused before the first step.
 - A non-finite loss (``optimizer.lr=inf``, a learning rate so high it diverges): the weights
   are garbage from that step on. ``step_guard`` checks the logged loss at every step
   boundary, and every save checks the trained weights first, so non-finite weights are
   never saved (as a checkpoint, a resumable one, or the result): the last finite
-  checkpoint stays the one a restart resumes from.
+  checkpoint stays the one a restart resumes from. At the process's first step, before
+  any update, a non-finite loss is not divergence but the model or the data, and the line
+  says so; a step with nothing to train on logs 0/0 but changes no weight: a warning.
 
 Either ends the process with one line, ``<ErrorName>: <what to do>`` and exit 65 (bad
 input: a restart would do the same), which the launcher reports as the step's error line.
@@ -35,6 +39,10 @@ class NonFiniteError(RunRefused):
     pass
 
 
+class NoTrainableRowsError(RunRefused):
+    pass
+
+
 def current_lr(recipe: Any) -> float | None:
     """The learning rate the recipe's optimizer holds now; None where it has none to read
     (an optimizer-in-backward wrapper)."""
@@ -56,14 +64,30 @@ def _diverged(what: str, recipe: Any) -> str:
             "finite checkpoint was saved")
 
 
-def check_loss(recipe: Any, step: int, loss: Any) -> None:
-    """Stop at the first logged loss that is not a finite number."""
+def _before_update(loss: Any, step: int) -> str:
+    return (f"the loss is {loss} at step {step}, before any optimizer update, so not the "
+            "learning rate: the model's weights or the data make it non-finite; check the "
+            "checkpoint for NaN/inf weights, and try dtype=fp32")
+
+
+def check_loss(recipe: Any, step: int, loss: Any, first_step: int = 0,
+               tokens: int | None = None) -> str | None:
+    """Stop at the first logged loss that is not a finite number. ``first_step``: the
+    global step this process started from (its first step's loss is the loaded weights');
+    ``tokens``: the step's trainable tokens, all ranks. A step with none logs 0/0 but
+    changes nothing (its gradients are zero): returns a warning line instead."""
     try:
         finite = math.isfinite(float(loss))
     except (TypeError, ValueError):
-        return
-    if not finite:
-        raise NonFiniteError(_diverged(f"the loss is {loss} at step {step}", recipe))
+        return None
+    if finite:
+        return None
+    if tokens == 0:
+        return (f"step {step} had no token to train on (every label of its batches is "
+                "masked): it trained nothing")
+    if step <= first_step + 1:
+        raise NonFiniteError(_before_update(loss, step))
+    raise NonFiniteError(_diverged(f"the loss is {loss} at step {step}", recipe))
 
 
 def _local(tensor: Any) -> Any:

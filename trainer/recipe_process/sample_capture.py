@@ -3,7 +3,10 @@
 
 The recipe's tokenizer instance is wrapped while its ``_setup_data`` runs (its results
 unchanged): a packed dataset is tokenized there; an unpacked one lazily, so its first
-samples are drawn once more here. Only whole conversations are kept: one cut to
+samples are drawn once more here. A dataset the token cache serves was tokenized by
+worker processes, or not at all where the entry was mapped: its first samples are drawn
+from the rows it was tokenized from (its ``tokenized_from``: the same tokenizer, the same
+tokens the cache holds). Only whole conversations are kept: one cut to
 ``tokenizer.max_seq_len`` no longer shows how a conversation ends. Rank 0 writes.
 """
 
@@ -103,6 +106,8 @@ def _draw(result: Any, recorder: Recorder) -> None:
     """Tokenize the first samples of an unpacked dataset (tokenized lazily, per batch)."""
     loader = result[-1] if isinstance(result, tuple) else result
     dataset = getattr(loader, "dataset", None)
+    if getattr(dataset, "tokenized_from", None) is not None:
+        dataset = dataset.tokenized_from
     try:
         count = min(len(dataset), DRAWN_AT_MOST)
     except TypeError:

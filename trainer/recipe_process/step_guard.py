@@ -67,6 +67,8 @@ class Guard:
         self.signalled = False
         self.stop_pending = False
         self.steps_in_epoch = 0
+        self.first_step = 0  # the global step this process started from
+        self.step_tokens: int | None = None  # the last step's trainable tokens, all ranks
         self.forced_reason: str | None = None
         self._loss_checked: tuple | None = None
         self.rank = passed_env.rank()
@@ -164,7 +166,10 @@ class Guard:
         logged = getattr(getattr(recipe, "_metric_logger", None), "last_loss", None)
         if logged is not None and logged != self._loss_checked:
             self._loss_checked = logged
-            run_sanity.check_loss(recipe, *logged)
+            empty = run_sanity.check_loss(recipe, *logged, first_step=self.first_step,
+                                          tokens=self.step_tokens)
+            if empty:
+                log.warning(empty)
 
     # -- resume --------------------------------------------------------------------------
 
@@ -173,8 +178,9 @@ class Guard:
         recipe._dataloader = GuardedLoader(recipe._dataloader, recipe, self)
         if not recipe._resume_from_checkpoint or self.resume_global_step is None:
             self.resume_offset = 0
+            self.first_step = int(getattr(recipe, "global_step", 0) or 0)
             return
-        recipe.global_step = self.resume_global_step
+        recipe.global_step = self.first_step = self.resume_global_step
         scheduler = getattr(recipe, "_lr_scheduler", None)
         if scheduler is not None:
             with warnings.catch_warnings():
@@ -268,6 +274,7 @@ class GuardedLoader:
                 stop, tokens, digest = guard.agree(recipe, guard.stop_asked_here(),
                                                    step_tokens, hasher.digest())
                 guard.stop_pending = guard.stop_pending or stop
+                guard.step_tokens = tokens
                 step_tokens, hasher = 0, hashlib.blake2b(digest_size=16)
                 if hasattr(logger, "note_step_tokens"):
                     logger.note_step_tokens(tokens)

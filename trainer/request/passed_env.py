@@ -1,6 +1,7 @@
 """What a recipe process reads from the environment torchrun and the launcher gave it, in
-one place: its rank, whether torchrun started it, the launcher's stop file and quiet
-progress bars, the compile backend, and the test-only hooks (inert unless set).
+one place: its rank, whether torchrun started it and how many processes share the node,
+the launcher's stop file and quiet progress bars, the compile backend, and the test-only
+hooks (inert unless set).
 
 These are not the user's settings (the launcher parsed those into the merged config's
 ``kubetune`` section): they are how the processes above this one speak to it, so they are
@@ -29,6 +30,12 @@ def rank(environ: Mapping[str, str] | None = None) -> int:
 def is_primary(environ: Mapping[str, str] | None = None) -> bool:
     """Rank 0: the one process that reports (progress, the status, cut samples)."""
     return _environ(environ).get(env.RANK, "0") == "0"
+
+
+def local_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """Processes of this run on this node (torchrun's ``LOCAL_WORLD_SIZE``; 1 without)."""
+    value = _environ(environ).get(env.LOCAL_WORLD_SIZE, "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
 def under_torchrun() -> bool:
@@ -77,3 +84,8 @@ def failure_dir() -> str | None:
     """Where this process leaves its failure record if it fails for a known reason
     (``kubetune.trainer.failures``); None: not started by the launcher, no record."""
     return _environ(None).get(env.FAILURE_DIR) or None
+
+
+def test_kill_token_cache_at() -> str | None:
+    """Tests only: the point of a token cache build at which its builder SIGKILLs itself."""
+    return _environ(None).get(env.TEST_KILL_TOKEN_CACHE_AT) or None

@@ -69,6 +69,7 @@ class TrainOptions:
     seed: int | None = None
     save_every_n_steps: int | None = None
     grace_period: float | None = None
+    token_cache_dir: str | None = None
 
 
 # Options that become one override as they are: (config key, option).
@@ -94,7 +95,8 @@ OPTION_KEYS = {option: key for key, option in (
     ("dataset.conversation_column", "conversation_column"),
     ("dataset.conversation_style", "conversation_style"),
     ("kubetune.save_every_n_steps", "save_every_n_steps"),
-    ("kubetune.grace_period_s", "grace_period"))}
+    ("kubetune.grace_period_s", "grace_period"),
+    ("kubetune.token_cache_dir", "token_cache_dir"))}
 
 
 def lora_target_overrides(modules: list[str]) -> list[str]:
@@ -217,6 +219,7 @@ def train_overrides(options: TrainOptions) -> list[str]:
     put("dataset.train_on_input", o.train_on_input)
     put("kubetune.save_every_n_steps", o.save_every_n_steps)
     put("kubetune.grace_period_s", o.grace_period)
+    put("kubetune.token_cache_dir", o.token_cache_dir)
     return args
 
 

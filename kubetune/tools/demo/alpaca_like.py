@@ -21,9 +21,11 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, words))).capitalize() + "."
 
 
-def alpaca_like_rows(rows: int, seed: int = 0, scale: float = 1.0) -> list[dict[str, str]]:
+def alpaca_like_rows(rows: int, seed: int = 0, scale: float = 1.0,
+                     long_prompts: float = 0.0, long_chars: int = 0) -> list[dict[str, str]]:
     """``scale`` multiplies every length: 0.25 gives a byte-level tokenizer (the tiny
-    models') Alpaca's token counts."""
+    models') Alpaca's token counts. ``long_prompts``: the share of rows whose prompt (a
+    pasted document, say) is made at least ``long_chars`` characters long."""
     rng = random.Random(seed)
     out = []
     for _ in range(rows):
@@ -31,18 +33,22 @@ def alpaca_like_rows(rows: int, seed: int = 0, scale: float = 1.0) -> list[dict[
         if rng.random() < 0.4:
             prompt += "\n" + _text(rng, int(scale * rng.lognormvariate(2.8, 0.7)))
         answer = _text(rng, int(scale * rng.lognormvariate(4.8, 0.8)))  # ~165, long tail
+        if long_prompts and rng.random() < long_prompts:  # (the default's rows stay the same)
+            while len(prompt) < long_chars:
+                prompt += "\n" + _text(rng, int(rng.lognormvariate(4.8, 0.5)))
         out.append({"input": prompt, "output": answer})
     return out
 
 
 def write_alpaca_like(dataset_dir: Path, rows: int, shards: int = 1, fmt: str = "parquet",
-                      seed: int = 0, scale: float = 1.0) -> list[Path]:
+                      seed: int = 0, scale: float = 1.0, long_prompts: float = 0.0,
+                      long_chars: int = 0) -> list[Path]:
     """Write ``data/train-0000i-of-0000n<ext>`` under ``dataset_dir``; return the files."""
     import pyarrow as pa
 
     data = Path(dataset_dir) / "data"
     data.mkdir(parents=True, exist_ok=True)
-    records = alpaca_like_rows(rows, seed, scale)
+    records = alpaca_like_rows(rows, seed, scale, long_prompts, long_chars)
     paths = []
     for i in range(shards):
         part = records[i * rows // shards:(i + 1) * rows // shards]
