@@ -267,4 +267,4 @@ def test_no_secret_in_any_byte_written(scene):
     assert len(written) > 2 * scene.count  # the workspace and exports were searched too
     hits = [(where, secret) for where, data in written for secret in SECRETS
             if secret.encode() in data]
-    assert hits == []
+    assert hits == [], [(where, SECRETS.index(secret)) for where, secret in hits]

@@ -15,20 +15,22 @@ from omegaconf import DictConfig, OmegaConf
 from kubetune.redact import strip_userinfo
 
 
-def _masked(value: Any) -> Any:
+def masked(value: Any) -> Any:
+    """``value`` (a string, or dicts and lists of them) with every URL's user and password
+    masked: for any record of config values written where others read it."""
     if isinstance(value, str):
         return strip_userinfo(value)
     if isinstance(value, dict):
-        return {key: _masked(item) for key, item in value.items()}
+        return {key: masked(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_masked(item) for item in value]
+        return [masked(item) for item in value]
     return value
 
 
 def without_credentials(cfg: DictConfig) -> DictConfig:
     """A copy of ``cfg`` whose string values hold no URL credentials (interpolations
     kept as written)."""
-    return OmegaConf.create(_masked(OmegaConf.to_container(cfg, resolve=False)))
+    return OmegaConf.create(masked(OmegaConf.to_container(cfg, resolve=False)))
 
 
 def has_credentials(cfg: DictConfig) -> bool:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kubetune.file_hash import sha256_of
+from kubetune.trainer.config.saved_config import masked
 from kubetune.workspace.initializer_manifest import read_manifest
 from kubetune.trainer.data.token_cache.rows import FORMAT_VERSION
 
@@ -171,4 +172,6 @@ def cache_key(dataset: dict, tokenizer: dict, packing: dict | None,
         "ignore_index": ignore_index,
     }
     canonical = json.dumps(inputs, sort_keys=True, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_LENGTH], inputs
+    # The key covers the values as given; the record, which anyone with the volume reads,
+    # keeps them with a URL's user and password masked (a system prompt may quote one).
+    return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_LENGTH], masked(inputs)
