@@ -127,6 +127,9 @@ TEST_KILL_AT = "KUBETUNE_TEST_KILL_AT"  # tests only: SIGKILL at the N-th checkp
 # Tests only: SIGKILL the token cache's builder at a named point of its build
 # (kubetune.trainer.data.token_cache.store.KILL_POINTS).
 TEST_KILL_TOKEN_CACHE_AT = "KUBETUNE_TEST_KILL_TOKEN_CACHE_AT"
+# Tests only: seconds each optimizer step pauses after it ends, so that a test's SIGTERM
+# lands mid-run however fast the machine runs the tiny model (numerics unchanged).
+TEST_STEP_PAUSE = "KUBETUNE_TEST_STEP_PAUSE"
 # Where the trainer caches tokenized datasets (default: <workspace>/cache/tokens).
 TOKEN_CACHE_DIR = "KUBETUNE_TOKEN_CACHE_DIR"
 # Tests only (kubetune.trainer.recipe_process.fallbacks; inert unless set): register a dynamo

@@ -8,8 +8,11 @@ why); the trainer and the exporter run as `kubetune` processes, as in a pod.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +71,24 @@ def serving(python: Path, *args: str) -> subprocess.CompletedProcess:
                                "HOME": "/tmp"})
 
 
+# One written checkpoint per family and serving venv for the whole session: writing one
+# starts transformers in another interpreter (seconds each, a dozen times over the suite).
+# Each caller gets its own copy, so no test sees what another changed.
+_WRITTEN: dict[tuple[str, str], Path] = {}
+
+
 def write_checkpoint(python: Path, name: str, dest: Path) -> Path:
+    key = (str(python), name)
+    if key not in _WRITTEN:
+        pristine = Path(tempfile.mkdtemp(prefix=f"kubetune-checkpoint-{name}-"))
+        atexit.register(shutil.rmtree, pristine, ignore_errors=True)
+        _write_checkpoint(python, name, pristine / "model")
+        _WRITTEN[key] = pristine / "model"
+    shutil.copytree(_WRITTEN[key], dest, dirs_exist_ok=True)
+    return dest
+
+
+def _write_checkpoint(python: Path, name: str, dest: Path) -> None:
     family = FAMILIES[name]
     written = serving(python, str(HF_CHECKPOINT), "write", family.hf_family, str(dest),
                       str(VOCAB))
@@ -77,7 +97,6 @@ def write_checkpoint(python: Path, name: str, dest: Path) -> Path:
         tiny_tokenizers.write_bpe(dest, family.special)
     else:
         tiny_tokenizers.write_spm(dest, family.special)
-    return dest
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

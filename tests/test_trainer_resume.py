@@ -55,7 +55,9 @@ def stop_after(tmp_path: Path, pvc: Pvc, args: list[str], env: dict, step: int,
     """Start the run, SIGTERM it once metrics.jsonl shows ``step``; return the last step
     the stopped run logged."""
     log = tmp_path / f"{attempt}.log"
-    run = start_tune_run(pvc, *args, env=env, log=log)
+    # Each step pauses a little: the tiny model's steps can come faster than the SIGTERM
+    # travels (poll, launcher, stop file), and the run would end before the stop lands.
+    run = start_tune_run(pvc, *args, env={**env, "KUBETUNE_TEST_STEP_PAUSE": "0.3"}, log=log)
     deadline = time.monotonic() + 300
     # metrics.jsonl still holds the previous attempt's steps until this run's launcher has
     # cut them back to its checkpoint, which it does before "launching:"; a SIGTERM before

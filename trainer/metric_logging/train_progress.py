@@ -122,7 +122,10 @@ class TrainProgress:
             sized = os.get_terminal_size(fd).columns > 0
             self._bar = tqdm(total=self.total_steps, initial=step - 1, desc="train",
                              unit="step", file=stream, dynamic_ncols=sized,
-                             ncols=None if sized else 100, leave=True, disable=False)
+                             ncols=None if sized else 100, leave=True, disable=False,
+                             # Every optimizer step redrawn: tqdm's default 0.1 s throttle
+                             # would skip the steps of a fast run (a tiny model on CPU).
+                             mininterval=0, miniters=1)
         self._bar.set_postfix_str(self.postfix(record), refresh=False)
         self._bar.update(step - self._bar.n)
 

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import signal
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -72,6 +73,7 @@ class Guard:
         self.forced_reason: str | None = None
         self._loss_checked: tuple | None = None
         self.rank = passed_env.rank()
+        self.test_step_pause = passed_env.test_step_pause()
         self.store = CheckpointStore(self.output_dir) if self.rank == 0 else None
 
     def install_signal_handler(self) -> None:
@@ -248,6 +250,8 @@ class GuardedLoader:
         while True:
             if seen and seen % accum == 0:  # the recipe finished an optimizer step
                 guard.steps_in_epoch = offset + seen // accum
+                if guard.test_step_pause:
+                    time.sleep(guard.test_step_pause)
                 guard.check_loss(recipe)  # before any save of this step's weights
                 # At the epoch's end the recipe's own save follows (and a pending stop
                 # raises at the next epoch's start): no save of ours there.

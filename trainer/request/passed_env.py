@@ -89,3 +89,11 @@ def failure_dir() -> str | None:
 def test_kill_token_cache_at() -> str | None:
     """Tests only: the point of a token cache build at which its builder SIGKILLs itself."""
     return _environ(None).get(env.TEST_KILL_TOKEN_CACHE_AT) or None
+
+
+def test_step_pause() -> float:
+    """Tests only: seconds to pause after each optimizer step (0: none)."""
+    try:
+        return max(0.0, float(_environ(None).get(env.TEST_STEP_PAUSE) or 0))
+    except ValueError:
+        return 0.0
