@@ -220,6 +220,7 @@ def torch_images(tmp_path_factory) -> dict[str, Image]:
 
 
 @pytest.mark.slow
+@pytest.mark.image_replay
 def test_initializer_image_installs_without_torch_and_initializes(initializer_image, tmp_path,
                                                                   tiny_model_dir, capsys):
     image, env_dir = initializer_image, initializer_image.venv
@@ -257,6 +258,7 @@ def _help_of_every_subcommand(image: Image, tmp: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.image_replay
 def test_initializer_image_answers_on_every_cli_path(initializer_image, tmp_path):
     """`docker run <image>` and `--help` of every subcommand work with the core dependencies
     alone; a command whose stack the image lacks is one line naming the image to use."""
@@ -276,6 +278,7 @@ def test_initializer_image_answers_on_every_cli_path(initializer_image, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.image_replay
 def test_exporter_and_trainer_images_install(torch_images):
     """Pinned versions of the torch stack, and our `tune` installed and answering in the
     trainer and all-in-one images."""
@@ -296,6 +299,7 @@ def test_exporter_and_trainer_images_install(torch_images):
 
 
 @pytest.mark.slow
+@pytest.mark.image_replay
 @pytest.mark.parametrize("name", TORCH_IMAGES)
 def test_torch_images_answer_on_every_cli_path(torch_images, name, tmp_path):
     """Each image's default command (but the all-in-one's, which is the whole demo) and
