@@ -13,6 +13,7 @@ import os
 from typing import Mapping
 
 from kubetune import env
+from kubetune.env_numbers import env_float
 
 DEFAULT_COMPILE_BACKEND = "inductor"  # torchtune's, when TORCH_COMPILE_BACKEND is unset
 
@@ -93,7 +94,4 @@ def test_kill_token_cache_at() -> str | None:
 
 def test_step_pause() -> float:
     """Tests only: seconds to pause after each optimizer step (0: none)."""
-    try:
-        return max(0.0, float(_environ(None).get(env.TEST_STEP_PAUSE) or 0))
-    except ValueError:
-        return 0.0
+    return env_float(env.TEST_STEP_PAUSE, 0.0, minimum=0.0, environ=_environ(None))
