@@ -1,7 +1,8 @@
 """What runs inside the recipe process(es) around torchtune's unmodified recipe:
 ``bootstrap`` (what the launcher starts instead of the recipe script), ``cpu_adapt`` (gloo
-and no CUDA calls on CPU), ``step_guard`` (stop on SIGTERM with a resumable save, exact
-resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step, no row to
+and no CUDA calls on CPU), ``document_attention`` (a packed batch on CPU attends per
+document, not over its whole pack), ``step_guard`` (stop on SIGTERM with a resumable
+save, exact resume; a non-finite loss stops the run), ``run_sanity`` (no optimizer step, no row to
 train on or non-finite weights: nothing is saved, one line, exit 65), ``fallbacks``
 (torch.compile that fails -> eager; out of memory at the first step -> a smaller
 micro-batch, same effective batch), ``failure_report`` (a refused run, no fallback left or

@@ -10,6 +10,9 @@ state with ``{k: v.cpu() ...}`` and fold each adapter into that copy in place. O
 ``.cpu()`` returns the very tensor, so every epoch's save folds the adapter into the live
 base weights, and training after the first epoch runs on a corrupted base (the exported
 adapter then no longer reproduces the merged model). The merge is made to work on a copy.
+
+And one that costs memory and time: without flex attention torchtune attends over a whole
+pack through a dense mask; ``document_attention`` attends per document instead.
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ def apply() -> list[str]:
 
     peft.get_merged_lora_ckpt = merge_on_a_copy(peft.get_merged_lora_ckpt)
     adapted.append("LoRA merges for checkpoints work on a copy of the base weights")
+
+    from kubetune.trainer.recipe_process import document_attention
+
+    if document_attention.install():
+        adapted.append("packed batches attend per document, not over the whole pack")
     return adapted
 
 
