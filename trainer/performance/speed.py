@@ -36,13 +36,14 @@ CHARS_PER_TOKEN = 4.0
 SHORT_FACTOR = 4
 # ...and the data fills at least this many optimizer steps' worth of packs.
 MIN_PACKED_STEPS = 20
-# Why not on CPU: torchtune 0.6.1 keeps a pack's documents apart with flex attention's
-# block mask only on CUDA; elsewhere it builds a dense max_seq_len x max_seq_len mask, so
-# every pack pays attention over all its positions. Measured on CPU (alpaca-like rows,
-# batch 4, trained tokens per CPU second): 0.50x of unpacked on the tiny Llama-3, 0.74x
-# at dim 512, and the dense attention's activations raise the peak memory too.
-_DENSE_PACKS = ("without flex attention (CUDA only) each pack attends over all its "
-                "positions, slower per trained token than padded batches")
+# Why not on CPU: torchtune 0.6.1 keeps a pack's documents apart with flex attention only
+# on CUDA; elsewhere its dense mask made every pack attend over all its positions (0.50x
+# the tokens per CPU second of unpacked batches on the tiny Llama-3, 0.74x at dim 512).
+# Since packed batches attend per document on CPU (recipe_process.document_attention)
+# packs and padded batches train the same tokens per second there (bench/cpu_packing.py),
+# and a packed step still holds far more positions: no reason to pack by default.
+_CPU_PACKS = ("packs train no faster per token than padded batches there, and a step holds "
+              "batch_size x max_seq_len positions")
 
 
 def _user_set(user_keys: set[str], key: str) -> bool:
@@ -109,7 +110,7 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
                              "(dataset.packed=False to turn off)")
             else:
                 notes.append(f"speed: not packing {rows} samples (~{tokens_per_sample:.0f} "
-                             f"tokens each) on {device}: {_DENSE_PACKS} "
+                             f"tokens each) on {device}: {_CPU_PACKS} "
                              "(dataset.packed=True to force)")
     if isinstance(dataset, DictConfig) and dataset.get("packed") \
             and cfg.tokenizer.get("max_seq_len") is None:
