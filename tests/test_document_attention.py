@@ -166,3 +166,15 @@ def test_a_mask_changed_in_place_is_read_again():
                          dim=2)
     torch.testing.assert_close(two_documents, expected)
     assert not torch.allclose(one_document, two_documents)
+
+
+def test_a_steps_mask_is_read_once_for_every_layer(per_document_models, monkeypatch):
+    _, per_document = per_document_models
+    reads = []
+    read = document_attention.document_spans
+    monkeypatch.setattr(document_attention, "document_spans",
+                        lambda mask: reads.append(mask) or read(mask))
+    batch = packed_batch(SHAPES["realistic"](random.Random(0)))
+    forward_backward(per_document, batch)
+    forward_backward(per_document, packed_batch(SHAPES["short"](random.Random(0))))
+    assert len(per_document.layers) == 2 and len(reads) == 2

@@ -3,9 +3,9 @@
 Where flex attention is unavailable (always on CPU) torchtune gives a packed batch a dense
 block-causal mask (batch x seq x seq) and hands it to SDPA with every pack whole. SDPA
 then scores every pair of positions in the pack, converts the mask to a float copy and
-keeps both for the backward: at 4 x 2048 tokens that is 90-130 MB more than the same
-positions with no mask and about twice the attention time, growing with the pack's length
-squared whatever the documents' lengths.
+keeps both for the backward: at 4 x 2048 positions that was 130-300 MB more at the first
+step and 1.2-1.8x the step time on the models of bench/cpu_packing.py, growing with the
+pack's length squared whatever the documents' lengths.
 
 The same mask says exactly which positions may attend to which: position ``i`` starts a
 new document where it may not see ``i - 1``. Once a mask is known to be block-causal,
@@ -92,20 +92,18 @@ def groups(documents: list[tuple[int, int]], least: int = GROUP_TOKENS,
     return joined
 
 
-def per_document(attention_call: Callable) -> Callable:
+def per_document(attention_call: Callable, last: _LastMask | None = None) -> Callable:
     """Wrap one of torchtune's attention calls (``q, k, v, mask, dropout_p, is_causal``;
-    q, k and v as batch x heads x seq x head_dim)."""
-    last = _LastMask()
+    q, k and v as batch x heads x seq x head_dim). ``last``: the mask cache, shared by
+    every layer's call."""
+    last = last or _LastMask()
 
-    @functools.wraps(attention_call)
-    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, dropout_p: float,
-             is_causal: bool) -> torch.Tensor:
-        spans = None
-        if (isinstance(mask, torch.Tensor) and q.device.type == "cpu"
-                and q.shape[2] == k.shape[2] == mask.shape[-1]):
-            spans = last.spans_of(mask)
+    @torch.compiler.disable  # Python over the spans: a graph break, never a recompile each batch
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               dropout_p: float) -> torch.Tensor | None:
+        spans = last.spans_of(mask)
         if spans is None:
-            return attention_call(q, k, v, mask, dropout_p, is_causal)
+            return None
         sequences = []
         for index, documents in enumerate(spans):
             parts = []
@@ -119,6 +117,16 @@ def per_document(attention_call: Callable) -> Callable:
             sequences.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
         return torch.cat(sequences, dim=0) if len(sequences) > 1 else sequences[0]
 
+    @functools.wraps(attention_call)
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, dropout_p: float,
+             is_causal: bool) -> torch.Tensor:
+        if (isinstance(mask, torch.Tensor) and q.device.type == "cpu"
+                and q.shape[2] == k.shape[2] == mask.shape[-1]):
+            output = attend(q, k, v, mask, dropout_p)
+            if output is not None:
+                return output
+        return attention_call(q, k, v, mask, dropout_p, is_causal)
+
     return call
 
 
@@ -131,9 +139,11 @@ def install() -> bool:
     if choose is None or getattr(choose, "_kubetune_per_document", False):
         return choose is not None
 
+    last = _LastMask()  # every layer gets a step's same mask: read it once a step
+
     @functools.wraps(choose)
     def choose_per_document() -> Callable:
-        return per_document(choose())
+        return per_document(choose(), last)
 
     choose_per_document._kubetune_per_document = True
     attention._sdpa_or_flex_attention = choose_per_document
