@@ -1,16 +1,14 @@
 """What the launcher runs instead of a recipe script: ``python -m kubetune.trainer.recipe_process.bootstrap
 <recipe.py> --config <merged.yaml>`` (directly, or as torchrun's worker).
 
-It loads torchtune's own recipe file as a module, adapts the library around it (gloo on
-CPU; step-level stop/save/resume via ``step_guard``; compile and out-of-memory fallbacks
-via ``fallbacks``; the dataset tokenized once into the token cache via ``tokenized_data``;
-no NaN from a micro-batch with nothing to train on via ``empty_batches``) and then calls
-the recipe's own ``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
+It loads torchtune's own recipe file as a module, adapts the library around it (gloo and
+per-document packed attention on CPU via ``cpu_adapt``), wraps the recipe class's
+methods (``recipe_hooks``: the data, setup and saves; ``fallbacks``: compile and
+out-of-memory) and then calls the recipe's own ``recipe_main``. No recipe code is copied: the recipe class is wrapped, not rewritten.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import inspect
 import logging
@@ -23,12 +21,10 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import logs
-from kubetune.trainer.data.token_cache.settings import CacheSettings
-from kubetune.trainer.recipe_process import (cpu_adapt, empty_batches, failure_report,
-                                             fallbacks, recipe_noise, run_sanity,
-                                             sample_capture, tokenized_data, warmup_cap)
+from kubetune.trainer.recipe_process import (cpu_adapt, failure_report, fallbacks,
+                                             recipe_hooks, recipe_noise, run_sanity,
+                                             tokenized_data)
 from kubetune.trainer.request import passed_env
-from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
 
 log = logging.getLogger("trainer")
@@ -49,96 +45,6 @@ def recipe_class(module: ModuleType) -> type:
                 and all(hasattr(value, m) for m in ("setup", "train", "cleanup"))):
             return value
     raise RuntimeError(f"{module.__file__} defines no recipe class (setup/train/cleanup)")
-
-
-def defines_save(cls: type) -> bool:
-    """Whether the recipe saves through its own method (LoRA, full single-device), not
-    through torchtune's CheckpointClient (full distributed; the interface's stub)."""
-    return any("save_checkpoint" in vars(k) for k in cls.__mro__
-               if k.__module__ == cls.__module__)
-
-
-def install(cls: type, guard: Guard, data: CacheSettings | None = None,
-            cap_warmup: bool = False, fingerprint: str = "") -> None:
-    if data is not None and hasattr(cls, "_setup_data"):
-        cls._setup_data = tokenized_data.wrap_setup_data(cls._setup_data, data)
-    empty_batches.install(cls)
-    if cap_warmup and hasattr(cls, "_setup_lr_scheduler"):
-        # Its step count comes from the data loader, so from the rows the cache kept.
-        cls._setup_lr_scheduler = warmup_cap.wrap_setup_lr_scheduler(cls._setup_lr_scheduler)
-    if hasattr(cls, "_setup_data"):
-        # Outside the cache: its recorder sees the rows the cache tokenizes in this process,
-        # and draws the first ones again from the rows the cache was made from
-        # (``tokenized_from``) where the tokenizing happened in workers or a mapped entry
-        # replaced it.
-        cls._setup_data = sample_capture.wrap_setup_data(cls._setup_data, guard.output_dir,
-                                                         fingerprint)
-    original_setup = cls.setup
-
-    @functools.wraps(original_setup)
-    def setup(self, *args, **kwargs):
-        result = original_setup(self, *args, **kwargs)
-        guard.after_setup(self)
-        train_progress.hand_plan_to_logger(self)
-        cfg = kwargs.get("cfg", args[0] if args else None)  # recipe_main: setup(cfg=cfg)
-        if cfg is not None:
-            train_progress.warn_about_warmup(self, cfg)
-        return result
-
-    cls.setup = setup
-
-    if defines_save(cls):
-        original_save = cls.save_checkpoint
-
-        @functools.wraps(original_save)
-        def save_checkpoint(self, epoch: int, *args, **kwargs):
-            # Nothing trained, or garbage trained, is never saved (as a result or to resume).
-            run_sanity.check_before_save(self, getattr(self, "_model", None))
-            checkpointer = getattr(self, "_checkpointer", None)
-            original_dir = guard.before_save(checkpointer)
-            result = original_save(self, epoch, *args, **kwargs)
-            resumable = epoch + 1 < self.total_epochs
-            guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch, resumable)
-            _report_progress(guard, resumable)
-            return result
-
-        cls.save_checkpoint = save_checkpoint
-    else:
-        from torchtune.training.checkpointing._checkpoint_client import CheckpointClient
-
-        original_client_save = CheckpointClient.save_checkpoint
-        current: dict = {}
-
-        @functools.wraps(original_client_save)
-        def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
-            run_sanity.check_before_save(current.get("recipe"), model)
-            checkpointer = self._get_checkpointer()
-            original_dir = guard.before_save(checkpointer)
-            result = original_client_save(self, model, optimizer, training_progress, epoch,
-                                          *args, **kwargs)
-            resumable = epoch + 1 < training_progress.total_epochs
-            guard.after_save(current.get("recipe"), checkpointer, original_dir,
-                             training_progress.epochs_run, epoch, resumable)
-            _report_progress(guard, resumable)
-            return result
-
-        CheckpointClient.save_checkpoint = client_save
-        inner_setup = cls.setup
-
-        def remember(self, *args, **kwargs):
-            current["recipe"] = self
-            return inner_setup(self, *args, **kwargs)
-
-        cls.setup = remember
-
-
-def _report_progress(guard: Guard, resumable: bool) -> None:
-    """The run report so far, after a checkpoint a restart may resume from. Not after the
-    final one: the launcher writes the finished run's report moments later, and drawing
-    the curves twice cost ~1.8 CPU s at the end of every run (matplotlib's import and one
-    figure)."""
-    if resumable:
-        run_report.on_checkpoint(guard.output_dir, guard.rank)
 
 
 def quiet_progress_bars() -> None:
@@ -187,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         quiet_progress_bars()
     module = load_recipe_module(recipe_path)
     cls = recipe_class(module)
-    install(cls, guard, tokenized_data.cache_settings(cfg, settings),
-            bool(settings.get("cap_warmup")), str(settings.get("fingerprint") or ""))
+    recipe_hooks.install(cls, guard, tokenized_data.cache_settings(cfg, settings),
+                         bool(settings.get("cap_warmup")),
+                         str(settings.get("fingerprint") or ""))
     fallbacks.install(cls, guard, compile_on=bool(cfg.get("compile")),
                       compile_ours=bool(settings.get("compile_default")))
 

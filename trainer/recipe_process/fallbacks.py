@@ -89,7 +89,7 @@ class Fallbacks:
 
 def install(cls: type, guard: Guard, compile_on: bool, compile_ours: bool) -> Fallbacks:
     """Wrap torchtune's compile helpers and the recipe's setup and train (after
-    ``bootstrap.install``, so the step guard's loader is in place when ours runs)."""
+    ``recipe_hooks.install``, so the step guard's loader is in place when ours runs)."""
     state = Fallbacks(compile_on, compile_ours, guard.rank)
     _register_failing_backend_for_tests()
     _wrap_compile_helpers(state)
