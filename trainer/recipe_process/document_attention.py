@@ -34,19 +34,21 @@ ALONE_TOKENS = 64
 
 
 class _LastMask:
-    """The spans of the mask seen last: every layer of a step gets the same mask object,
-    so it is checked once a step, not once a layer."""
+    """The attention calls of the mask seen last, per sequence (``groups`` of its
+    ``document_spans``; None: not block-causal): every layer of a step gets the same mask
+    object, so it is read once a step, not once a layer."""
 
     def __init__(self) -> None:
         self.ref: Callable[[], torch.Tensor | None] = lambda: None
         self.version = -1
-        self.spans: Spans | None = None
+        self.calls: list[list[tuple[int, int, bool]]] | None = None
 
-    def spans_of(self, mask: torch.Tensor) -> Spans | None:
+    def calls_of(self, mask: torch.Tensor) -> list[list[tuple[int, int, bool]]] | None:
         if self.ref() is not mask or self.version != mask._version:
-            self.spans = document_spans(mask)
+            spans = document_spans(mask)
+            self.calls = None if spans is None else [groups(documents) for documents in spans]
             self.ref, self.version = weakref.ref(mask), mask._version
-        return self.spans
+        return self.calls
 
 
 def document_spans(mask: torch.Tensor) -> Spans | None:
@@ -101,13 +103,13 @@ def per_document(attention_call: Callable, last: _LastMask | None = None) -> Cal
     @torch.compiler.disable  # Python over the spans: a graph break, never a recompile each batch
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                dropout_p: float) -> torch.Tensor | None:
-        spans = last.spans_of(mask)
-        if spans is None:
+        calls = last.calls_of(mask)
+        if calls is None:
             return None
         sequences = []
-        for index, documents in enumerate(spans):
+        for index, sequence_calls in enumerate(calls):
             parts = []
-            for start, end, several in groups(documents):
+            for start, end, several in sequence_calls:
                 # A group of several short documents keeps their block of the mask.
                 parts.append(F.scaled_dot_product_attention(
                     q[index:index + 1, :, start:end], k[index:index + 1, :, start:end],
