@@ -1,7 +1,9 @@
 """Packed batches on CPU: what attending per document buys, and whether packing pays there.
 
-Three ways to train the same documents (lengths drawn like alpaca-like rows, 100-500
-tokens), each in a fresh process so memory high-water marks do not mix:
+Three ways to train the same documents (alpaca-like rows' token lengths, as
+``bench/packed_attention.py`` draws them, packed as torchtune's PackedDataset packs them:
+``packed_attention.pack_lengths``), each in a fresh process so memory high-water marks
+do not mix:
 
   padded      batches of ``--batch`` rows padded to the batch's longest (no packing: what
               the trainer does on CPU by default);
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import resource
 import subprocess
 import sys
@@ -35,26 +36,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from packed_attention import document_lengths, pack_lengths  # noqa: E402
 
 VOCAB = 2000
 WAYS = ("padded", "whole-pack", "per-doc")
-
-
-def document_lengths(count: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randint(100, 500) for _ in range(count)]
-
-
-def packed_lengths(lengths: list[int], seq: int) -> list[list[int]]:
-    """Documents in order into packs of ``seq`` positions, the rest of each pack padding
-    (one more document, as torchtune's PackedDataset pads)."""
-    packs, current = [], []
-    for length in lengths:
-        if sum(current) + length > seq:
-            packs.append([*current, seq - sum(current)])
-            current = []
-        current.append(length)
-    return packs
 
 
 def peak_rss_mb() -> float:
@@ -79,15 +66,17 @@ def run_one(way: str, args: argparse.Namespace) -> dict:
                         embed_dim=args.dim, max_seq_len=args.seq,
                         intermediate_dim=args.dim * 3, lora_rank=8, lora_alpha=16)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-    lengths = document_lengths(args.batch * (args.steps + 1) * args.seq // 100)
+    packed = pack_lengths(document_lengths("realistic", args.batch * (args.steps + 1) *
+                                           args.seq // 100, args.seq, seed=0),
+                          args.seq, args.batch * (args.steps + 1))
     generator = torch.Generator().manual_seed(0)
 
     def tokens(n: int) -> torch.Tensor:
         return torch.randint(0, VOCAB, (n,), generator=generator)
 
     batches, trained = [], []
-    if way == "padded":
-        rows = iter(lengths)
+    if way == "padded":  # the packs' documents, in the same order, a batch at a time
+        rows = iter([n for documents, _ in packed for n in documents])
         for _ in range(args.steps + 1):
             drawn = [next(rows) for _ in range(args.batch)]
             batches.append(padded_collate_sft([{"tokens": tokens(n).tolist(),
@@ -95,14 +84,17 @@ def run_one(way: str, args: argparse.Namespace) -> dict:
                                                for n in drawn]))
             trained.append(sum(drawn))
     else:
-        packs = iter(packed_lengths(lengths, args.seq))
-        for _ in range(args.steps + 1):
-            drawn = [next(packs) for _ in range(args.batch)]
-            batches.append(padded_collate_packed([{
-                "tokens": tokens(args.seq), "labels": tokens(args.seq),
-                "input_pos": torch.tensor([p for n in pack for p in range(n)]),
-                "seq_lens": torch.tensor(pack)} for pack in drawn]))
-            trained.append(sum(sum(pack[:-1]) for pack in drawn))
+        for step in range(args.steps + 1):
+            drawn = packed[step * args.batch:(step + 1) * args.batch]
+            batch = []
+            for documents, pad in drawn:
+                seq_lens = documents + ([pad] if pad else [])
+                batch.append({"tokens": tokens(args.seq), "labels": tokens(args.seq),
+                              "input_pos": torch.tensor([p for n in seq_lens
+                                                         for p in range(n)]),
+                              "seq_lens": torch.tensor(seq_lens)})
+            batches.append(padded_collate_packed(batch))
+            trained.append(sum(sum(documents) for documents, _ in drawn))
 
     before = peak_rss_mb()
     seconds = []

@@ -64,27 +64,37 @@ def document_lengths(packing: str, count: int, seq_len: int, seed: int) -> list[
             for r in alpaca_like_rows(count, seed=seed)]
 
 
-def packs(packing: str, batches: int, batch: int, seq_len: int, vocab: int,
-          seed: int = 0) -> list[list[dict]]:
-    """Packs as torchtune's PackedDataset makes them (split_across_pack=False): documents
-    in order until the next does not fit, the rest padding counted as one more sequence."""
-    wanted = batches * batch
-    lengths = iter(document_lengths(packing, wanted * seq_len // 8 + 16, seq_len, seed))
-    generator = torch.Generator().manual_seed(seed)
-    out, current, pending = [], [], next(lengths)
+def pack_lengths(lengths: list[int], seq_len: int,
+                 wanted: int) -> list[tuple[list[int], int]]:
+    """``wanted`` packs as torchtune's PackedDataset makes them (split_across_pack=False):
+    each pack's documents, in order until the next does not fit, and its padding (which
+    the pack counts as one more sequence)."""
+    lengths_left = iter(lengths)
+    out, current, pending = [], [], next(lengths_left)
     while len(out) < wanted:
         if sum(current) + pending <= seq_len:
             current.append(pending)
-            pending = next(lengths)
+            pending = next(lengths_left)
             continue
-        pad = seq_len - sum(current)
-        seq_lens = current + ([pad] if pad else [])
+        out.append((current, seq_len - sum(current)))
+        current = []
+    return out
+
+
+def packs(packing: str, batches: int, batch: int, seq_len: int, vocab: int,
+          seed: int = 0) -> list[list[dict]]:
+    """``batches`` batches of ``batch`` packs (``pack_lengths``) with random tokens."""
+    wanted = batches * batch
+    lengths = document_lengths(packing, wanted * seq_len // 8 + 16, seq_len, seed)
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for documents, pad in pack_lengths(lengths, seq_len, wanted):
+        seq_lens = documents + ([pad] if pad else [])
         positions = torch.cat([torch.arange(n) for n in seq_lens])
         out.append({"tokens": torch.randint(0, vocab, (seq_len,), generator=generator),
                     "labels": torch.randint(0, vocab, (seq_len,), generator=generator),
                     "input_pos": positions,
                     "seq_lens": torch.tensor(seq_lens)})
-        current = []
     return [out[i * batch:(i + 1) * batch] for i in range(batches)]
 
 
