@@ -40,9 +40,10 @@ MIN_PACKED_STEPS = 20
 # on CUDA; elsewhere its dense mask made every pack attend over all its positions (0.50x
 # the tokens per CPU second of unpacked batches on the tiny Llama-3, 0.74x at dim 512).
 # Since packed batches attend per document on CPU (recipe_process.document_attention)
-# packs and padded batches train the same tokens per second there (bench/cpu_packing.py),
-# and a packed step still holds far more positions: no reason to pack by default.
-_CPU_PACKS = ("packs train no faster per token than padded batches there, and a step holds "
+# packs train 0.94-1.29x padded batches' tokens per second there, depending on how widely
+# the rows' lengths spread (bench/cpu_packing.py), and a packed step holds far more
+# positions: not packed by default (yet), the user told how.
+_CPU_PACKS = ("packs pay there only where row lengths spread widely, and a step holds "
               "batch_size x max_seq_len positions")
 
 
