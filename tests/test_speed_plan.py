@@ -289,6 +289,25 @@ def test_cpu_plan_is_as_before():
     assert cfg.enable_activation_checkpointing is True
 
 
+
+@pytest.mark.parametrize("packed,in_backward,device,sizes", [
+    (True, False, "cpu", (1, 32)),    # the user's 4 x 8: 32 micro-batches of one pack
+    (False, False, "cpu", (4, 8)),    # padded rows: as the user said
+    (True, True, "cpu", (4, 8)),      # optimizer_in_bwd cannot accumulate
+    (True, False, "cuda", (4, 8)),    # CUDA: the memory plan's (absent here), not this rule
+], ids=["cpu-packed", "cpu-unpacked", "cpu-optimizer-in-backward", "cuda-packed"])
+def test_a_packed_batch_on_cpu_runs_one_pack_per_forward(packed, in_backward, device, sizes):
+    cfg = cuda_cfg(dataset={"packed": packed}, optimizer_in_bwd=in_backward,
+                   tokenizer={"max_seq_len": 2048})
+    notes = speed.apply(cfg, {"batch_size", "gradient_accumulation_steps", "dataset.packed"},
+                        device, 1, mean_chars=None, rows=None, max_seq_len=2048)
+    assert (cfg.batch_size, cfg.gradient_accumulation_steps) == sizes
+    split = [n for n in notes if n.startswith("speed: one pack per forward")]
+    assert split == ([f"speed: one pack per forward on cpu: batch_size=4 "
+                      f"gradient_accumulation_steps=8 runs as 1 x 32, the same packs in each "
+                      f"optimizer step (faster per pack on CPU, and a step holds one pack's "
+                      f"activations, not 4)"] if sizes == (1, 32) else [])
+
 # --- MFU's FLOPs and the steady state in summary.json ---------------------------------------
 
 def test_flops_per_token_by_method_on_llama_1b():

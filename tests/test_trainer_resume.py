@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 
 from kubetune.tools.demo import write_tiny_dataset
 from kubetune.errors import EXIT_KILLED, EXIT_TRANSIENT
-from tests.support.trainer import Pvc, make_pvc, start_tune_run, tune_run
+from tests.support.trainer import (Pvc, make_pvc, plain_torchtune_run, start_tune_run,
+                                   tune_run)
 
 pytestmark = pytest.mark.slow
 
@@ -179,6 +180,36 @@ def test_packed_lora_resumes_exactly_from_the_token_cache(tmp_path, tiny_model_d
     assert "token cache: 24 rows mapped from" in result.stderr
     assert "token cache: tokenized" not in result.stderr
     assert_same_training(pvc, reference, "epoch_1", adapter=True)
+
+
+def test_a_packed_cpu_batch_runs_pack_by_pack_to_torchtunes_weights(
+        tmp_path, tiny_model_dir, small_dataset_dir):
+    """On CPU a packed batch of 2 runs as 2 micro-batches of one pack (speed plan): every
+    step's loss, and the final weights, are plain torchtune's with the whole batch in one
+    forward (its dense block-causal mask), on the same packs."""
+    args = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device"]
+    settings = ["epochs=1", "dataset.packed=True", "tokenizer.max_seq_len=96", "batch_size=2"]
+    ours = make_pvc(tmp_path / "ours", tiny_model_dir, small_dataset_dir)
+    result = tune_run(ours, *args, *train_args(ours, *settings), env=deterministic_env(ours))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "one pack per forward on cpu: batch_size=2 gradient_accumulation_steps=1 runs " \
+        "as 1 x 2" in result.stderr
+    saved = (ours.output / "kubetune-config.yaml").read_text()
+    assert re.search(r"^batch_size: 1$", saved, re.M) \
+        and re.search(r"^gradient_accumulation_steps: 2$", saved, re.M)
+
+    theirs = make_pvc(tmp_path / "theirs", tiny_model_dir, small_dataset_dir)
+    plain = plain_torchtune_run(theirs, *args[:1], args[2], *train_args(theirs, *settings),
+                                env=deterministic_env(theirs))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    their_losses = [float(v) for v in re.findall(
+        r"\bloss:([0-9.]+)", "".join(p.read_text() for p in (theirs.output / "logs").glob("*.txt")))]
+    our_losses = [m["loss"] for m in trained_steps(ours)]
+    assert len(our_losses) == 6 and our_losses == pytest.approx(their_losses, abs=1e-5)
+    mine, upstream = final_weights(ours, "epoch_0", True), final_weights(theirs, "epoch_0", True)
+    assert mine.keys() == upstream.keys() and mine
+    for name, tensor in upstream.items():
+        assert torch.allclose(mine[name], tensor, rtol=0, atol=1e-5), name
 
 
 @pytest.mark.parametrize("recipe,config,processes,extra", [

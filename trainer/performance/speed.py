@@ -12,6 +12,8 @@ each one is a note (logged, and shown by ``--kubetune-dry-run``) naming its off 
   dwarfs a short run. summary.json reports the compile/warm-up time apart.
 - on CUDA, the micro-batch and activation checkpointing that fit the GPU
   (``kubetune.trainer.performance.memory_plan``), keeping the effective batch through gradient accumulation.
+- on CPU, a packed batch runs one pack per forward and backward, its packs' gradients
+  accumulated into the same optimizer step (the effective batch kept, whoever set it).
 
 Neither compile nor the memory plan's micro-batch can fail a run: inside the recipe
 process ``kubetune.trainer.recipe_process.fallbacks`` falls back to eager, or splits a
@@ -39,12 +41,13 @@ MIN_PACKED_STEPS = 20
 # Why not on CPU: torchtune 0.6.1 keeps a pack's documents apart with flex attention only
 # on CUDA; elsewhere its dense mask made every pack attend over all its positions (0.50x
 # the tokens per CPU second of unpacked batches on the tiny Llama-3, 0.74x at dim 512).
-# Since packed batches attend per document on CPU (recipe_process.document_attention)
-# packs train 0.94-1.29x padded batches' tokens per second there, depending on how widely
-# the rows' lengths spread (bench/cpu_packing.py), and a packed step holds far more
-# positions: not packed by default (yet), the user told how.
-_CPU_PACKS = ("packs pay there only where row lengths spread widely, and a step holds "
-              "batch_size x max_seq_len positions")
+# Packed batches now attend per document on CPU (recipe_process.document_attention) and
+# run one pack per forward (_one_pack_per_forward): on alpaca-like lengths that trains
+# 1.38-1.61x padded batches' tokens per second (bench/cpu_packing.py), but how much
+# packing pays depends on how widely the rows' lengths spread (per-document packs of
+# lengths drawn uniformly from 100-500 tokens, a whole batch per forward, measured
+# 0.94x): not packed by default (yet), the user told how.
+_CPU_PACKS = "packs pay there only where row lengths spread widely"
 
 
 def _user_set(user_keys: set[str], key: str) -> bool:
@@ -117,10 +120,35 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
             and cfg.tokenizer.get("max_seq_len") is None:
         cfg.tokenizer.max_seq_len = max_seq_len  # packing needs a pack length
 
+    if device == "cpu" and isinstance(dataset, DictConfig) and dataset.get("packed"):
+        notes += _one_pack_per_forward(cfg)
     if device.startswith("cuda") and dims and gpu_memory_bytes:
         notes += _fit_memory(cfg, user_keys, world_size, max_seq_len, method, dims,
                              gpu_memory_bytes, nodes, checkpoint_bytes)
     return notes
+
+
+def _one_pack_per_forward(cfg: DictConfig) -> list[str]:
+    """On CPU, ``batch_size`` packs become that many micro-batches of one pack. Packs are
+    ``max_seq_len`` positions each, so a micro-batch of one is already a large matrix:
+    bench/cpu_packing.py measured one pack per forward at 1.15-1.30x the tokens per second
+    of the whole batch in one forward (the smaller working set stays in the CPU's caches),
+    and a step then holds one pack's activations, not ``batch_size`` packs' (a packed
+    run's peak memory stays near an unpacked one's: bench/data_scale.py). torchtune sums
+    token losses over an accumulation and divides by their count, so each optimizer step
+    trains the same packs to the same gradients, up to float rounding. Applied even where
+    the user set both sizes (unlike the CUDA memory plan): it changes how a step runs,
+    not what it trains. Not with ``optimizer_in_bwd``, which cannot accumulate."""
+    batch = int(cfg.get("batch_size") or 1)
+    if batch <= 1 or cfg.get("optimizer_in_bwd"):
+        return []
+    accumulation = int(cfg.get("gradient_accumulation_steps") or 1)
+    cfg.batch_size = 1
+    cfg.gradient_accumulation_steps = batch * accumulation
+    return [f"speed: one pack per forward on cpu: batch_size={batch} "
+            f"gradient_accumulation_steps={accumulation} runs as 1 x {batch * accumulation}, "
+            f"the same packs in each optimizer step (faster per pack on CPU, and a step "
+            f"holds one pack's activations, not {batch})"]
 
 
 def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,

@@ -60,7 +60,7 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
         @functools.wraps(original_save)
         def save_checkpoint(self, epoch: int, *args, **kwargs):
             # Nothing trained, or garbage trained, is never saved (as a result or to resume).
-            run_sanity.check_before_save(self, getattr(self, "_model", None))
+            run_sanity.check_before_save(self, getattr(self, "_model", None), guard.asked_sizes)
             checkpointer = getattr(self, "_checkpointer", None)
             original_dir = guard.before_save(checkpointer)
             result = original_save(self, epoch, *args, **kwargs)
@@ -78,7 +78,7 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
 
         @functools.wraps(original_client_save)
         def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
-            run_sanity.check_before_save(current.get("recipe"), model)
+            run_sanity.check_before_save(current.get("recipe"), model, guard.asked_sizes)
             checkpointer = self._get_checkpointer()
             original_dir = guard.before_save(checkpointer)
             result = original_client_save(self, model, optimizer, training_progress, epoch,

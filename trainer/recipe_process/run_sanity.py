@@ -126,18 +126,20 @@ def _finite_weights(model: Any) -> bool:
     return finite
 
 
-def check_before_save(recipe: Any, model: Any) -> None:
-    """Refuse to save a run that made no optimizer step, or whose weights are not finite."""
+def check_before_save(recipe: Any, model: Any, asked_sizes: list[int] | None = None) -> None:
+    """Refuse to save a run that made no optimizer step, or whose weights are not finite.
+    ``asked_sizes``: (batch_size, gradient_accumulation_steps) as the user's config gave
+    them, where the plan runs them as others (``kubetune.asked_sizes``)."""
     if recipe is None:
         return
     if int(getattr(recipe, "global_step", 0) or 0) == 0:
-        raise NoStepError(_no_step(recipe))
+        raise NoStepError(_no_step(recipe, asked_sizes))
     if model is not None and not _finite_weights(model):
         raise NonFiniteError(_diverged(
             f"the weights are not finite after step {recipe.global_step}", recipe))
 
 
-def _no_step(recipe: Any) -> str:
+def _no_step(recipe: Any, asked_sizes: list[int] | None) -> str:
     loader = getattr(recipe, "_dataloader", None)
     dataset = getattr(loader, "dataset", None)
     try:
@@ -146,6 +148,9 @@ def _no_step(recipe: Any) -> str:
         samples = -1
     batch_size = int(getattr(loader, "batch_size", None) or 1)
     accumulation = int(getattr(recipe, "_gradient_accumulation_steps", 1) or 1)
+    if asked_sizes and asked_sizes[0] * asked_sizes[1] == batch_size * accumulation:
+        # The same samples per step, in the sizes the user set (and would change).
+        batch_size, accumulation = asked_sizes
     world_size = _world_size()
     what = "pack(s)" if getattr(dataset, "packs", None) is not None else "sample(s)"
     if samples < 0:

@@ -62,6 +62,7 @@ class Guard:
         self.stop_file = passed_env.stop_file()
         self.save_every = int(settings.get("save_every_n_steps") or 0)
         self.fingerprint = str(settings.get("fingerprint") or "")
+        self.asked_sizes = settings.get("asked_sizes")  # for run_sanity's no-step line
         self.resume_offset = int(settings.get("resume_steps_in_epoch") or 0)
         resume_step = settings.get("resume_global_step")
         self.resume_global_step = int(resume_step) if resume_step is not None else None
