@@ -1,6 +1,6 @@
 """Packed batches on CPU: what attending per document buys, and whether packing pays there.
 
-Three ways to train the same documents (alpaca-like rows' token lengths, as
+Four ways to train the same documents (alpaca-like rows' token lengths, as
 ``bench/packed_attention.py`` draws them, packed as torchtune's PackedDataset packs them:
 ``packed_attention.pack_lengths``), each in a fresh process so memory high-water marks
 do not mix:
@@ -11,7 +11,10 @@ do not mix:
               block-causal mask, every pack attending over all its positions (what
               torchtune does without flex attention);
   per-doc     the same packs with the trainer's per-document attention
-              (``kubetune.trainer.recipe_process.document_attention``).
+              (``kubetune.trainer.recipe_process.document_attention``);
+  per-pack    per-doc, one pack per forward and backward, the gradients accumulated over
+              the batch's packs before its one optimizer step (what the trainer runs on
+              CPU: ``kubetune.trainer.performance.speed``).
 
 For each: trained (non-padding) tokens per second over ``--steps`` optimizer steps after
 the first, and how much the first step raised the process's peak resident memory above
@@ -41,7 +44,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from packed_attention import document_lengths, pack_lengths  # noqa: E402
 
 VOCAB = 2000
-WAYS = ("padded", "whole-pack", "per-doc")
+WAYS = ("padded", "whole-pack", "per-doc", "per-pack")
 
 
 def peak_rss_mb() -> float:
@@ -55,7 +58,7 @@ def run_one(way: str, args: argparse.Namespace) -> dict:
     from torchtune.data import padded_collate_packed, padded_collate_sft
     from torchtune.models.llama3 import lora_llama3
 
-    if way == "per-doc":
+    if way in ("per-doc", "per-pack"):
         from kubetune.trainer.recipe_process import document_attention
 
         document_attention.install()
@@ -100,12 +103,21 @@ def run_one(way: str, args: argparse.Namespace) -> dict:
     seconds = []
     for batch in batches:
         started = time.perf_counter()
-        logits = model(batch["tokens"], mask=batch.get("mask"),
-                       input_pos=batch.get("input_pos"))
-        F.cross_entropy(logits.reshape(-1, VOCAB), batch["labels"].reshape(-1)).backward()
+        # The whole batch in one forward, or (per-pack) one pack at a time; either way the
+        # loss is the batch's mean over its labelled tokens, so the gradients are the same.
+        labelled = (batch["labels"] != -100).sum()
+        mask, positions = batch.get("mask"), batch.get("input_pos")
+        parts = [slice(i, i + 1) for i in range(len(batch["tokens"]))] \
+            if way == "per-pack" else [slice(None)]
+        for rows in parts:
+            logits = model(batch["tokens"][rows], mask=None if mask is None else mask[rows],
+                           input_pos=None if positions is None else positions[rows])
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch["labels"][rows].reshape(-1),
+                                   reduction="sum") / labelled
+            loss.backward()
+            del logits, loss
         optimizer.step()
         optimizer.zero_grad()
-        del logits
         seconds.append(time.perf_counter() - started)
         if len(seconds) == 1:
             first_step_mb = peak_rss_mb() - before
