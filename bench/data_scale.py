@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 
 from kubetune.tools.demo import TinyModelSpec, write_tiny_model  # noqa: E402
 from kubetune.tools.demo.alpaca_like import write_alpaca_like  # noqa: E402
-from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model  # noqa: E402
+from kubetune.tools.plain_torchtune import loading_overrides  # noqa: E402
 
 SHARDS = 4
 PACK_LEN = 2048
@@ -164,15 +164,10 @@ def common_args(model: Path, dataset: Path) -> list[str]:
 
 def plain_run(model: Path, dataset: Path, out: Path, env: dict, packed: bool = False) -> dict:
     """Upstream torchtune, given only what it needs to load this checkpoint."""
-    ckpt = read_checkpoint_model(model)
     pack = ["dataset.packed=True", f"tokenizer.max_seq_len={PACK_LEN}"] if packed \
         else ["dataset.packed=False"]
     args = [*common_args(model, dataset), *pack, f"output_dir={out}",
-            "device=cpu", f"model._component_={ckpt.architecture.component(lora=True)}",
-            *[f"model.{k}={v}" for k, v in ckpt.architecture.dims.items()],
-            f"checkpointer.checkpoint_files=[{','.join(ckpt.weight_files)}]",
-            f"checkpointer.model_type={ckpt.architecture.model_type}",
-            f"tokenizer.special_tokens_path={model / 'tokenizer.json'}",
+            "device=cpu", *loading_overrides(model),
             "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
             f"metric_logger.log_dir={out / 'logs'}", "log_peak_memory_stats=False",
             "optimizer.fused=False"]

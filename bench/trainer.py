@@ -65,7 +65,7 @@ sys.path.insert(0, str(REPO))
 
 from kubetune.tools.demo import TinyModelSpec, write_tiny_dataset, write_tiny_model  # noqa: E402
 from kubetune.tools.demo.alpaca_like import write_alpaca_like  # noqa: E402
-from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model  # noqa: E402
+from kubetune.tools.plain_torchtune import loading_overrides  # noqa: E402
 
 LLAMA_3_2_1B = TinyModelSpec(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                              num_attention_heads=32, num_key_value_heads=8,
@@ -191,7 +191,6 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
         threads: int | None = None) -> dict:
     for side in ("plain", "ours"):
         shutil.rmtree(workdir / side, ignore_errors=True)
-    ckpt = read_checkpoint_model(model)
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
     torchrun, recipe, config = SHAPES[shape]
     data_args = [f"dataset.data_dir={dataset / 'data'}", f"max_steps_per_epoch={steps}",
@@ -222,13 +221,8 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
     # Its distributed recipe opens NCCL groups: on CPU the single-device one stands in.
     plain_torchrun, plain_recipe, plain_config = SHAPES[shape if gpu else "single"]
     plain_out = workdir / "plain"
-    dims = {k: v for k, v in ckpt.architecture.dims.items()}
     plain_args = [*user_args, f"output_dir={plain_out}", f"device={device}",
-                  f"model._component_={ckpt.architecture.component(lora=True)}",
-                  *[f"model.{k}={v}" for k, v in dims.items()],
-                  f"checkpointer.checkpoint_files=[{','.join(ckpt.weight_files)}]",
-                  f"checkpointer.model_type={ckpt.architecture.model_type}",
-                  f"tokenizer.special_tokens_path={model / 'tokenizer.json'}",
+                  *loading_overrides(model),
                   "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
                   f"metric_logger.log_dir={plain_out / 'logs'}",
                   f"log_peak_memory_stats={gpu}", f"optimizer.fused={gpu}"]

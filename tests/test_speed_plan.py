@@ -289,7 +289,6 @@ def test_cpu_plan_is_as_before():
     assert cfg.enable_activation_checkpointing is True
 
 
-
 @pytest.mark.parametrize("packed,in_backward,device,sizes", [
     (True, False, "cpu", (1, 32)),    # the user's 4 x 8: 32 micro-batches of one pack
     (False, False, "cpu", (4, 8)),    # padded rows: as the user said
@@ -307,6 +306,7 @@ def test_a_packed_batch_on_cpu_runs_one_pack_per_forward(packed, in_backward, de
                       f"gradient_accumulation_steps=8 runs as 1 x 32, the same packs in each "
                       f"optimizer step (faster per pack on CPU, and a step holds one pack's "
                       f"activations, not 4)"] if sizes == (1, 32) else [])
+
 
 # --- MFU's FLOPs and the steady state in summary.json ---------------------------------------
 

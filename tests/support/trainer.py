@@ -77,15 +77,10 @@ def plain_torchtune_run(pvc: Pvc, recipe: str, config: str, *args: str,
     dir: ``args`` plus only what upstream needs to load this checkpoint on CPU (the
     architecture's builder and dims, the weight files, the special tokens), as a user
     would write them."""
-    from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model
+    from kubetune.tools.plain_torchtune import loading_overrides
 
-    ckpt = read_checkpoint_model(pvc.model)
-    loading = [f"model._component_={ckpt.architecture.component(lora='lora' in recipe)}",
-               *[f"model.{k}={v}" for k, v in ckpt.architecture.dims.items()],
-               f"checkpointer.checkpoint_files=[{','.join(ckpt.weight_files)}]",
-               f"checkpointer.model_type={ckpt.architecture.model_type}",
-               f"tokenizer.special_tokens_path={pvc.model / 'tokenizer.json'}",
-               "device=cpu", "log_peak_memory_stats=False", "optimizer.fused=False",
+    loading = [*loading_overrides(pvc.model, lora="lora" in recipe), "device=cpu",
+               "log_peak_memory_stats=False", "optimizer.fused=False",
                "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
                f"metric_logger.log_dir={pvc.output / 'logs'}"]
     return subprocess.run([sys.executable, "-m", "torchtune._cli.tune", "run", recipe,

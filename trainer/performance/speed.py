@@ -50,6 +50,11 @@ MIN_PACKED_STEPS = 20
 _CPU_PACKS = "packs pay there only where row lengths spread widely"
 
 
+def batch_sizes(cfg: DictConfig) -> tuple[int, int]:
+    """(batch_size, gradient_accumulation_steps), 1 where unset."""
+    return int(cfg.get("batch_size") or 1), int(cfg.get("gradient_accumulation_steps") or 1)
+
+
 def _user_set(user_keys: set[str], key: str) -> bool:
     return any(k == key or k.startswith(key + ".") for k in user_keys)
 
@@ -139,10 +144,9 @@ def _one_pack_per_forward(cfg: DictConfig) -> list[str]:
     trains the same packs to the same gradients, up to float rounding. Applied even where
     the user set both sizes (unlike the CUDA memory plan): it changes how a step runs,
     not what it trains. Not with ``optimizer_in_bwd``, which cannot accumulate."""
-    batch = int(cfg.get("batch_size") or 1)
+    batch, accumulation = batch_sizes(cfg)
     if batch <= 1 or cfg.get("optimizer_in_bwd"):
         return []
-    accumulation = int(cfg.get("gradient_accumulation_steps") or 1)
     cfg.batch_size = 1
     cfg.gradient_accumulation_steps = batch * accumulation
     return [f"speed: one pack per forward on cpu: batch_size={batch} "
@@ -168,8 +172,7 @@ def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_l
         # tokenizer's max_seq_len; without one, the pack length the plan defaults to).
         seq_len=int(cfg.tokenizer.get("max_seq_len") or max_seq_len), world_size=world_size,
         n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward)
-    batch = int(cfg.get("batch_size") or 1)
-    accumulation = int(cfg.get("gradient_accumulation_steps") or 1)
+    batch, accumulation = batch_sizes(cfg)
     fit = sizing.fit(
         workload, gpu_memory_bytes, batch, accumulation,
         bool(cfg.get("enable_activation_checkpointing")) if checkpointing_set else None,

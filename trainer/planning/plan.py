@@ -261,11 +261,6 @@ def _token_cache_dir(workspace: Workspace, output_dir: Path) -> str:
     return str(root / TOKEN_CACHE_PATH)
 
 
-def _sizes(cfg: DictConfig) -> tuple[int, int]:
-    """(batch_size, gradient_accumulation_steps)."""
-    return int(cfg.get("batch_size") or 1), int(cfg.get("gradient_accumulation_steps") or 1)
-
-
 def _kubetune_section(cfg: DictConfig, workspace: Workspace) -> None:
     section = cfg.get("kubetune") or OmegaConf.create({})
     if section.get("grace_period_s") is None:
@@ -336,7 +331,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         or _user_config_file(request.config)
     found = _locate_data(cfg, workspace, notes, builder_named, request.spellings)
     compile_before = bool(cfg.get("compile"))
-    sizes_before = _sizes(cfg)
+    sizes_before = speed.batch_sizes(cfg)
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
                              checkpoint_bytes)
 
@@ -356,7 +351,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
     # The sizes as the config and arguments gave them, where a speed rule runs them as
     # others (the same effective batch): a line about them then speaks in the user's.
-    cfg.kubetune.asked_sizes = list(sizes_before) if _sizes(cfg) != sizes_before else None
+    changed = speed.batch_sizes(cfg) != sizes_before
+    cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
     check_values(cfg)
     if found is not None:
         no_step = step_count.check_makes_a_step(cfg, found.total_rows, found.rows_exact,
