@@ -204,6 +204,18 @@ class _TrainCommand(click.Command):
 @_opt("--token-cache-dir", env.TOKEN_CACHE_DIR,
       "Where the tokenized dataset is cached (default: <workspace>/cache/tokens, or "
       "cache/tokens beside the output directory without a workspace)")
+@_opt("--val-fraction", env.VAL_FRACTION,
+      "Hold out this fraction (more than 0, at most 0.5) of the training split, chosen by "
+      "content, where the data ships no validation or test split", type=float)
+@_opt("--val-every-n-steps", env.VAL_EVERY_N_STEPS,
+      "Validation loss every N optimizer steps (default: about ten per run; 0: none)",
+      type=int)
+@_opt("--early-stop-patience", env.EARLY_STOP_PATIENCE,
+      "Stop after N evaluations without a lower validation loss (default 0: never)",
+      type=int)
+@_opt("--val-prompts", env.VAL_PROMPTS,
+      "Held-out prompts answered by the base and the tuned model in the run report "
+      "(default 3; 0: none)", type=int)
 @click.option("--dry-run", is_flag=True,
               help="Print the recipe, the merged config and the command, then exit.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)

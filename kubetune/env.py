@@ -112,6 +112,11 @@ TRAIN_ON_INPUT = "KUBETUNE_TRAIN_ON_INPUT"
 CONVERSATION_COLUMN = "KUBETUNE_CONVERSATION_COLUMN"
 CONVERSATION_STYLE = "KUBETUNE_CONVERSATION_STYLE"
 TRAIN_OVERRIDES = "KUBETUNE_TRAIN_OVERRIDES"
+# Held-out data and validation (kubetune.trainer.validation).
+VAL_FRACTION = "KUBETUNE_VAL_FRACTION"  # hold out this fraction where the data has no split
+VAL_EVERY_N_STEPS = "KUBETUNE_VAL_EVERY_N_STEPS"  # run_val_every_n_steps (0: none)
+EARLY_STOP_PATIENCE = "KUBETUNE_EARLY_STOP_PATIENCE"  # evaluations without improvement
+VAL_PROMPTS = "KUBETUNE_VAL_PROMPTS"  # held-out prompts answered side by side
 
 # Trainer fault tolerance.
 GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline

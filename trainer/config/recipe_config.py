@@ -18,6 +18,9 @@ from kubetune.errors import BadInputError
 
 # Free text, taken as written: parsed as YAML, "Answer: briefly" would become a mapping.
 LITERAL_KEYS = {"new_system_prompt", "split"}
+# Keys that hold a component even where the config has none yet: `dataset_val=<builder>`
+# (torchtune main's key) then names its _component_, as `dataset=<builder>` does.
+COMPONENT_KEYS = {"dataset_val"}
 
 
 def _torchtune_dir() -> Path:
@@ -103,7 +106,8 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             literal.append((key, value))
             continue
         node = OmegaConf.select(cfg, key, default=None)
-        if isinstance(node, DictConfig) and "_component_" in node:
+        if (isinstance(node, DictConfig) and "_component_" in node) or (
+                key in COMPONENT_KEYS and node is None):
             key = f"{key}._component_"
         dotlist.append(f"{key}={value}")
     try:

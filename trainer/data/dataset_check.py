@@ -38,7 +38,17 @@ class DatasetSample:
     rows_exact: bool = False  # total_rows counted, not estimated
 
 
-def _files(dataset_cfg: DictConfig) -> list[Path]:
+def split_names(split) -> list[str]:
+    """The split names a ``dataset.split`` value reads (``train[:90%]+validation`` ->
+    train, validation); ``train`` when it names none."""
+    names = [m["name"] for m in (_SPLIT_PART.fullmatch(p.strip())
+                                 for p in str(split or "train").split("+")) if m]
+    return names or ["train"]
+
+
+def _files(dataset_cfg: DictConfig, every_split: bool = False) -> list[Path]:
+    """The data files the builder reads: those of the split(s) ``dataset.split`` names
+    where ``data_files`` maps splits to files (``every_split``: all of them)."""
     data_files = dataset_cfg.get("data_files")
     if data_files:
         if isinstance(data_files, str):
@@ -46,9 +56,12 @@ def _files(dataset_cfg: DictConfig) -> list[Path]:
         container = OmegaConf.to_container(data_files) if not isinstance(data_files, list) \
             else data_files
         if isinstance(container, dict):
+            wanted = set(container) if every_split else set(split_names(
+                dataset_cfg.get("split")))
             flat = []
-            for v in container.values():
-                flat += [v] if isinstance(v, str) else list(v)
+            for split, v in container.items():
+                if split in wanted:
+                    flat += [v] if isinstance(v, str) else list(v)
             return [Path(f) for f in flat]
         return [Path(str(f)) for f in container]
     data_dir = dataset_cfg.get("data_dir")
@@ -73,7 +86,13 @@ def _of_source(dataset_cfg: DictConfig, files: list[Path]) -> list[Path]:
     return matching or files
 
 
+def sample_files(dataset_cfg: DictConfig) -> list[Path]:
+    """Every data file of every split the dataset names locally (none: nothing to check)."""
+    return _of_source(dataset_cfg, _files(dataset_cfg, every_split=True))
+
+
 def sample(dataset_cfg: DictConfig) -> DatasetSample | None:
+    """The training split's files (``dataset.split``'s), sampled and counted."""
     if not isinstance(dataset_cfg, DictConfig):
         return None
     files = _of_source(dataset_cfg, _files(dataset_cfg))
@@ -260,22 +279,32 @@ def _local_splits(dataset_cfg: DictConfig, files: list[Path]) -> set[str]:
     return found or {"train"}
 
 
-def check_split(dataset_cfg: DictConfig, found: DatasetSample) -> None:
+def splits(dataset_cfg: DictConfig) -> set[str]:
+    """The splits the dataset's local files give, as ``datasets`` names them."""
+    return _local_splits(dataset_cfg, sample_files(dataset_cfg))
+
+
+def check_split(dataset_cfg: DictConfig, what: str = "dataset.split") -> None:
     """``dataset.split`` reads in datasets' syntax and names a split the local files
-    have: a wrong one fails in the recipe ("Unknown split", "Unrecognized instruction")."""
-    split = dataset_cfg.get("split")
-    if split is None:
-        return
-    text = str(split)
+    have: a wrong one fails in the recipe ("Unknown split", "Unrecognized instruction").
+    ``what``: the key it is named by in the message."""
+    text = str(dataset_cfg.get("split") or "train")
     parts = [p.strip() for p in text.split("+")]
     bad = next((p for p in parts if not _SPLIT_PART.fullmatch(p)), None)
     if bad is not None:
-        raise BadInputError(f"dataset.split={text}: {bad!r} is not a split; write a name with "
+        raise BadInputError(f"{what}={text}: {bad!r} is not a split; write a name with "
                             "an optional slice, e.g. train, train[:90%], train[100:200]")
-    splits = _local_splits(dataset_cfg, found.files)
+    found = splits(dataset_cfg)
     unknown = next((_SPLIT_PART.fullmatch(p)["name"] for p in parts
-                    if _SPLIT_PART.fullmatch(p)["name"] not in splits), None)
+                    if _SPLIT_PART.fullmatch(p)["name"] not in found), None)
     if unknown is not None:
-        raise BadInputError(f"dataset.split={text}: the dataset has no split {unknown!r} (its "
-                            f"files give {', '.join(sorted(splits))}); use e.g. "
-                            f"dataset.split={sorted(splits)[0]}[:90%]")
+        shown = ", ".join(sorted(found, key=_split_order))
+        raise BadInputError(f"{what}={text}: the dataset has no split {unknown!r}; its "
+                            f"files give {shown}: use one of them, e.g. "
+                            f"{what}={sorted(found, key=_split_order)[0]}")
+
+
+def _split_order(split: str) -> tuple[int, str]:
+    """train, validation, test first, as ``datasets`` lists them; others by name."""
+    order = list(_SPLIT_WORDS)
+    return (order.index(split) if split in order else len(order), split)

@@ -14,12 +14,12 @@ import json
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from kubetune.errors import BadInputError
 from kubetune.workspace import DATASET_DESCRIPTOR_NAME
 from kubetune.trainer.config.component_params import component_params
-from kubetune.trainer.data.split_files import split_files
+from kubetune.trainer.data.split_files import split_files, splits_of
 
 # Hugging Face `datasets` builder for each file format the dataset initializer records.
 BUILDER_FOR_FORMAT = {"parquet": "parquet", "json": "json", "jsonl": "json", "csv": "csv",
@@ -167,10 +167,15 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
     if builder is None:
         raise BadInputError(f"dataset descriptor names format {descriptor.get('format')!r}; "
                             f"supported: {', '.join(sorted(BUILDER_FOR_FORMAT))}")
-    files = [str(Path(dataset_dir) / f) for f in descriptor.get("files", [])]
+    by_split = {split: [str(Path(dataset_dir) / f) for f in files]
+                for split, files in splits_of(list(descriptor.get("files", []))).items()}
     instead = _instead_of(dataset_cfg, dataset_cfg.get("source"))
     dataset_cfg.source = builder
-    dataset_cfg.data_files = ListConfig(files)
-    notes.append(f"dataset: using the dataset initializer's {len(files)} {builder} file(s) "
-                 f"under {dataset_dir} ({descriptor.get('rows', '?')} rows) {instead}")
+    # By split, as `datasets` names them: `dataset.split` then picks one, and a hub
+    # layout's test files are never read as training rows.
+    dataset_cfg.data_files = OmegaConf.create(by_split)
+    count = sum(len(files) for files in by_split.values())
+    splits = ", ".join(f"{split} {len(files)}" for split, files in by_split.items())
+    notes.append(f"dataset: using the dataset initializer's {count} {builder} file(s) "
+                 f"under {dataset_dir} (by split: {splits}) {instead}")
     return notes

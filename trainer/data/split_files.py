@@ -1,15 +1,18 @@
-"""The data files of a ``dataset.data_dir``, by split, as ``datasets`` names them.
+"""The data files of a dataset directory, by split, as ``datasets`` names them.
 
 Given a directory, ``datasets.load_dataset("parquet", data_dir=...)`` reads every file its
 split patterns match, whatever the file is: a hub dataset's ``LICENSE`` or ``README.txt``
 beside the shards is handed to the parquet reader ("ArrowInvalid: Parquet file size is 6
 bytes"). So the trainer names the files itself: ``datasets``' own split patterns, kept to
-the suffixes of the builder that reads them.
+the suffixes of the builder that reads them. A list of files (the dataset initializer's
+descriptor, a scanned directory) is split by the same patterns (``splits_of``): a hub
+layout's ``data/test-00000-of-00001.parquet`` is its test split, never training data.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 
 
 def split_files(data_dir: Path, suffixes: list[str]) -> dict[str, list[str]]:
@@ -33,3 +36,36 @@ def split_files(data_dir: Path, suffixes: list[str]) -> dict[str, list[str]]:
                   and p.suffix in suffixes
                   and not any(part.startswith(".") for part in p.relative_to(base).parts))
     return {"train": rest} if rest else {}
+
+
+def splits_of(files: list[str]) -> dict[str, list[str]]:
+    """Split -> the files of ``files`` (paths relative to one directory, ``/``-separated)
+    that ``datasets``' default patterns give it, in the order given; all of them under
+    "train" where the patterns name no split."""
+    # Imported here, as above; fsspec's glob semantics are the ones datasets resolves with.
+    from datasets.data_files import _get_data_files_patterns
+    from fsspec.utils import glob_translate
+
+    posix = [PurePosixPath(f).as_posix() for f in files]
+
+    def matching(pattern: str) -> list[str]:
+        regex = re.compile(glob_translate(pattern))
+        return [f for f in posix if regex.match(f)]
+
+    def resolver(pattern: str) -> list[str]:
+        found = matching(pattern)
+        if not found:
+            raise FileNotFoundError(pattern)
+        return found
+
+    try:
+        patterns = _get_data_files_patterns(resolver)
+    except FileNotFoundError:
+        return {"train": list(files)} if files else {}
+    by_split: dict[str, list[str]] = {}
+    for split, split_patterns in patterns.items():
+        chosen = {f for pattern in split_patterns for f in matching(pattern)}
+        picked = [orig for orig, f in zip(files, posix) if f in chosen]
+        if picked:
+            by_split[str(split)] = picked
+    return by_split or {"train": list(files)}

@@ -20,6 +20,7 @@ from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shap
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.planning import model_shaped
+from kubetune.trainer.validation import heldout_set
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
                                                DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
@@ -342,6 +343,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
     notes += _metric_logger_section(cfg, user_keys, request.config)
     _kubetune_section(cfg, workspace)
+    notes += heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
     cfg.kubetune.count_cut_samples = not limit_chosen
     # A warm-up the user chose stays; the config's is capped to the run's length in the
     # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
@@ -419,11 +421,12 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builde
     if "dataset" not in cfg:
         return None
     notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
-    found = dataset_check.sample(cfg.dataset)
+    if isinstance(cfg.dataset, DictConfig) and dataset_check.sample_files(cfg.dataset):
+        dataset_check.check_split(cfg.dataset)
+    found = dataset_check.sample(cfg.dataset)  # the training split's rows only
     if found is not None:
         if dataset_shape.may_detect(cfg.dataset, builder_named):
             notes.append(dataset_shape.choose(cfg.dataset, found, spellings))
-        dataset_check.check_split(cfg.dataset, found)
         dataset_check.check_columns(cfg.dataset, found, spellings)
     return found
 

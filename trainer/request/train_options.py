@@ -70,6 +70,10 @@ class TrainOptions:
     save_every_n_steps: int | None = None
     grace_period: float | None = None
     token_cache_dir: str | None = None
+    val_fraction: float | None = None
+    val_every_n_steps: int | None = None
+    early_stop_patience: int | None = None
+    val_prompts: int | None = None
 
 
 # Options that become one override as they are: (config key, option).
@@ -85,6 +89,13 @@ _LORA_OVERRIDES = (
     ("model.lora_rank", "lora_rank"), ("model.lora_alpha", "lora_alpha"),
     ("model.lora_dropout", "lora_dropout"))
 
+# Held-out data: planned from these keys (kubetune.trainer.validation.heldout_set);
+# run_val_every_n_steps is torchtune main's own key.
+_VALIDATION_OVERRIDES = (
+    ("kubetune.val_fraction", "val_fraction"), ("run_val_every_n_steps", "val_every_n_steps"),
+    ("kubetune.early_stop_patience", "early_stop_patience"),
+    ("kubetune.val_prompts", "val_prompts"))
+
 
 # Options that set one config key (the others set several, or none as given).
 OPTION_KEYS = {option: key for key, option in (
@@ -96,7 +107,7 @@ OPTION_KEYS = {option: key for key, option in (
     ("dataset.conversation_style", "conversation_style"),
     ("kubetune.save_every_n_steps", "save_every_n_steps"),
     ("kubetune.grace_period_s", "grace_period"),
-    ("kubetune.token_cache_dir", "token_cache_dir"))}
+    ("kubetune.token_cache_dir", "token_cache_dir"), *_VALIDATION_OVERRIDES)}
 
 
 def lora_target_overrides(modules: list[str]) -> list[str]:
@@ -220,6 +231,7 @@ def train_overrides(options: TrainOptions) -> list[str]:
     put("kubetune.save_every_n_steps", o.save_every_n_steps)
     put("kubetune.grace_period_s", o.grace_period)
     put("kubetune.token_cache_dir", o.token_cache_dir)
+    put_all(_VALIDATION_OVERRIDES)
     return args
 
 
