@@ -112,11 +112,13 @@ def _tune_run_args(stages: list[list[Step]]) -> list[str]:
 
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
-              export_uri: str | None = None) -> list[str]:
+              export_uri: str | None = None, options: dict | None = None) -> list[str]:
     """Check, then run the pipeline; return the summary lines. The trainer settings of
-    the environment (``KUBETUNE_*``), then ``train_args``, override the demo defaults that
-    apply (`kubetune.tools.local.train_args`) key by key."""
+    the environment (``KUBETUNE_*``), then the trainer options typed (``options``:
+    `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
+    demo defaults that apply (`kubetune.tools.local.train_args`) key by key."""
     from kubetune.entrypoints.train import environment_settings
+    from kubetune.trainer.request.train_options import TrainOptions, train_overrides
 
     # Its steps run here, in this interpreter: every stack, before the demo model is made.
     require("all", "kubetune local")
@@ -127,7 +129,9 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     args = train_args_rules.effective_train_args(
         list(train_args or []), demo_model=model_uri is None,
         demo_dataset=dataset_uri is None, method=method,
-        setting_args=environment_settings(method)[0])
+        setting_args=train_args_rules.merge(
+            environment_settings(method)[0],
+            train_overrides(TrainOptions(method=method, **(options or {})))))
     if model_uri is None or dataset_uri is None:
         demo_model, demo_dataset = demo_sources(workdir / "sources")
         model_uri, dataset_uri = model_uri or demo_model, dataset_uri or demo_dataset
@@ -228,9 +232,20 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               help="With a container engine: run IMAGE where the runtime names NAME (a full "
                    "reference, or its last part: initializer, trainer, exporter); repeatable "
                    "(the variable: space-separated)")
+@click.option("--val-fraction", envvar=env.VAL_FRACTION, type=float, default=None,
+              show_envvar=True, help="Hold out this fraction (at most 0.5) of the training "
+              "split where the data ships no validation or test split (kubetune train's)")
+@click.option("--val-every-n-steps", envvar=env.VAL_EVERY_N_STEPS, type=int, default=None,
+              show_envvar=True, help="Validation loss every N optimizer steps (0: none)")
+@click.option("--early-stop-patience", envvar=env.EARLY_STOP_PATIENCE, type=int,
+              default=None, show_envvar=True,
+              help="Stop after N evaluations without a lower validation loss")
+@click.option("--val-prompts", envvar=env.VAL_PROMPTS, type=int, default=None,
+              show_envvar=True, help="Held-out prompts answered side by side (default 3)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
-          trainjob_path, print_jobset, engine, gpus, images, train_args) -> None:
+          trainjob_path, print_jobset, engine, gpus, images, train_args, **validation
+          ) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
 
     TRAIN_ARGS are `key=value` trainer arguments, as a TrainJob's spec.trainer.args;
@@ -261,8 +276,12 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                                              for opt in p.opts if opt.startswith("--")}, typed)
         if runtime_path is None:
             with workdir_held(workdir):
+                # Typed options only: their variables are read with the other settings.
+                typed_options = {name: value for name, value in validation.items()
+                                 if name in typed}
                 lines = run_local(workdir, model_uri, dataset_uri, method,
-                                  list(train_args) if train_args else None, export_uri)
+                                  list(train_args) if train_args else None, export_uri,
+                                  typed_options)
         else:
             if print_jobset:
                 emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))

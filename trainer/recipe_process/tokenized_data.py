@@ -7,6 +7,11 @@ runs, each such instantiation goes through the cache: the builder runs with
 ``PackedDataset``'s eager packing deferred, and its result is replaced by the cached rows
 or packs before the recipe builds its sampler, so the recipe's own code makes the loader.
 The recipe is not changed; the wrap ends when ``_setup_data`` returns.
+
+Where a fraction of the training split is held out (``kubetune.holdout``), each dataset
+built keeps only its side's rows (``kubetune.trainer.data.holdout``) before it is
+tokenized: the training side the rows at or above the fraction, the validation side
+(``build_heldout``) the rows below it; the side and fraction are part of the cache key.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.performance.cpu_cores import usable_cores
 from kubetune.trainer.request import passed_env
-from kubetune.trainer.recipe_process.run_sanity import NoTrainableRowsError
+from kubetune.trainer.recipe_process.run_sanity import NoTrainableRowsError, RunRefused
+
+# The key the cache key reads the holdout under (never passed to the builder).
+HOLDOUT_KEY = "kubetune_holdout"
+
+
+class NoHeldOutRowsError(RunRefused):
+    """The held-out set has no row left to measure on."""
 
 
 def cache_settings(cfg: DictConfig, settings: dict) -> CacheSettings:
@@ -34,7 +46,31 @@ def cache_settings(cfg: DictConfig, settings: dict) -> CacheSettings:
         if isinstance(tokenizer, DictConfig) else {},
         report_cuts=bool(settings.get("count_cut_samples")), primary=passed_env.is_primary(),
         cores=usable_cores(), local_processes=passed_env.local_world_size(),
-        test_kill_at=passed_env.test_kill_token_cache_at())
+        test_kill_at=passed_env.test_kill_token_cache_at(),
+        holdout_fraction=_holdout_fraction(settings))
+
+
+def _holdout_fraction(settings: dict) -> float | None:
+    holdout = settings.get("holdout")
+    fraction = holdout.get("fraction") if hasattr(holdout, "get") else None
+    return None if fraction is None else float(fraction)
+
+
+def _hold_out(built: Any, fraction: float, side: str) -> None:
+    """Keep ``side``'s rows of ``built`` (a builder's dataset, or the PackedDataset
+    around one): torchtune's SFTDataset and TextCompletionDataset hold their rows as a
+    Hugging Face dataset in ``_data``, and index through it."""
+    from torchtune.datasets import PackedDataset
+
+    from kubetune.trainer.data import holdout
+
+    rows = built.ds if isinstance(built, PackedDataset) else built
+    data = getattr(rows, "_data", None)
+    if data is None or not hasattr(data, "select"):
+        raise RunRefused(f"kubetune.holdout: {type(rows).__name__} keeps no rows a held-out "
+                         "fraction can be taken from (torchtune's SFTDataset and "
+                         "TextCompletionDataset do): hold data out with dataset_val instead")
+    rows._data = data.select(holdout.keep_indices(data, fraction, side))
 
 
 @contextlib.contextmanager
@@ -52,9 +88,11 @@ def _packing_deferred() -> Iterator[list]:
 
 
 @contextlib.contextmanager
-def _datasets_cached(recipe: Any, settings: CacheSettings) -> Iterator[list]:
+def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train"
+                    ) -> Iterator[list]:
     """torchtune's ``config.instantiate``, for the recipe's datasets, through the cache;
-    yields the cached datasets made."""
+    yields the cached datasets made. ``side``: "train" or "val", the rows each keeps
+    where a fraction is held out (``settings.holdout_fraction``)."""
     from torchtune import config
     from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
     from torchtune.datasets import PackedDataset
@@ -64,6 +102,7 @@ def _datasets_cached(recipe: Any, settings: CacheSettings) -> Iterator[list]:
 
     original = config.instantiate
     made: list = []
+    fraction = settings.holdout_fraction
 
     @functools.wraps(original)
     def instantiate(node, *args, **kwargs):
@@ -76,6 +115,9 @@ def _datasets_cached(recipe: Any, settings: CacheSettings) -> Iterator[list]:
                                CROSS_ENTROPY_IGNORE_IDX)
         dataset_cfg = OmegaConf.to_container(node, resolve=True) \
             if isinstance(node, DictConfig) else dict(node)
+        if fraction is not None:
+            _hold_out(built, fraction, side)
+            dataset_cfg[HOLDOUT_KEY] = {"fraction": fraction, "side": side}
         result = adopt.cached(built, deferred, dataset_cfg, tokenizer, ignore_index, settings,
                               pack_now=PackedDataset._pack)
         if isinstance(result, (CachedRows, CachedPacks)):
@@ -89,13 +131,31 @@ def _datasets_cached(recipe: Any, settings: CacheSettings) -> Iterator[list]:
         config.instantiate = original
 
 
+def build_heldout(recipe: Any, dataset_val_cfg: DictConfig, settings: CacheSettings) -> Any:
+    """The held-out dataset (``dataset_val``), built with the recipe's tokenizer through
+    the cache, its side of a held-out fraction only: rows of tokens and labels, unpacked.
+    No row left (every answer cut by max_seq_len, say): the run is refused, naming it."""
+    from torchtune import config
+
+    with datasets_cached(recipe, settings, side="val") as made:
+        dataset = config.instantiate(dataset_val_cfg, recipe._tokenizer)
+    if len(dataset) == 0:
+        split = dataset_val_cfg.get("split") if hasattr(dataset_val_cfg, "get") else None
+        read = made[0].rows.meta["rows_read"] if made else 0
+        raise NoHeldOutRowsError(
+            f"the held-out set (dataset_val{f' split {split!r}' if split else ''}) has no "
+            f"usable row: {read} read, none with a token to measure after tokenization; "
+            "raise tokenizer.max_seq_len or give another held-out set")
+    return dataset
+
+
 def wrap_setup_data(original: Callable, settings: CacheSettings) -> Callable:
     """A recipe's ``_setup_data``, its datasets cached; no row left to train on: the run
     is refused (``NoTrainableRowsError``, exit 65)."""
 
     @functools.wraps(original)
     def setup_data(self, *args, **kwargs):
-        with _datasets_cached(self, settings) as made:
+        with datasets_cached(self, settings) as made:
             loader = original(self, *args, **kwargs)
         metas = [dataset.rows.meta for dataset in made]
         if metas and not any(meta["rows"] for meta in metas) \

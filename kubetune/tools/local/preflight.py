@@ -30,6 +30,11 @@ from kubetune.tools.local.train_args import arg_key
 log = logging.getLogger("local")
 
 
+# `kubetune train`'s options that `kubetune local` takes too (the held-out data's).
+TRAINER_OPTIONS = frozenset({"val_fraction", "val_every_n_steps", "early_stop_patience",
+                             "val_prompts"})
+
+
 @dataclass(frozen=True)
 class Options:
     """`kubetune local`'s options and arguments, as click parsed them."""
@@ -71,11 +76,12 @@ def check_combinations(o: Options, option_names: set[str],
         raise BadInputError(f"with --runtime, set {', '.join(o.settings_in_shell)} in the "
                             "TrainJob's spec.trainer.env, not in this shell: the runtime's "
                             "pods get only the TrainJob's env")
-    ignored = sorted({"method", "export_uri"} & on_command_line)
+    ignored = sorted(({"method", "export_uri"} | TRAINER_OPTIONS) & on_command_line)
     if o.runtime_path is not None and ignored:
         flags = "/".join("--" + name.replace("_", "-") for name in ignored)
         raise BadInputError(f"with --runtime, {flags} would be ignored: the runtime and the "
-                            "TrainJob set the method and the export destination")
+                            "TrainJob set the method, the export destination and the "
+                            "trainer's settings (spec.trainer.env)")
     check_train_arg_words(list(o.train_args), option_names)
     if o.engine != "process" and not o.print_jobset and shutil.which(o.engine) is None:
         raise BadInputError(f"--engine {o.engine}: `{o.engine}` is not installed or not on "

@@ -18,3 +18,6 @@ class CacheSettings:
     # Tests only: the point of a build at which its builder SIGKILLs itself
     # (``store.KILL_POINTS``; the recipe process's KUBETUNE_TEST_KILL_TOKEN_CACHE_AT).
     test_kill_at: str | None = None
+    # The fraction of the training split held out by content (``kubetune.holdout``);
+    # None: the held-out set, if any, is a split or a dataset of its own.
+    holdout_fraction: float | None = None
