@@ -357,7 +357,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
     check_values(cfg)
     if found is not None:
-        no_step = step_count.check_makes_a_step(cfg, found.total_rows, found.rows_exact,
+        # The rows trained on: a held-out fraction's are not.
+        trained = cfg.kubetune.data
+        no_step = step_count.check_makes_a_step(cfg, trained.rows, trained.rows_exact,
                                                 topo.world_size)
         if no_step:
             raise BadInputError(no_step)

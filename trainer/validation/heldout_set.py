@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.trainer.config.component_params import component_params
-from kubetune.trainer.data import dataset_check, dataset_location
+from kubetune.trainer.data import dataset_check, dataset_location, holdout
 from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.request.spelling import spelling
 
@@ -57,12 +57,17 @@ def _number(cfg: DictConfig, key: str, spellings: dict[str, str], kind: type,
 
 def fraction_of(cfg: DictConfig, spellings: dict[str, str]) -> float | None:
     """KUBETUNE_VAL_FRACTION's value, checked: in (0, 0.5]."""
-    fraction = _number(cfg, FRACTION_KEY, spellings, float, "0.1")
-    if fraction is not None and not 0 < fraction <= MAX_FRACTION:
-        name = spelling(spellings, FRACTION_KEY)
-        raise BadInputError(f"{name.assign(str(OmegaConf.select(cfg, FRACTION_KEY)))}: the "
-                            f"held-out fraction must be more than 0 and at most "
-                            f"{MAX_FRACTION}, e.g. {name.assign('0.1')}")
+    value = OmegaConf.select(cfg, FRACTION_KEY, default=None)
+    if value is None:
+        return None
+    name = spelling(spellings, FRACTION_KEY)
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = None
+    if fraction is None or isinstance(value, bool) or not 0 < fraction <= MAX_FRACTION:
+        raise BadInputError(f"{name.assign(str(value))}: the held-out fraction must be more "
+                            f"than 0 and at most {MAX_FRACTION}, e.g. {name.assign('0.1')}")
     return fraction
 
 
@@ -75,6 +80,9 @@ def _as_component(node) -> DictConfig | None:
     if isinstance(node, ListConfig):
         raise BadInputError("dataset_val is a list: give one dataset component (its "
                             "_component_ and its keys), as dataset takes")
+    if not isinstance(node, DictConfig) or not node.get("_component_"):
+        raise BadInputError("dataset_val names no builder: set dataset_val=<builder> too, "
+                            "e.g. dataset_val=torchtune.datasets.instruct_dataset")
     return node
 
 
@@ -156,18 +164,21 @@ def _choose(cfg: DictConfig, dataset_dir: Path, fraction: float | None,
 
 
 def _describe(train_split: str | None, found: DatasetSample | None, source: str | None,
-              held: str | None, fraction: float | None, val_found: DatasetSample | None,
-              spellings: dict[str, str]) -> tuple[str, int | None, bool]:
-    """The dataset line, the training rows and whether they are exact."""
+              held: str | None, fraction: float | None, val_found: DatasetSample | None
+              ) -> tuple[str, int | None, bool, int | None]:
+    """The dataset line, the training rows, whether they are exact, the held-out rows."""
     rows = None if found is None else found.total_rows
     exact = bool(found is not None and found.rows_exact)
     train = f"dataset: training on split '{train_split}'"
     if source == "fraction" and rows is not None:
-        kept = rows - round(rows * fraction)
-        line = (f"{train} (about {kept} of its {_rows_text(found)}); validation on a "
-                f"held-out {fraction:.0%} of it (about {rows - kept} rows, chosen by content)")
-        return line, kept, False
+        counted = holdout.count_held_out(found.files, fraction, rows) if exact else None
+        taken = round(rows * fraction) if counted is None else counted
+        about = "" if counted is not None else "about "
+        line = (f"{train} ({about}{rows - taken} of its {_rows_text(found)}); validation "
+                f"on a held-out {fraction:.0%} of it ({about}{taken} rows, chosen by content)")
+        return line, rows - taken, counted is not None, taken
     line = f"{train} ({_rows_text(found)})"
+    val_rows = None if val_found is None else val_found.total_rows
     if source == "split":
         line += f"; validation on split '{held}' ({_rows_text(val_found)})"
     elif source == "config":
@@ -178,7 +189,7 @@ def _describe(train_split: str | None, found: DatasetSample | None, source: str 
     else:
         line += ("; no held-out set (no validation or test split besides the one trained "
                  f"on; --val-fraction 0.1 or {env.VAL_FRACTION}=0.1 holds a tenth out)")
-    return line, rows, exact
+    return line, rows, exact, val_rows
 
 
 def _larger_than_training(val_rows: int | None, train_rows: int | None) -> list[str]:
@@ -207,12 +218,10 @@ def plan(cfg: DictConfig, dataset_dir: Path, found: DatasetSample | None,
     if val_cfg is not None and source != "fraction":
         what = f"split '{held}'" if source == "split" else "dataset_val"
         val_found = _checked(val_cfg, what, spellings)
-    line, train_rows, exact = _describe(train_split, found, source, held, fraction,
-                                        val_found, spellings)
-    notes.append(line)
-    val_rows = val_found.total_rows if val_found is not None else (
-        None if source != "fraction" or found is None or found.total_rows is None
-        else round(found.total_rows * fraction))
+    line, train_rows, exact, val_rows = _describe(train_split, found, source, held,
+                                                  fraction, val_found)
+    if train_split is not None:  # a list of datasets: each says its own split
+        notes.append(line)
     notes += _larger_than_training(val_rows, train_rows)
     cfg.kubetune.data = {"split": train_split, "rows": train_rows, "rows_exact": exact}
     if val_cfg is None:

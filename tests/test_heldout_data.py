@@ -1,0 +1,271 @@
+"""Issue 42: the train split, and only it, on every path the data comes by; a held-out set
+(the data's validation or test split, a fraction chosen by content, or the user's own
+dataset_val) planned into the merged config; bad held-out input refused before launch.
+
+The data is laid out as hub datasets are (data/train-00000-of-00001.parquet beside
+data/test-00000-of-00001.parquet), generated here; each split's rows are told apart by
+their size (train: two-digit sums, test: three-digit, validation: four-digit)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubetune.trainer.data import holdout
+from kubetune.workspace import DATASET_DESCRIPTOR_NAME
+from kubetune.trainer.data.split_files import splits_of
+from tests.support.cli import REPO, clean_env, error_lines, kubetune
+from tests.support.trainer import Pvc, make_pvc
+
+TRAIN_ROWS, TEST_ROWS, VALIDATION_ROWS = 128, 32, 24
+SHARD = "{split}-00000-of-00001.parquet"
+
+
+def _rows(n: int, digits: int, seed: int) -> dict[str, list[str]]:
+    rng = random.Random(seed)
+    low, high = 10 ** (digits - 1), 10 ** digits - 1
+    pairs = [(rng.randint(low, high), rng.randint(low, high)) for _ in range(n)]
+    return {"input": [f"{a}+{b}=" for a, b in pairs], "output": [str(a + b) for a, b in pairs]}
+
+
+def _write(path: Path, columns: dict[str, list[str]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+
+
+def hub_dataset(root: Path, train: int = TRAIN_ROWS, test: int | None = TEST_ROWS,
+                validation: int | None = None) -> Path:
+    """A dataset directory in the hub's layout: data/<split>-00000-of-00001.parquet."""
+    _write(root / "data" / SHARD.format(split="train"), _rows(train, 2, 0))
+    if test is not None:
+        _write(root / "data" / SHARD.format(split="test"), _rows(test, 3, 1))
+    if validation is not None:
+        _write(root / "data" / SHARD.format(split="validation"), _rows(validation, 4, 2))
+    return root
+
+
+def _dry_run(model_dir: Path, dataset_dir: Path, tmp_path: Path, *args: str,
+             **env: str) -> subprocess.CompletedProcess:
+    return kubetune("train", "--dry-run", "--epochs", "1", *args, env=clean_env(
+        KUBETUNE_MODEL_DIR=str(model_dir), KUBETUNE_DATASET_DIR=str(dataset_dir),
+        KUBETUNE_OUTPUT_DIR=str(tmp_path / "out"), **env))
+
+
+def planned(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    return yaml.safe_load(result.stdout.split("config:\n", 1)[1].split("\ncommand: ", 1)[0])
+
+
+def _split_of(path: str) -> str:
+    return Path(path).name.split("-", 1)[0]
+
+
+def assert_trains_on_train_only(config: dict, held: str) -> None:
+    dataset, val = config["dataset"], config["dataset_val"]
+    assert dataset["split"] == "train"
+    files = dataset["data_files"]
+    assert isinstance(files, dict), files
+    assert [_split_of(f) for f in files["train"]] == ["train"]
+    assert {split: [_split_of(f) for f in fs] for split, fs in files.items()} == {
+        split: [split] for split in files}
+    assert config["kubetune"]["data"] == {"split": "train", "rows": TRAIN_ROWS,
+                                          "rows_exact": True}
+    assert val["split"] == held and val["packed"] is False
+    assert val["data_files"] == files
+    assert config["kubetune"]["validation"] == {
+        "source": "split", "split": held, "train_split": "train", "fraction": None,
+        "early_stop_patience": 0, "prompts": 3, "max_new_tokens": 64}
+    assert config["run_val_every_n_steps"] is None
+    assert "holdout" not in config["kubetune"]
+
+
+def _initialized(tmp_path: Path, model_dir: Path, source: Path) -> Pvc:
+    """A workspace whose dataset directory the dataset initializer filled for ``source``
+    (a file:// STORAGE_URI): its files and its descriptor."""
+    pvc = make_pvc(tmp_path / "pvc", model_dir, None)
+    init = subprocess.run([sys.executable, "-m", "kubetune.entrypoints", "init-dataset"],
+                          env=pvc.env(STORAGE_URI=f"file://{source}"), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert init.returncode == 0, init.stderr
+    assert (pvc.dataset / DATASET_DESCRIPTOR_NAME).is_file()
+    return pvc
+
+
+def test_splits_of_names_files_as_datasets_does():
+    assert splits_of(["data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet",
+                      "data/test-00000-of-00001.parquet"]) == {
+        "train": ["data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"],
+        "test": ["data/test-00000-of-00001.parquet"]}
+    assert splits_of(["train.jsonl", "valid.jsonl", "test.jsonl"]) == {
+        "train": ["train.jsonl"], "validation": ["valid.jsonl"], "test": ["test.jsonl"]}
+    assert splits_of(["data/a.parquet", "data/b.parquet"]) == {
+        "train": ["data/a.parquet", "data/b.parquet"]}
+
+
+@pytest.mark.parametrize("path", ["descriptor", "scan", "data_dir"])
+def test_every_path_trains_on_train_and_holds_out_test(tmp_path, tiny_model_dir, path):
+    source = hub_dataset(tmp_path / "hub")
+    args: list[str] = []
+    dataset_dir = source  # no descriptor: the trainer scans the directory
+    if path == "descriptor":
+        dataset_dir = _initialized(tmp_path, tiny_model_dir, source).dataset
+    elif path == "data_dir":
+        dataset_dir = tmp_path / "elsewhere"
+        args = [f"dataset.data_dir={source / 'data'}"]
+    result = _dry_run(tiny_model_dir, dataset_dir, tmp_path, *args)
+    assert_trains_on_train_only(planned(result), "test")
+    assert (f"dataset: training on split 'train' ({TRAIN_ROWS} rows); validation on split "
+            f"'test' ({TEST_ROWS} rows)") in result.stdout
+
+
+@pytest.mark.parametrize("path", ["descriptor", "data_dir"])
+def test_a_validation_split_is_held_out_before_test(tmp_path, tiny_model_dir, path):
+    source = hub_dataset(tmp_path / "hub", validation=VALIDATION_ROWS)
+    if path == "descriptor":
+        result = _dry_run(tiny_model_dir,
+                          _initialized(tmp_path, tiny_model_dir, source).dataset, tmp_path)
+    else:
+        result = _dry_run(tiny_model_dir, tmp_path / "elsewhere", tmp_path,
+                          f"dataset.data_dir={source / 'data'}")
+    config = planned(result)
+    assert_trains_on_train_only(config, "validation")
+    assert set(config["dataset"]["data_files"]) == {"train", "validation", "test"}
+    assert f"validation on split 'validation' ({VALIDATION_ROWS} rows)" in result.stdout
+
+
+def test_split_test_trains_on_test_and_a_missing_split_names_those_there(
+        tmp_path, tiny_model_dir):
+    source = hub_dataset(tmp_path / "hub")
+    config = planned(_dry_run(tiny_model_dir, source, tmp_path, "--split", "test"))
+    assert config["dataset"]["split"] == "test"
+    assert config["kubetune"]["data"]["rows"] == TEST_ROWS
+    assert "dataset_val" not in config  # train is no held-out split: nothing to hold out
+    result = _dry_run(tiny_model_dir, source, tmp_path, "dataset.split=validation")
+    assert result.returncode == 65, result.stderr
+    assert error_lines(result) == [
+        "error: trainer: dataset.split=validation: the dataset has no split 'validation'; "
+        "its files give train, test: use one of them, e.g. dataset.split=train"]
+    result = _dry_run(tiny_model_dir, source, tmp_path, KUBETUNE_DATASET_SPLIT="validation")
+    assert result.returncode == 65 and "no split 'validation'" in result.stderr
+
+
+def test_a_fraction_holds_out_rows_by_content(tmp_path, tiny_model_dir):
+    source = hub_dataset(tmp_path / "hub", train=300, test=None)
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(source / "data" / SHARD.format(split="train")).to_pylist()
+    held = sum(holdout.held_out(row, 0.2) for row in rows)
+    result = _dry_run(tiny_model_dir, source, tmp_path, "--val-fraction", "0.2")
+    config = planned(result)
+    assert config["kubetune"]["holdout"] == {"fraction": 0.2}
+    assert config["kubetune"]["validation"]["source"] == "fraction"
+    assert config["kubetune"]["validation"]["fraction"] == 0.2
+    assert config["kubetune"]["validation"]["split"] is None
+    assert config["dataset_val"]["split"] == "train" and config["dataset_val"]["packed"] is False
+    assert config["kubetune"]["data"] == {"split": "train", "rows": 300 - held,
+                                          "rows_exact": True}
+    assert (f"training on split 'train' ({300 - held} of its 300 rows); validation on a "
+            f"held-out 20% of it ({held} rows, chosen by content)") in result.stdout
+
+
+def test_fraction_is_deterministic_disjoint_and_about_its_size():
+    from datasets import Dataset
+
+    columns = _rows(400, 3, 7)
+    data = Dataset.from_dict(columns)
+    train = holdout.keep_indices(data, 0.1, "train")
+    val = holdout.keep_indices(data, 0.1, "val")
+    assert set(train).isdisjoint(val) and sorted(train + val) == list(range(400))
+    assert 20 <= len(val) <= 60  # 40 expected; a binomial's spread is about 6
+    assert holdout.keep_indices(data, 0.1, "val") == val
+    # Chosen by content, not by position: the same rows in another order.
+    order = list(range(400))
+    random.Random(3).shuffle(order)
+    shuffled = data.select(order)
+    again = holdout.keep_indices(shuffled, 0.1, "val")
+    assert sorted(order[i] for i in again) == val
+    # A larger fraction holds out a superset: a run with more held out never trains on less.
+    assert set(val) <= set(holdout.keep_indices(data, 0.3, "val"))
+
+
+@pytest.mark.parametrize("value", ["0.7", "0", "-0.1", "1"])
+def test_a_fraction_outside_its_range_is_refused(tmp_path, tiny_model_dir, value):
+    source = hub_dataset(tmp_path / "hub", test=None)
+    result = _dry_run(tiny_model_dir, source, tmp_path, KUBETUNE_VAL_FRACTION=value)
+    assert result.returncode == 65, result.stderr
+    # click reads the variable as a number (0 -> 0.0).
+    assert error_lines(result) == [
+        f"error: trainer: KUBETUNE_VAL_FRACTION={float(value)}: the held-out fraction must be "
+        "more than 0 and at most 0.5, e.g. KUBETUNE_VAL_FRACTION=0.1"]
+
+
+def test_an_empty_validation_split_is_refused_naming_it(tmp_path, tiny_model_dir):
+    source = hub_dataset(tmp_path / "hub", test=None)
+    _write(source / "data" / SHARD.format(split="validation"), {"input": [], "output": []})
+    result = _dry_run(tiny_model_dir, tmp_path / "elsewhere", tmp_path,
+                      f"dataset.data_dir={source / 'data'}")
+    assert result.returncode == 65, result.stderr
+    assert "the held-out split 'validation' holds no rows" in error_lines(result)[0]
+
+
+def test_a_held_out_set_larger_than_training_is_a_warning(tmp_path, tiny_model_dir):
+    source = hub_dataset(tmp_path / "hub", train=16, test=TEST_ROWS)
+    result = _dry_run(tiny_model_dir, source, tmp_path, "--batch-size", "4",
+                      "--gradient-accumulation-steps", "1")
+    planned(result)
+    assert (f"warning: the held-out set ({TEST_ROWS} rows) is larger than the training set "
+            "(16 rows)") in result.stdout
+
+
+def test_torchtune_mains_keys_are_accepted(tmp_path, tiny_model_dir):
+    source = hub_dataset(tmp_path / "hub", validation=VALIDATION_ROWS)
+    config = planned(_dry_run(
+        tiny_model_dir, source, tmp_path, "dataset_val=torchtune.datasets.instruct_dataset",
+        "dataset_val.split=test", "run_val_every_n_steps=2", "--early-stop-patience", "3",
+        "--val-prompts", "0"))
+    assert config["dataset_val"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    assert config["dataset_val"]["split"] == "test"
+    assert [_split_of(f) for f in config["dataset_val"]["data_files"]["test"]] == ["test"]
+    assert config["run_val_every_n_steps"] == 2
+    validation = config["kubetune"]["validation"]
+    assert (validation["source"], validation["split"]) == ("config", "test")
+    assert (validation["early_stop_patience"], validation["prompts"]) == (3, 0)
+    result = _dry_run(tiny_model_dir, source, tmp_path,
+                      "dataset_val=torchtune.datasets.instruct_dataset", "dataset_val.splt=test")
+    assert result.returncode == 65
+    assert error_lines(result) == [
+        "error: trainer: unknown key dataset_val.splt (did you mean dataset_val.split?)"]
+    result = _dry_run(tiny_model_dir, source, tmp_path, "dataset_val.split=test")
+    assert result.returncode == 65
+    assert "dataset_val names no builder" in error_lines(result)[0]
+    result = _dry_run(tiny_model_dir, source, tmp_path,
+                      "dataset_val=torchtune.datasets.instruct_dataset",
+                      "dataset_val.split=dev")
+    assert result.returncode == 65
+    assert "dataset_val.split=dev: the dataset has no split 'dev'" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_run_tokenizes_the_train_split_only(tmp_path, tiny_model_dir):
+    source = hub_dataset(tmp_path / "hub")
+    pvc = _initialized(tmp_path, tiny_model_dir, source)
+    result = kubetune("train", "--epochs", "1", "--max-steps", "2", "--batch-size", "8",
+                      "--gradient-accumulation-steps", "1", "dtype=fp32", env=pvc.env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"token cache: tokenized {TRAIN_ROWS} rows" in result.stderr
+    merged = yaml.safe_load((pvc.output / "kubetune-config.yaml").read_text())
+    assert merged["kubetune"]["data"]["rows"] == TRAIN_ROWS
+    samples = json.loads((pvc.output / "kubetune-samples.json").read_text())["samples"]
+    prompts = [m["content"] for s in samples for m in s["messages"] if m["role"] == "user"]
+    test_prompts = set(_rows(TEST_ROWS, 3, 1)["input"])
+    assert prompts and not test_prompts & set(prompts)
+    assert all(len(p) == len("12+34=") for p in prompts)  # two-digit sums: train rows
