@@ -8,6 +8,9 @@ The rooms, in the order a run goes through them:
 - ``config/``: torchtune's config + overrides, read and checked;
 - ``performance/``, ``data/``, ``checkpointing/``, ``metric_logging/``: the machine, the
   dataset, the checkpoint and the reports, each a room of its own;
+- ``validation/``: held-out data: which held-out set a run measures on
+  (``validation.heldout_set``, planned before launch) and its measuring in the recipe
+  process;
 - ``planning/``: the request merged (``planning.plan``) with what
   ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
 - ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the
@@ -21,7 +24,7 @@ The rooms, in the order a run goes through them:
   ``_component_`` path (stable names: saved configs refer to them).
 
 The rooms are layers (tests/test_import_root.py): a room imports only rooms below it,
-lowest first request, failures, performance, config, data, checkpointing, metric_logging,
-planning, recipe_process, launcher, launch; ``models/`` and ``schedules`` import none of
+lowest first request, failures, performance, config, data, validation, checkpointing,
+metric_logging, planning, recipe_process, launcher, launch; ``models/`` and ``schedules`` import none of
 them.
 """

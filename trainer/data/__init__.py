@@ -1,5 +1,6 @@
 """The dataset as the recipe will read it: local files win over a config's hub ``source``
-(``dataset_location``; a ``data_dir``'s files named by split, ``split_files``), their
+(``dataset_location``; every path's files named by split as ``datasets`` names them,
+``split_files``, so that only ``dataset.split`` is trained on), the training split's
 columns and lengths checked before launch (``dataset_check``, counting rows and sampling
 them per format with ``dataset_rows``; ``column_map`` the user's map and hints in the
 syntax they set it in; ``conversations`` what a chat message holds; ``step_count``: do the
@@ -8,4 +9,5 @@ rows make an optimizer step), the builder for the data's shape where the user na
 on the volume (``token_cache``: rows with nothing to train on dropped, packs made as
 torchtune makes them), the samples the tokenizer cuts to the context counted on the way
 (``truncation``) and batches padded to whole output chunks where FSDP shards the output
-apart (``whole_chunks``)."""
+apart (``whole_chunks``); rows held out by a hash of their content (``holdout``: the
+same rows on every rank and resume, never trained on)."""
