@@ -269,3 +269,58 @@ def test_a_run_tokenizes_the_train_split_only(tmp_path, tiny_model_dir):
     test_prompts = set(_rows(TEST_ROWS, 3, 1)["input"])
     assert prompts and not test_prompts & set(prompts)
     assert all(len(p) == len("12+34=") for p in prompts)  # two-digit sums: train rows
+
+
+def test_the_recipe_process_trains_on_one_side_and_measures_the_other(
+        tmp_path, tiny_model_dir):
+    """The recipe's own ``_setup_data`` (as the bootstrap wraps it) trains on the rows at
+    or above the fraction; ``build_heldout`` measures on exactly the others; each side
+    is a cache entry of its own."""
+    from types import SimpleNamespace
+
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+    from torchtune import config
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    from kubetune.trainer.data.token_cache.settings import CacheSettings
+    from kubetune.trainer.recipe_process import tokenized_data
+    from tests.support.token_cache import entries, recipe_cls, tokenizer_cfg
+
+    source = hub_dataset(tmp_path / "hub", train=300)
+    tok = tokenizer_cfg(tiny_model_dir, 512)
+    recipe = SimpleNamespace(_tokenizer=config.instantiate(OmegaConf.create(tok)),
+                             _loss_fn=CEWithChunkedOutputLoss())
+    data_files = {split: [str(source / "data" / SHARD.format(split=split))]
+                  for split in ("train", "test")}
+    dataset = OmegaConf.create({"_component_": "torchtune.datasets.instruct_dataset",
+                                "source": "parquet", "data_files": data_files,
+                                "split": "train"})
+
+    def settings(fraction: float | None) -> CacheSettings:
+        return CacheSettings(root=tmp_path / "cache", tokenizer_cfg=tok, report_cuts=False,
+                             primary=True, cores=1, local_processes=1,
+                             holdout_fraction=fraction)
+
+    def prompts(rows) -> set[str]:
+        texts = [recipe._tokenizer.decode([t for t in row["tokens"] if t < 256])
+                 for row in rows]
+        return {text.split("=")[0].split()[-1] + "=" for text in texts}
+
+    setup = tokenized_data.wrap_setup_data(recipe_cls()._setup_data, settings(0.2))
+    loader = setup(recipe, cfg_dataset=dataset, shuffle=False, batch_size=4,
+                   collate_fn="torchtune.data.padded_collate_sft")
+    val = tokenized_data.build_heldout(recipe, OmegaConf.create(dataset), settings(0.2))
+    rows = pq.read_table(data_files["train"][0]).to_pylist()
+    held = {r["input"] for r in rows if holdout.held_out(r, 0.2)}
+    trained = {r["input"] for r in rows if not holdout.held_out(r, 0.2)}
+    assert 0 < len(held) < 100
+    assert prompts(val[i] for i in range(len(val))) == held
+    assert prompts(loader.dataset[i] for i in range(len(loader.dataset))) == trained
+    assert len(loader.dataset) + len(val) == 300
+    assert len(entries(tmp_path / "cache")) == 2
+    # A split held out: all of its rows, none of the training split's.
+    test_split = OmegaConf.create({**OmegaConf.to_container(dataset), "split": "test"})
+    measured = tokenized_data.build_heldout(recipe, test_split, settings(None))
+    assert prompts(measured[i] for i in range(len(measured))) == set(
+        _rows(TEST_ROWS, 3, 1)["input"])
