@@ -348,3 +348,30 @@ def test_kubetune_local_passes_the_validation_options_to_the_trainer(tmp_path, t
                       "--val-fraction", "0.1")
     assert result.returncode == 65
     assert "with --runtime, --val-fraction would be ignored" in error_lines(result)[0]
+
+
+def test_a_held_out_set_tokenization_empties_is_refused_naming_it(tmp_path, tiny_model_dir):
+    """Every held-out answer cut away by max_seq_len: nothing to measure, exit 65's error."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from torchtune import config
+
+    from kubetune.trainer.data.token_cache.settings import CacheSettings
+    from kubetune.trainer.recipe_process import tokenized_data
+    from kubetune.trainer.recipe_process.run_sanity import RunRefused
+    from tests.support.token_cache import tokenizer_cfg
+
+    source = hub_dataset(tmp_path / "hub")
+    tok = tokenizer_cfg(tiny_model_dir, 8)  # shorter than every prompt
+    recipe = SimpleNamespace(_tokenizer=config.instantiate(OmegaConf.create(tok)))
+    settings = CacheSettings(root=None, tokenizer_cfg=tok, report_cuts=False, primary=True,
+                             cores=1, local_processes=1)
+    test_split = OmegaConf.create({
+        "_component_": "torchtune.datasets.instruct_dataset", "source": "parquet",
+        "data_files": {"test": [str(source / "data" / SHARD.format(split="test"))]},
+        "split": "test"})
+    with pytest.raises(RunRefused) as refused:
+        tokenized_data.build_heldout(recipe, test_split, settings)
+    assert str(refused.value).startswith(
+        f"the held-out set (dataset_val split 'test') has no usable row: {TEST_ROWS} read")

@@ -17,6 +17,7 @@ tokenized: the training side the rows at or above the fraction, the validation s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -103,6 +104,7 @@ def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train"
     original = config.instantiate
     made: list = []
     fraction = settings.holdout_fraction
+    settings = dataclasses.replace(settings, side=side)
 
     @functools.wraps(original)
     def instantiate(node, *args, **kwargs):
@@ -141,11 +143,12 @@ def build_heldout(recipe: Any, dataset_val_cfg: DictConfig, settings: CacheSetti
         dataset = config.instantiate(dataset_val_cfg, recipe._tokenizer)
     if len(dataset) == 0:
         split = dataset_val_cfg.get("split") if hasattr(dataset_val_cfg, "get") else None
+        named = f"dataset_val{f' split {split!r}' if split else ''}"
         read = made[0].rows.meta["rows_read"] if made else 0
-        raise NoHeldOutRowsError(
-            f"the held-out set (dataset_val{f' split {split!r}' if split else ''}) has no "
-            f"usable row: {read} read, none with a token to measure after tokenization; "
-            "raise tokenizer.max_seq_len or give another held-out set")
+        why = (f"{read} read, none with a token to measure after tokenization; raise "
+               "tokenizer.max_seq_len or give another held-out set") if read else (
+            "no row falls in it; hold out a larger fraction or give another held-out set")
+        raise NoHeldOutRowsError(f"the held-out set ({named}) has no usable row: {why}")
     return dataset
 
 

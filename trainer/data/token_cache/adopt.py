@@ -47,9 +47,12 @@ def _not_cacheable(dataset: Any) -> str | None:
     return None
 
 
-def dropped_line(dropped: int, read: int, limit: int | None) -> str:
+def dropped_line(dropped: int, read: int, limit: int | None, side: str = "train") -> str:
     cause = (f"after truncation to tokenizer.max_seq_len={limit} (a prompt that fills it "
              "leaves no answer)" if limit else "(every label after the first is masked)")
+    if side == "val":
+        return (f"validation: dropped {dropped} of {read} held-out rows with no token to "
+                f"measure {cause}: raise tokenizer.max_seq_len to keep them")
     return (f"train: dropped {dropped} of {read} rows with no token to train on {cause}: "
             "raise tokenizer.max_seq_len or set dataset.train_on_input=True to keep them")
 
@@ -87,24 +90,30 @@ def _produce(dataset: Any, tokenizer: Any, ignore_index: int, packing: dict | No
     return produce
 
 
+def _held_out(settings: CacheSettings) -> str:
+    return "held-out " if settings.side == "val" else ""
+
+
 def _report(rows: TokenRows, built: bool, settings: CacheSettings) -> None:
     meta = rows.meta
     where = rows.where or "memory"
     if built:
         # Every process that builds says so (the others map what one built).
-        log.info("token cache: tokenized %d rows (%d kept) in %.1f s with %d process(es) "
-                 "into %s", meta["rows_read"], meta["rows"], meta["build_s"],
-                 meta["build_workers"], where)
+        log.info("token cache: tokenized %d %srows (%d kept) in %.1f s with %d process(es) "
+                 "into %s", meta["rows_read"], _held_out(settings), meta["rows"],
+                 meta["build_s"], meta["build_workers"], where)
     elif settings.primary:
-        log.info("token cache: %d rows mapped from %s (built by %s)", meta["rows"], where,
-                 meta.get("built_by", "?"))
+        log.info("token cache: %d %srows mapped from %s (built by %s)", meta["rows"],
+                 _held_out(settings), where, meta.get("built_by", "?"))
     if not settings.primary:
         return
-    if settings.report_cuts and meta.get("cut"):
+    # The cut line speaks of the training rows (what max_seq_len costs the run).
+    if settings.report_cuts and meta.get("cut") and settings.side == "train":
         print(truncation.report(meta["cut"], meta["cut_seen"], meta["max_seq_len"]),
               file=sys.stdout, flush=True)
     if meta["dropped"]:
-        log.warning(dropped_line(meta["dropped"], meta["rows_read"], meta["max_seq_len"]))
+        log.warning(dropped_line(meta["dropped"], meta["rows_read"], meta["max_seq_len"],
+                                 settings.side))
 
 
 def cached(built: Any, deferred: list[PackedDataset], dataset_cfg: dict, tokenizer: Any,

@@ -21,3 +21,5 @@ class CacheSettings:
     # The fraction of the training split held out by content (``kubetune.holdout``);
     # None: the held-out set, if any, is a split or a dataset of its own.
     holdout_fraction: float | None = None
+    # Which side the datasets built now are: "train", or "val" (the held-out set's).
+    side: str = "train"
