@@ -15,6 +15,8 @@ The rooms, in the order a run goes through them:
   child's environment, supervision, the outcome, what a finished run leaves);
 - ``failures/``: the failure record a recipe process that fails for a known reason leaves
   for the launcher (kind, one line, exit code), below both;
+- ``validation/``: the held-out loss, when it is measured, early stop (issue 42), called
+  from ``recipe_process``;
 - ``recipe_process/``: inside the recipe process, around torchtune's own recipe file
   (``checkpointing.checkpoint_store`` saves, ``metric_logging`` reports);
 - ``models/`` and ``schedules``: components torchtune's config instantiates by
@@ -22,6 +24,6 @@ The rooms, in the order a run goes through them:
 
 The rooms are layers (tests/test_import_root.py): a room imports only rooms below it,
 lowest first request, failures, performance, config, data, checkpointing, metric_logging,
-planning, recipe_process, launcher, launch; ``models/`` and ``schedules`` import none of
+planning, validation, recipe_process, launcher, launch; ``models/`` and ``schedules`` import none of
 them.
 """

@@ -24,7 +24,9 @@ from kubetune.trainer.config.component_params import component_params, missing_c
 
 # Top-level keys the launcher itself reads or writes, whatever the recipe.
 LAUNCHER_KEYS = {"kubetune", "output_dir", "device", "dtype", "metric_logger",
-                 "resume_from_checkpoint", "log_peak_memory_stats", "compile", "seed"}
+                 "resume_from_checkpoint", "log_peak_memory_stats", "compile", "seed",
+                 # torchtune main's validation keys (issue 42), read by recipe_process.held_out
+                 "dataset_val", "run_val_every_n_steps"}
 # Sections whose keys the launcher rebuilds from the checkpoint (tokenizer, checkpointer)
 # or owns (kubetune): their keys are checked there, not here.
 OWN_SECTIONS = {"kubetune", "tokenizer", "checkpointer"}
@@ -113,7 +115,7 @@ def check(user_keys: list[str], base: DictConfig, cfg: DictConfig, recipe_path: 
         params, open_ended = _component_keys(*sections)
         if not params:
             continue
-        if top == "dataset":
+        if top in ("dataset", "dataset_val"):
             params |= LOAD_DATASET_KEYS
         if sub in params:
             continue
