@@ -142,7 +142,7 @@ def lora(pvc: Pvc, *extra: str) -> list[str]:
             "dataset.source=parquet", f"dataset.data_dir={pvc.dataset / 'data'}",
             "batch_size=4", "gradient_accumulation_steps=1", "seed=1", "dtype=fp32",
             "optimizer.lr=3e-3", f"lr_scheduler._component_={COSINE}",
-            "lr_scheduler.num_warmup_steps=2", "model.lora_dropout=0.1", *extra]
+            "lr_scheduler.num_warmup_steps=2", *extra]
 
 
 def held_out(val: Path, *extra: str) -> list[str]:
@@ -169,9 +169,10 @@ def test_validation_changes_nothing_about_training_and_runs_when_scheduled(
     each step's loss, what it trained on and the final weights are those of the same run
     without a held-out set, bit for bit (dropout on: the RNG is untouched)."""
     plain = make_pvc(tmp_path / "plain", tiny_model_dir, train_dir)
-    run_ok(plain, lora(plain, "epochs=2"))
+    run_ok(plain, lora(plain, "epochs=2", "model.lora_dropout=0.1"))
     pvc = make_pvc(tmp_path / "validated", tiny_model_dir, train_dir)
-    run_ok(pvc, lora(pvc, "epochs=2", *held_out(val_dir), "run_val_every_n_steps=4"))
+    run_ok(pvc, lora(pvc, "epochs=2", "model.lora_dropout=0.1", *held_out(val_dir),
+                     "run_val_every_n_steps=4"))
 
     got, want = trained_steps(pvc), trained_steps(plain)
     assert [(m["step"], m["batch_digest"], m["loss"], m["lr"]) for m in got] == \
