@@ -163,6 +163,7 @@ def val_lines(pvc: Pvc) -> list[dict]:
     return [m for m in pvc.metrics() if "val_loss" in m]
 
 
+@pytest.mark.slow
 def test_validation_changes_nothing_about_training_and_runs_when_scheduled(
         tmp_path, tiny_model_dir, train_dir, val_dir):
     """2 epochs x 6 steps, every 4 steps: measured at 0, 4, 6 (epoch 0's end), 8 and 12;
@@ -197,10 +198,12 @@ def test_validation_changes_nothing_about_training_and_runs_when_scheduled(
     assert record.early_stop is None and pvc.summary()["exit_reason"] == "completed"
 
 
+@pytest.mark.slow
 def test_an_epoch_cut_short_is_measured_at_its_save_and_the_default_is_ten_a_run(
         tmp_path, tiny_model_dir, train_dir, val_dir):
     """max_steps_per_epoch ends each epoch at a break (no boundary after its last step):
-    the epoch save measures it. 2 x 5 steps, no N set: every round(10 / 10) = 1 step."""
+    the epoch save measures it. 2 x 5 steps, no N set: every round(10 / 10) = 1 step;
+    N = 0: no validation at all."""
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, train_dir)
     run_ok(pvc, lora(pvc, "epochs=2", "max_steps_per_epoch=5", *held_out(val_dir)))
     record = validation_record.read(pvc.output)
@@ -214,6 +217,10 @@ def test_an_epoch_cut_short_is_measured_at_its_save_and_the_default_is_ten_a_run
     assert [e["step"] for e in validation_record.read(pvc2.output).evaluations] == [
         0, 3, 5, 6, 9, 10]
     assert [m["step"] for m in val_lines(pvc2)] == [0, 3, 5, 6, 9, 10]
+    off = make_pvc(tmp_path / "off", tiny_model_dir, train_dir)
+    run_ok(off, lora(off, "epochs=1", "max_steps_per_epoch=2", *held_out(val_dir),
+                     "run_val_every_n_steps=0"))
+    assert validation_record.read(off.output) is None and val_lines(off) == []
 
 
 @pytest.mark.slow
@@ -286,6 +293,7 @@ def summary_world_sizes(pvcs: list[Pvc]) -> list[int]:
     return [p.summary()["world_size"] for p in pvcs]
 
 
+@pytest.mark.slow
 def test_early_stop_ends_the_run_completed_with_its_epoch_saved_and_says_why(
         tmp_path, tiny_model_dir, train_dir, val_dir):
     """A learning rate far too high: the held-out loss rises after the base; patience 1
