@@ -41,6 +41,8 @@ def _build_heldout_until_merge(recipe: Any, dataset_val_cfg: Any, settings: Cach
     lands: ``dataset_val`` instantiated with the recipe's tokenizer through the cache."""
     from torchtune import config
 
+    if "packed" in dataset_val_cfg:  # never packed: its loss must not depend on packing
+        dataset_val_cfg = OmegaConf.merge(dataset_val_cfg, {"packed": False})
     with tokenized_data._datasets_cached(recipe, settings):
         return config.instantiate(dataset_val_cfg, recipe._tokenizer)
 
