@@ -9,8 +9,8 @@ The rooms, in the order a run goes through them:
 - ``performance/``, ``data/``, ``checkpointing/``, ``metric_logging/``: the machine, the
   dataset, the checkpoint and the reports, each a room of its own;
 - ``validation/``: held-out data: which held-out set a run measures on
-  (``validation.heldout_set``, planned before launch) and its measuring in the recipe
-  process;
+  (``validation.heldout_set``, planned before launch); the held-out loss, when it is
+  measured and early stop, called from ``recipe_process``;
 - ``planning/``: the request merged (``planning.plan``) with what
   ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
 - ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the

@@ -26,7 +26,7 @@ from kubetune.trainer.config.component_params import component_params, missing_c
 LAUNCHER_KEYS = {"kubetune", "output_dir", "device", "dtype", "metric_logger",
                  "resume_from_checkpoint", "log_peak_memory_stats", "compile", "seed",
                  # torchtune main's validation keys: the recipe process reads them
-                 # (kubetune.trainer.validation) where torchtune 0.6.1's recipes do not.
+                 # (kubetune.trainer.recipe_process.held_out) where torchtune 0.6.1's do not.
                  "dataset_val", "run_val_every_n_steps"}
 # Sections that are dataset components: `datasets.load_dataset`'s keys are theirs too.
 DATASET_SECTIONS = {"dataset", "dataset_val"}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kubetune.atomic_write import write_atomic
 from kubetune.workspace import COMPLETION_MARKER_NAME, SUMMARY_NAME, TRAINER_CONFIG_NAME
+from kubetune.workspace import validation_record
 from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker
 from kubetune.trainer.checkpointing import resume
@@ -26,8 +27,10 @@ def record_summary(plan_: RunPlan, ran: RecipeRun, stopped: bool) -> dict:
     """summary.json and the run report, however the run ended (rank 0's node only)."""
     if stopped:
         reason = "stopped by signal" + (" (grace period over)" if ran.killed else "")
+    elif ran.code == 0:
+        reason = early_stop_reason(plan_.output_dir) or "completed"
     else:
-        reason = "completed" if ran.code == 0 else f"failed (exit {ran.code})"
+        reason = f"failed (exit {ran.code})"
     summary = summarize(plan_.output_dir, ran.wall_s, reason, plan_.checkpoint.architecture.shape,
                         str(plan_.cfg.device), plan_.topology.world_size,
                         final_epoch_dir(plan_), plan_.method, plan_.cfg)
@@ -70,8 +73,24 @@ def fix_adapter_configs(output_dir: Path, model_dir: Path) -> None:
             write_atomic(path, json.dumps(config, indent=2))
 
 
+def early_stop_reason(output_dir: Path) -> str | None:
+    """Why a run that stopped early (``kubetune-validation.json``) ended, or None."""
+    record = validation_record.read(output_dir)
+    stop = record.early_stop if record is not None else None
+    if not stop:
+        return None
+    return (f"early stop: no improvement in {stop['patience']} evaluations (best val_loss "
+            f"{stop['best_val_loss']:.4f} at step {stop['best_step']})")
+
+
 def final_epoch_dir(plan_: RunPlan) -> str | None:
-    """This run's last epoch: the newest epoch_N could be a longer earlier run's leftover."""
+    """This run's last epoch: the newest epoch_N could be a longer earlier run's leftover;
+    a run that stopped early ended with the epoch it stopped in."""
+    record = validation_record.read(plan_.output_dir)
+    if record is not None and record.early_stop:
+        stopped = record.checkpoint_at(int(record.early_stop["step"]))
+        if stopped is not None and (plan_.output_dir / stopped).is_dir():
+            return stopped
     final = f"epoch_{int(plan_.cfg.get('epochs') or 1) - 1}"
     if (plan_.output_dir / final).is_dir():
         return final

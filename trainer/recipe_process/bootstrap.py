@@ -25,7 +25,7 @@ from kubetune.trainer.recipe_process import (cpu_adapt, failure_report, fallback
                                              recipe_hooks, recipe_noise, run_sanity,
                                              tokenized_data)
 from kubetune.trainer.request import passed_env
-from kubetune.trainer.recipe_process.step_guard import Guard, StopRequested
+from kubetune.trainer.recipe_process.step_guard import EarlyStopped, Guard, StopRequested
 
 log = logging.getLogger("trainer")
 
@@ -103,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [str(recipe_path), *recipe_args]
     try:
         module.recipe_main()
+    except EarlyStopped as stopped:
+        # Its epoch is saved as the final one; the recipe's own end (the metric logger
+        # closed: the user's logger ends its run) did not run past the raise.
+        stopped.recipe.cleanup()
+        _exit_now(0)
     except StopRequested as stop:
         _exit_now(stop.exit_code)
     except Exception as failed:

@@ -4,7 +4,8 @@ warm-up capped (``warmup_cap``) and samples recorded (``sample_capture``); its s
 handing the step guard the recipe and the progress logger its plan; every save checked
 first (``run_sanity``: nothing trained, or garbage, is never saved) and vouched for by the
 step guard after, through the recipe's own ``save_checkpoint`` or torchtune's
-CheckpointClient, whichever the recipe saves with.
+CheckpointClient, whichever the recipe saves with; the held-out set (``held_out``) built
+after setup, measured before each epoch's save and its checkpoint's loss recorded after.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import functools
 
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.metric_logging import run_report, train_progress
-from kubetune.trainer.recipe_process import (empty_batches, run_sanity, sample_capture,
-                                             tokenized_data, warmup_cap)
+from kubetune.trainer.recipe_process import (empty_batches, held_out, run_sanity,
+                                             sample_capture, tokenized_data, warmup_cap)
 from kubetune.trainer.recipe_process.step_guard import Guard
 
 
@@ -50,6 +51,8 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
         cfg = kwargs.get("cfg", args[0] if args else None)  # recipe_main: setup(cfg=cfg)
         if cfg is not None:
             train_progress.warn_about_warmup(self, cfg)
+            if data is not None:
+                guard.held_out = held_out.HeldOut.set_up(self, cfg, guard.settings, guard, data)
         return result
 
     cls.setup = setup
@@ -61,11 +64,16 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
         def save_checkpoint(self, epoch: int, *args, **kwargs):
             # Nothing trained, or garbage trained, is never saved (as a result or to resume).
             run_sanity.check_before_save(self, getattr(self, "_model", None), guard.asked_sizes)
+            validated = guard.held_out if guard.forced_reason is None else None
+            if validated is not None:
+                validated.before_epoch_save(self, epoch)  # may make this save the final one
             checkpointer = getattr(self, "_checkpointer", None)
             original_dir = guard.before_save(checkpointer)
             result = original_save(self, epoch, *args, **kwargs)
             resumable = epoch + 1 < self.total_epochs
             guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch, resumable)
+            if validated is not None:
+                validated.after_epoch_save(self, epoch)
             _report_progress(guard, resumable)
             return result
 
@@ -78,14 +86,20 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
 
         @functools.wraps(original_client_save)
         def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
-            run_sanity.check_before_save(current.get("recipe"), model, guard.asked_sizes)
+            recipe = current.get("recipe")
+            run_sanity.check_before_save(recipe, model, guard.asked_sizes)
+            validated = guard.held_out if guard.forced_reason is None else None
+            if validated is not None and recipe is not None:
+                validated.before_epoch_save(recipe, epoch, training_progress)
             checkpointer = self._get_checkpointer()
             original_dir = guard.before_save(checkpointer)
             result = original_client_save(self, model, optimizer, training_progress, epoch,
                                           *args, **kwargs)
             resumable = epoch + 1 < training_progress.total_epochs
-            guard.after_save(current.get("recipe"), checkpointer, original_dir,
+            guard.after_save(recipe, checkpointer, original_dir,
                              training_progress.epochs_run, epoch, resumable)
+            if validated is not None and recipe is not None:
+                validated.after_epoch_save(recipe, epoch)
             _report_progress(guard, resumable)
             return result
 

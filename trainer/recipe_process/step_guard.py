@@ -47,6 +47,17 @@ class StopRequested(Exception):
     exit_code = EXIT_TRANSIENT
 
 
+class EarlyStopped(StopRequested):
+    """Raised at the start of the epoch after an early stop's final save (``held_out``):
+    the run is complete; the recipe's cleanup is left to the catcher."""
+
+    exit_code = 0
+
+    def __init__(self, recipe: Any) -> None:
+        super().__init__()
+        self.recipe = recipe
+
+
 def batch_digest(batch: Any, hasher: "hashlib._Hash") -> None:
     """Feed what a micro-batch trains on (its token ids) into ``hasher``."""
     tokens = batch.get("tokens") if isinstance(batch, dict) else None
@@ -59,6 +70,7 @@ class Guard:
 
     def __init__(self, settings: dict, output_dir: str) -> None:
         self.output_dir = Path(output_dir)
+        self.settings = settings
         self.stop_file = passed_env.stop_file()
         self.save_every = int(settings.get("save_every_n_steps") or 0)
         self.fingerprint = str(settings.get("fingerprint") or "")
@@ -76,6 +88,10 @@ class Guard:
         self.rank = passed_env.rank()
         self.test_step_pause = passed_env.test_step_pause()
         self.store = CheckpointStore(self.output_dir) if self.rank == 0 else None
+        # The held-out set's hooks (``recipe_process.held_out``), set after the recipe's
+        # setup where the run validates; ``early_stopped`` once it has stopped the run.
+        self.held_out: Any = None
+        self.early_stopped = False
 
     def install_signal_handler(self) -> None:
         def on_term(signum, frame) -> None:
@@ -223,6 +239,9 @@ class GuardedLoader:
 
     def __iter__(self) -> Iterator:
         recipe, guard = self._recipe, self._guard
+        if guard.early_stopped:
+            # The early stop's epoch is saved (as the final one): the run is complete.
+            raise EarlyStopped(recipe)
         if guard.stop_pending:
             # Asked to stop during the last step of an epoch: the epoch's own save is the
             # resumable checkpoint.
@@ -241,6 +260,9 @@ class GuardedLoader:
         logger = getattr(recipe, "_metric_logger", None)
         if hasattr(logger, "set_epoch"):
             logger.set_epoch(recipe.epochs_run)
+        # The base model (step 0), before any step; on a resume, a stop its record decided.
+        if guard.held_out is not None and guard.held_out.at_boundary(recipe, epoch_end=False):
+            return
         if budget == 0:
             return  # (telling the sampler to skip would carry over into the next epoch)
         skip = 0 if not offset or self._skip_in_sampler(offset * accum) else offset * accum
@@ -257,6 +279,11 @@ class GuardedLoader:
                 # At the epoch's end the recipe's own save follows (and a pending stop
                 # raises at the next epoch's start): no save of ours there.
                 mid_epoch = guard.steps_in_epoch < steps_this_epoch
+                # Measured before a save (the record holds it when a resume starts here);
+                # an early stop ends the epoch here and the recipe's own save follows.
+                if guard.held_out is not None and guard.held_out.at_boundary(
+                        recipe, epoch_end=not mid_epoch):
+                    return
                 if guard.stop_pending and mid_epoch:
                     guard.save_now(recipe, "signal")
                     raise StopRequested()

@@ -1,0 +1,211 @@
+"""Validation around an unmodified torchtune recipe (0.6.1's have no validation loop).
+
+After the recipe's setup (``recipe_hooks``), the held-out dataset named by ``dataset_val``
+is built with the recipe's tokenizer through the token cache, unpacked. The step guard's
+loader asks ``at_boundary`` at every optimizer-step boundary, and the epoch-save wrapper
+asks ``before_epoch_save`` (an epoch cut short by ``max_steps_per_epoch`` ends without
+another boundary); ``kubetune.trainer.validation.schedule`` says which steps are measured.
+Every evaluation is logged through the recipe's metric logger and written to the record
+(``kubetune.workspace.validation_record``, rank 0); each epoch checkpoint's loss is added
+once it is committed. Always before a save: on CPU torchtune's LoRA save folds the adapter
+into the live weights.
+
+Early stop: once ``early_stop_patience`` evaluations in a row have not bettered the best,
+the epoch ends at that boundary, ``total_epochs`` is cut to it so the recipe's own epoch
+save is its final one (no optimizer state), and the next epoch's start raises
+``step_guard.EarlyStopped``: the process ends 0, the run completed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from kubetune.workspace import validation_record
+from kubetune.workspace.validation_record import ValidationRecord
+from kubetune.trainer.data.token_cache.settings import CacheSettings
+from kubetune.trainer.recipe_process import tokenized_data
+from kubetune.trainer.recipe_process.step_guard import Guard
+from kubetune.trainer.validation import val_loop
+from kubetune.trainer.validation.early_stop import EarlyStop
+from kubetune.trainer.validation.schedule import Schedule, every_n_steps
+
+log = logging.getLogger("trainer")
+
+
+def _build_heldout_until_merge(recipe: Any, dataset_val_cfg: Any, settings: CacheSettings) -> Any:
+    """Stand-in for ``tokenized_data.build_heldout`` (engineer A's, issue 42) until it
+    lands: ``dataset_val`` instantiated with the recipe's tokenizer through the cache."""
+    from torchtune import config
+
+    if "packed" in dataset_val_cfg:  # never packed: its loss must not depend on packing
+        dataset_val_cfg = OmegaConf.merge(dataset_val_cfg, {"packed": False})
+    with tokenized_data._datasets_cached(recipe, settings):
+        return config.instantiate(dataset_val_cfg, recipe._tokenizer)
+
+
+def build_heldout(recipe: Any, dataset_val_cfg: Any, settings: CacheSettings) -> Any:
+    # TODO(merge, issue 42): call tokenized_data.build_heldout directly once A's lands.
+    built = getattr(tokenized_data, "build_heldout", None) or _build_heldout_until_merge
+    return built(recipe, dataset_val_cfg, settings)
+
+
+def _collate(cfg: DictConfig, recipe: Any) -> Any:
+    """The recipe's collate for unpacked rows (validation is never packed)."""
+    from torchtune.config._utils import _get_component_from_path
+
+    collate = _get_component_from_path(cfg.get("collate_fn", "torchtune.data.padded_collate_sft"))
+    return functools.partial(collate, padding_idx=recipe._tokenizer.pad_id,
+                             ignore_idx=recipe._loss_fn.ignore_index)
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def steps_per_epoch(recipe: Any) -> int:
+    """Optimizer steps per epoch, as the step guard counts them."""
+    accum = max(1, int(getattr(recipe, "_gradient_accumulation_steps", 1)))
+    steps = len(recipe._dataloader) // accum
+    if recipe.max_steps_per_epoch is not None:
+        steps = min(steps, recipe.max_steps_per_epoch)
+    return steps
+
+
+class HeldOut:
+    """The held-out set of one recipe process, its schedule, early stop and record."""
+
+    def __init__(self, recipe: Any, cfg: DictConfig, settings: dict, guard: Guard,
+                 dataset: Any, every_n: int) -> None:
+        section = settings.get("validation") or {}
+        self.guard = guard
+        self.dataset = dataset
+        self.batch_size = int(cfg.batch_size)
+        self.collate = _collate(cfg, recipe)
+        self.world = _world()
+        self.prompts = int(section.get("prompts", 3) or 0)
+        self.max_new_tokens = int(section.get("max_new_tokens", 64) or 64)
+        resumed = bool(recipe._resume_from_checkpoint) and guard.resume_global_step is not None
+        self.schedule = Schedule(every_n, steps_per_epoch(recipe), int(recipe.total_epochs),
+                                 resumed=resumed)
+        self.record = validation_record.read(guard.output_dir) if resumed else None
+        if self.record is not None:
+            self.record.cut_to(guard.resume_global_step)
+        else:
+            self.record = ValidationRecord(
+                source=section.get("source", "config"), split=section.get("split"),
+                train_split=section.get("train_split"), fraction=section.get("fraction"))
+        self.record.rows, self.record.every_n_steps = len(dataset), every_n
+        for evaluation in self.record.evaluations:
+            self.schedule.mark(int(evaluation["step"]))
+        self.early = EarlyStop.replayed(int(section.get("early_stop_patience") or 0),
+                                        self.record.evaluations)
+        self.stopped_at: int | None = None
+        self._write()
+
+    @classmethod
+    def set_up(cls, recipe: Any, cfg: DictConfig, settings: dict, guard: Guard,
+               data: CacheSettings) -> "HeldOut | None":
+        """The run's held-out set, or None: no ``dataset_val``, or validation off (0)."""
+        dataset_val = cfg.get("dataset_val")
+        if dataset_val is None:
+            return None
+        total = steps_per_epoch(recipe) * int(recipe.total_epochs)
+        every_n = every_n_steps(cfg.get("run_val_every_n_steps"), total)
+        if every_n == 0:
+            return None
+        dataset = build_heldout(recipe, dataset_val, data)
+        if len(dataset) == 0:
+            return None  # A refuses an empty held-out split in the plan (exit 65)
+        held = cls(recipe, cfg, settings, guard, dataset, every_n)
+        if guard.rank == 0:
+            log.info("validation: %d held-out rows, every %d step(s) of %d%s", len(dataset),
+                     every_n, total, f", early stop after {held.early.patience} without "
+                     "improvement" if held.early.patience else "")
+        return held
+
+    # -- when ----------------------------------------------------------------------------
+
+    def at_boundary(self, recipe: Any, epoch_end: bool) -> bool:
+        """Measure this step boundary if due; True when the run stops early here."""
+        step = int(recipe.global_step)
+        if self.schedule.due(step, epoch_end):
+            self.evaluate(recipe, step, recipe.epochs_run)
+        return self._stop_here(recipe, step, recipe.epochs_run)
+
+    def before_epoch_save(self, recipe: Any, epoch: int, progress: Any = None) -> None:
+        """The epoch's end (its last step), before the recipe's save of it."""
+        step = int(recipe.global_step)
+        if self.schedule.due(step, epoch_end=True):
+            self.evaluate(recipe, step, epoch)
+        if self._stop_here(recipe, step, epoch) and progress is not None:
+            progress.total_epochs = recipe.total_epochs  # CheckpointClient's copy of it
+        if epoch + 1 >= recipe.total_epochs:
+            self._answers(recipe, "tuned", step)
+
+    def _stop_here(self, recipe: Any, step: int, epoch: int) -> bool:
+        if self.stopped_at is not None:
+            return True
+        if not self.early.exhausted or step >= self.schedule.total_steps:
+            return False
+        self.stopped_at = step
+        self.guard.early_stopped = True
+        recipe.total_epochs = epoch + 1  # the epoch's own save becomes the final one
+        self.record.early_stop = {"patience": self.early.patience, "step": step,
+                                  "best_step": self.early.best_step,
+                                  "best_val_loss": self.early.best_val_loss}
+        self._write()
+        if self.guard.rank == 0:
+            log.info("early stop at step %d: no improvement in %d evaluations (best val_loss "
+                     "%.4f at step %d)", step, self.early.patience, self.early.best_val_loss,
+                     self.early.best_step)
+        return True
+
+    # -- what ----------------------------------------------------------------------------
+
+    def evaluate(self, recipe: Any, step: int, epoch: int) -> None:
+        loss, tokens = val_loop.held_out_loss(recipe, self.dataset, self.batch_size,
+                                              self.collate, self.guard.rank, self.world)
+        self.schedule.mark(step)
+        self.early.observe(step, loss)
+        self.record.tokens = tokens
+        self.record.evaluations.append({"step": step, "epoch": int(epoch),
+                                        "val_loss": loss, "val_tokens": tokens})
+        self._write()
+        logger = getattr(recipe, "_metric_logger", None)
+        if self.guard.rank == 0 and logger is not None:
+            logger.log_dict({"val_loss": loss, "val_tokens": tokens}, step=step)
+        if step == 0:
+            self._answers(recipe, "base", step)
+
+    def after_epoch_save(self, recipe: Any, epoch: int) -> None:
+        """The committed epoch checkpoint's held-out loss, into the record."""
+        step = int(recipe.global_step)
+        evaluation = self.record.evaluation_at(step)
+        self.record.checkpoints[f"epoch_{epoch}"] = {
+            "step": step, "val_loss": evaluation["val_loss"] if evaluation else None}
+        self._write()
+
+    def _answers(self, recipe: Any, which: str, step: int) -> None:
+        """Engineer D's answers side by side (issue 42), where that module is present."""
+        if self.prompts <= 0:
+            return
+        try:
+            from kubetune.trainer.validation import answers
+            from kubetune.workspace import answers_record
+        except ImportError:
+            return
+        with val_loop.training_state_kept(recipe._model, recipe._device):
+            result = answers.answer(recipe, self.dataset, self.prompts, self.max_new_tokens)
+        if self.guard.rank == 0:
+            write = answers_record.write_base if which == "base" else answers_record.write_tuned
+            write(self.guard.output_dir, result, step)
+
+    def _write(self) -> None:
+        if self.guard.rank == 0:
+            validation_record.write(self.guard.output_dir, self.record)
