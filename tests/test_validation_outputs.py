@@ -279,3 +279,105 @@ def test_a_run_without_a_held_out_set_reports_as_before(tmp_path, tiny_model_dir
     assert summary["validation"] is None and summary["train_data"] is None
     page = run_report.render(tmp_path, run_report.loss_steps(tmp_path), summary, "completed")
     assert "## Validation" not in page and "held out" not in page
+
+
+# --- `kubetune export --checkpoint best|last` on a real run's output ----------------------
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(trained_run, tmp_path_factory) -> Path:
+    """The trained run's output with a second saved checkpoint, ``epoch_1``, whose adapter
+    moved on from ``epoch_0`` (as a later epoch's does) and whose held-out loss is worse:
+    the run ended on epoch_1; the best checkpoint is epoch_0."""
+    from safetensors.torch import load_file, save_file
+
+    from kubetune.trainer.metric_logging.validation_numbers import validation_summary
+
+    output = Path(shutil.copytree(trained_run.output_dir,
+                                  tmp_path_factory.mktemp("two") / "output", symlinks=True))
+    marker_path = output / "kubetune-complete.json"
+    marker = json.loads(marker_path.read_text())
+    assert marker["checkpoint"] == "epoch_0"
+    shutil.copytree(output / "epoch_0", output / "epoch_1")
+    adapter = output / "epoch_1" / "adapter_model.safetensors"
+    tensors = load_file(adapter)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 0.01
+    save_file(tensors, adapter)
+    marker_path.write_text(json.dumps({**marker, "checkpoint": "epoch_1"}))
+    validation_record.write(output, _record())
+    summary = json.loads((output / "summary.json").read_text())
+    summary["validation"] = validation_summary(output)
+    (output / "summary.json").write_text(json.dumps(summary))
+    return output
+
+
+def _export(trained_run, output: Path, dest: Path, *args: str, **env: str):
+    return kubetune("export", "--export-uri", str(dest), *args,
+                    env=trained_run.env(KUBETUNE_OUTPUT_DIR=str(output), **env))
+
+
+@pytest.mark.slow
+def test_export_best_takes_the_checkpoint_with_the_lowest_validation_loss(
+        trained_run, two_checkpoints, tmp_path):
+    dest = tmp_path / "export"
+    result = _export(trained_run, two_checkpoints, dest, KUBETUNE_EXPORT_CHECKPOINT="best")
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "exporting epoch_0" in line]
+    assert len(said) == 1 and "INFO" in said[0], result.stderr[-3000:]
+    assert "the lowest validation loss (1.7000 at step 6) of 2 saved checkpoints (the last, " \
+           "epoch_1: 2.0000)" in said[0]
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert (manifest["checkpoint"], manifest["checkpoint_by"], manifest["checkpoint_val_loss"]) \
+        == ("epoch_0", "best", 1.7)
+    files = {f["path"]: f["sha256"] for f in manifest["files"]}
+    # The weights are the best checkpoint's, checked against its merged model (logits).
+    assert files["adapter_model.safetensors"] == \
+        _sha256(two_checkpoints / "epoch_0" / "adapter_model.safetensors")
+    assert manifest["verification"]["logits"]["max_abs_diff"] is not None
+    card = (dest / "README.md").read_text()
+    assert "- exported checkpoint: `epoch_0` (the lowest validation loss at step 6, validation " \
+           "loss 1.7000)" in card
+    assert "- validation loss (held out: split `test`, 32 rows): base model 2.5000, best " \
+           "1.7000 at step 6, last 2.0000 at step 12" in card
+
+
+@pytest.mark.slow
+def test_export_last_is_the_default_and_the_option_beats_the_variable(
+        trained_run, two_checkpoints, tmp_path):
+    dest = tmp_path / "export"
+    result = _export(trained_run, two_checkpoints, dest, "--checkpoint", "last",
+                     "--no-verify-logits", KUBETUNE_EXPORT_CHECKPOINT="best")
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert (manifest["checkpoint"], manifest["checkpoint_by"], manifest["checkpoint_val_loss"]) \
+        == ("epoch_1", "last", 2.0)
+    files = {f["path"]: f["sha256"] for f in manifest["files"]}
+    assert files["adapter_model.safetensors"] == \
+        _sha256(two_checkpoints / "epoch_1" / "adapter_model.safetensors") != \
+        _sha256(two_checkpoints / "epoch_0" / "adapter_model.safetensors")
+    assert "- exported checkpoint: `epoch_1` (the run's last at step 12, validation loss " \
+           "2.0000)" in (dest / "README.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("record", ["none", "no checkpoint measured"])
+def test_export_best_of_a_run_without_validation_is_exit_65(trained_run, tmp_path, record):
+    output = Path(shutil.copytree(trained_run.output_dir, tmp_path / "output", symlinks=True))
+    if record != "none":
+        validation_record.write(output, _record(checkpoints={}))
+    result = _export(trained_run, output, tmp_path / "export", "--checkpoint", "best")
+    assert result.returncode == 65, result.stderr[-3000:]
+    lines = error_lines(result)
+    assert len(lines) == 1, result.stderr[-3000:]
+    expected = "has no kubetune-validation.json" if record == "none" else \
+        "no saved checkpoint in"
+    assert "--checkpoint best" in lines[0] and expected in lines[0], lines
+    assert "KUBETUNE_EXPORT_CHECKPOINT=last" in lines[0] and "KUBETUNE_VAL_FRACTION" in lines[0]
+    assert not (tmp_path / "export").exists()
