@@ -381,3 +381,21 @@ def test_export_best_of_a_run_without_validation_is_exit_65(trained_run, tmp_pat
     assert "--checkpoint best" in lines[0] and expected in lines[0], lines
     assert "KUBETUNE_EXPORT_CHECKPOINT=last" in lines[0] and "KUBETUNE_VAL_FRACTION" in lines[0]
     assert not (tmp_path / "export").exists()
+
+
+def test_kubetune_local_ends_with_the_validation_loss(tmp_path):
+    from kubetune.entrypoints.local import summary_lines
+    from kubetune.trainer.metric_logging.validation_numbers import validation_summary
+
+    output = tmp_path / "workspace" / "output"
+    output.mkdir(parents=True)
+    validation_record.write(output, _record())
+    summary = {"steps": 12, "first_loss": 2.9, "last_loss": 1.8, "tokens_per_second": 500.0,
+               "checkpoint": "epoch_1", "validation": validation_summary(output)}
+    (output / "summary.json").write_text(json.dumps(summary))
+    lines = summary_lines(tmp_path)
+    assert lines[1:3] == ["loss: 2.9000 (first) -> 1.8000 (last)",
+                          "val loss: 2.5000 (base) -> 2.0000 (last), best 1.7000 @ step 6"]
+    del summary["validation"]
+    (output / "summary.json").write_text(json.dumps(summary))
+    assert not any(line.startswith("val loss") for line in summary_lines(tmp_path))
