@@ -399,3 +399,19 @@ def test_kubetune_local_ends_with_the_validation_loss(tmp_path):
     del summary["validation"]
     (output / "summary.json").write_text(json.dumps(summary))
     assert not any(line.startswith("val loss") for line in summary_lines(tmp_path))
+
+
+def test_the_final_status_carries_the_last_best_and_base_val_loss(tmp_path):
+    from kubetune.trainer.metric_logging.train_progress import report_finished
+    from kubetune.trainer.metric_logging.validation_numbers import validation_summary
+
+    validation_record.write(tmp_path, _record())
+    server = status_server.start(tmp_path / "status")
+    try:
+        report_finished({"last_loss": 1.8, "last_step": 12, "epochs": 2,
+                         "validation": validation_summary(tmp_path)}, server.env())
+    finally:
+        server.stop()
+    final = {m["name"]: m["value"] for m in server.requests[-1].body["trainerStatus"]["metrics"]}
+    assert (final["loss"], final["val_loss"], final["best_val_loss"], final["base_val_loss"]) \
+        == ("1.8", "2", "1.7", "2.5")
