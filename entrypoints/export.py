@@ -17,7 +17,8 @@ from kubetune.workspace import workspace
 def run_export(output_dir: str, model_dir: str, dataset_dir: str,
                export_uri: str | None = None, export_format: str | None = None,
                export_revision: str | None = None, verify_logits: bool = True,
-               verify_max_bytes: int | None = None, chat_template: str = "check") -> dict:
+               verify_max_bytes: int | None = None, chat_template: str = "check",
+               checkpoint: str = "last") -> dict:
     """Export the completed training run in ``output_dir``; return the export manifest."""
     require("export", "kubetune export")
     return export(ExportRequest(
@@ -25,6 +26,7 @@ def run_export(output_dir: str, model_dir: str, dataset_dir: str,
         destination=export_uri or str(workspace().export_dir), format=export_format or None,
         revision=export_revision or None, verify_logits=verify_logits,
         verify_max_bytes=verify_max_bytes, chat_template=chat_template,
+        checkpoint=checkpoint,
     ))
 
 
@@ -58,6 +60,10 @@ def run_export(output_dir: str, model_dir: str, dataset_dir: str,
                    "run's training samples did (else fail), write the format the model was "
                    "trained on where the base has none; trained: write that format over the "
                    "base's; base: export the base's tokenizer files unchecked")
+@click.option("--checkpoint", envvar=env.EXPORT_CHECKPOINT, default="last", show_default=True,
+              show_envvar=True, type=click.Choice(["last", "best"]),
+              help="last: the checkpoint the run ended with; best: the saved checkpoint with "
+                   "the lowest validation loss (a run with a held-out set only)")
 @step_command("exporter")
 def export_command(**options) -> None:
     """Export the trained model from the trainer's output directory."""

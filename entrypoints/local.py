@@ -98,6 +98,11 @@ def summary_lines(workdir: Path) -> list[str]:
         f"loss: {summary['first_loss']:.4f} (first) -> {summary['last_loss']:.4f} (last)",
         f"tokens/s: {tps:.0f}" if tps else "tokens/s: n/a",
     ]
+    held_out = summary.get("validation") or {}
+    if held_out.get("base_val_loss") is not None and held_out.get("last_val_loss") is not None:
+        lines.insert(2, f"val loss: {held_out['base_val_loss']:.4f} (base) -> "
+                        f"{held_out['last_val_loss']:.4f} (last), best "
+                        f"{held_out['best_val_loss']:.4f} @ step {held_out['best_step']}")
     if adapter:
         lines.append(f"adapter: {(pvc / 'export' / adapter).parent.resolve()}")
     lines.append(f"checkpoint: {(pvc / 'output' / summary['checkpoint']).resolve()}")

@@ -1,7 +1,8 @@
 """The exporter step: turn the trainer's output into an artifact a serving stack loads.
 
 Flow (``export``): ``training_output`` (the completed checkpoint, never a half-written
-one) and ``base_model`` (the base weights on the PVC and how a user names them) ->
+one; ``checkpoint_choice``: the run's last, or the saved one with the lowest validation
+loss) and ``base_model`` (the base weights on the PVC and how a user names them) ->
 ``artifact`` (PEFT adapter and/or merged model files, in Hugging Face layout; ``dora``
 puts DoRA's magnitudes in Hugging Face's row order) plus ``tokenizer_files`` (the base's
 tokenizer with the chat template and stop tokens the run trained with: ``chat_format``

@@ -40,6 +40,9 @@ class ExportRequest:
     # check: the base's chat template must prompt as training did (torchtune's format is
     # written where the base has none); trained: torchtune's format always; base: unchecked.
     chat_template: str = "check"
+    # last: the checkpoint the run ended with; best: the saved one with the lowest
+    # validation loss.
+    checkpoint: str = "last"
 
 
 def _memory_available() -> int:
@@ -114,7 +117,7 @@ def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: s
 
 def export(request: ExportRequest) -> dict:
     """Export the completed run; return the manifest now at the destination."""
-    training = locate(request.output_dir)
+    training = locate(request.output_dir, request.checkpoint)
     fmt = request.format or artifact.default_format(training)
     if fmt not in artifact.FORMATS:
         raise BadInputError(f"EXPORT_FORMAT {fmt!r} is not one of {', '.join(artifact.FORMATS)}")
@@ -151,6 +154,7 @@ def export(request: ExportRequest) -> dict:
             config=training.config(),
             model_dir=request.model_dir, curves=carried.get("curves"),
             report=carried.get("report"), destination=request.destination,
+            checkpoint=training.chosen,
             target_modules=(artifact.adapter_config(training, base).get("target_modules")
                             if training.is_peft else None),
             chat_template=find_template(loaded) is not None,
@@ -158,7 +162,9 @@ def export(request: ExportRequest) -> dict:
         result = export_manifest.build(
             tree, fmt=fmt, base_model=base, dataset=dataset,
             training_config=training.config_text(), metrics=metrics,
-            checkpoint=training.marker.checkpoint, verification={})
+            checkpoint=training.checkpoint, verification={},
+            checkpoint_by=training.chosen.by if training.chosen else None,
+            checkpoint_val_loss=training.chosen.val_loss if training.chosen else None)
         previous = destination.read_manifest()
         if export_manifest.same_export(previous, result):
             log.info("%s already holds this export (manifest matches): nothing to upload",

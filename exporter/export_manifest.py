@@ -30,7 +30,10 @@ def file_entries(tree: Path) -> list[dict]:
 
 
 def build(tree: Path, *, fmt: str, base_model: dict, dataset: dict, training_config: str | None,
-          metrics: dict, checkpoint: str | None, verification: dict) -> dict:
+          metrics: dict, checkpoint: str | None, verification: dict,
+          checkpoint_by: str | None = None, checkpoint_val_loss: float | None = None) -> dict:
+    """``checkpoint``: the exported checkpoint's directory; ``checkpoint_by``: how it was
+    chosen (last, best); ``checkpoint_val_loss``: its validation loss, where measured."""
     return {
         "version": VERSION,
         "format": fmt,
@@ -40,6 +43,8 @@ def build(tree: Path, *, fmt: str, base_model: dict, dataset: dict, training_con
         "training_config": training_config,
         "metrics": metrics,
         "checkpoint": checkpoint,
+        "checkpoint_by": checkpoint_by,
+        "checkpoint_val_loss": checkpoint_val_loss,
         "verification": verification,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -1,14 +1,15 @@
 """The export's model card (README.md), built with huggingface_hub's ModelCard and
 ModelCardData, so the hub (and anything reading the card) finds base model, datasets,
-library, licence and tags in its metadata; then what was trained, how, how it ended, the
-loss curve, and how to load it."""
+library, licence and tags in its metadata; then what was trained, how, how it ended (with a
+held-out set: the base model's, the best and the last validation loss, and which checkpoint
+was exported), the loss curve, and how to load it."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from huggingface_hub import ModelCard, ModelCardData
 
@@ -146,6 +147,33 @@ def _select(config: Mapping, dotted: str):
     return value
 
 
+def validation_lines(validation: Mapping | None, checkpoint: Any = None) -> list[str]:
+    """The held-out loss from the base model to the last step, and which saved checkpoint
+    this export is (the run's last, or the one with the lowest validation loss)."""
+    lines: list[str] = []
+    v = validation or {}
+    if v.get("base_val_loss") is not None or v.get("last_val_loss") is not None:
+        held = f"split `{v['split']}`" if v.get("split") else (
+            f"a {v['fraction']} fraction of the training split" if v.get("fraction")
+            else "the config's `dataset_val`")
+        lines.append(f"- validation loss (held out: {held}"
+                     + (f", {v['rows']} rows" if v.get("rows") is not None else "") + "): "
+                     f"base model {_loss(v.get('base_val_loss'))}, best "
+                     f"{_loss(v.get('best_val_loss'))} at step {v.get('best_step')}, last "
+                     f"{_loss(v.get('last_val_loss'))} at step {v.get('last_step')}")
+    if checkpoint is not None:
+        why = "the lowest validation loss" if checkpoint.by == "best" else "the run's last"
+        loss = f", validation loss {checkpoint.val_loss:.4f}" \
+            if checkpoint.val_loss is not None else ""
+        step = f" at step {checkpoint.step}" if checkpoint.step is not None else ""
+        lines.append(f"- exported checkpoint: `{checkpoint.name}` ({why}{step}{loss})")
+    return lines
+
+
+def _loss(value: Any) -> str:
+    return "?" if value is None else f"{float(value):.4f}"
+
+
 def on_kubeflow(environ: Mapping[str, str]) -> bool:
     """In a pod of a cluster, and not a `kubetune local` run."""
     return bool(environ.get(env.KUBERNETES_SERVICE_HOST)) and not environ.get(env.LOCAL_RUN)
@@ -171,11 +199,13 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
            model_dir: Path | None = None, curves: str | None = None,
            report: str | None = None, environ: Mapping[str, str] | None = None,
            destination: str | None = None, target_modules: list[str] | None = None,
-           chat_template: bool = False, generation_config: bool = False) -> str:
+           chat_template: bool = False, generation_config: bool = False,
+           checkpoint: Any = None) -> str:
     """``destination``: the export URI (the load snippet names it); ``target_modules``: the
     adapter's modules in Hugging Face names, as ``adapter_config.json`` lists them;
     ``chat_template`` / ``generation_config``: the export's tokenizer files have a chat
-    template / it has a generation config (the snippet prompts and generates with them)."""
+    template / it has a generation config (the snippet prompts and generates with them);
+    ``checkpoint``: the exported checkpoint as chosen (``checkpoint_choice.ChosenCheckpoint``)."""
     config = config or {}
     # Where the card says it ran: Kubernetes' variable and `kubetune local`'s (on_kubeflow).
     environ = os.environ if environ is None else environ
@@ -197,6 +227,7 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
                        ("last_loss", "final loss")):
         if metrics.get(key) is not None:
             lines.append(f"- {label}: {_fmt(metrics[key])}")
+    lines += validation_lines(metrics.get("validation"), checkpoint)
     if metrics.get("tokens_per_second"):
         device = metrics.get("gpu") or metrics.get("device")
         lines.append(f"- speed: {metrics['tokens_per_second']:.0f} tokens/s on {device} x "

@@ -1,4 +1,5 @@
-"""Find the checkpoint the trainer finished, by its completion marker, and check it is whole."""
+"""Find the checkpoint to export: the one the trainer finished, by its completion marker, or
+the saved one with the lowest validation loss (``checkpoint_choice``); check it is whole."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kubetune.errors import BadInputError
+from kubetune.exporter.checkpoint_choice import DEFAULT, ChosenCheckpoint, choose
 from kubetune.workspace import (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CURVES_NAME,
                                 RUN_REPORT_NAME)
 from kubetune.workspace.model_files import indexed_shards
@@ -20,6 +22,13 @@ class TrainingOutput:
     output_dir: Path
     checkpoint_dir: Path
     marker: CompletionMarker
+    # Which checkpoint, chosen how, and its validation loss where the run measured one.
+    chosen: ChosenCheckpoint | None = None
+
+    @property
+    def checkpoint(self) -> str:
+        """The exported checkpoint's directory, relative to output_dir."""
+        return self.chosen.name if self.chosen else self.marker.checkpoint
 
     @property
     def method(self) -> str:
@@ -69,11 +78,14 @@ class TrainingOutput:
         return self._config
 
 
-def locate(output_dir: Path) -> TrainingOutput:
+def locate(output_dir: Path, checkpoint: str = DEFAULT) -> TrainingOutput:
+    """``checkpoint``: ``last`` (the run's end) or ``best`` (the lowest validation loss)."""
     output_dir = Path(output_dir)
     marker = read_marker(output_dir)
-    checkpoint_dir = output_dir / marker.checkpoint
-    training = TrainingOutput(output_dir=output_dir, checkpoint_dir=checkpoint_dir, marker=marker)
+    chosen = choose(output_dir, marker, checkpoint)
+    checkpoint_dir = output_dir / chosen.name
+    training = TrainingOutput(output_dir=output_dir, checkpoint_dir=checkpoint_dir, marker=marker,
+                              chosen=chosen)
     if training.is_peft and not (checkpoint_dir / ADAPTER_WEIGHTS_NAME).is_file():
         raise BadInputError(f"{checkpoint_dir} lacks {ADAPTER_WEIGHTS_NAME}, which a "
                             f"{marker.method} run saves: the checkpoint is incomplete; re-run "

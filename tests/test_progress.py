@@ -321,7 +321,7 @@ def test_curves_have_a_smoothed_loss_and_eval_loss_when_the_run_has_one(tmp_path
     assert smooth_y[-1] < smooth_y[10]
     assert list(evaluated.get_xdata()) == [50, 100] and list(evaluated.get_ydata()) == [2.2, 1.4]
     assert [t.get_text() for t in loss.get_legend().get_texts()] == \
-        ["train", "train (smoothed)", "eval"]
+        ["train", "train (smoothed)", "validation"]
     path = tmp_path / "curves.png"
     curves.save(path, noisy, evals)
     assert Image.open(path).size == (800, 800)

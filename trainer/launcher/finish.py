@@ -19,6 +19,7 @@ from kubetune.trainer.planning.plan import RunPlan
 from kubetune.trainer.launcher.supervision import RecipeRun
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.metric_logging.summary import summarize
+from kubetune.trainer.metric_logging.validation_numbers import loss_change
 
 log = logging.getLogger("trainer")
 
@@ -53,9 +54,10 @@ def finish(plan_: RunPlan, summary: dict) -> None:
     train_progress.report_finished(summary)
     # Rounded for people (summary.json keeps every digit).
     loss = lambda value: "?" if value is None else f"{value:.4f}"  # noqa: E731
-    log.info("done: %s steps in %.1f s, loss %s -> %s, %s tokens/s, checkpoint %s",
+    val = loss_change(summary.get("validation"))
+    log.info("done: %s steps in %.1f s, loss %s -> %s, %s%s tokens/s, checkpoint %s",
              summary["steps"], summary["wall_time_s"], loss(summary["first_loss"]),
-             loss(summary["last_loss"]),
+             loss(summary["last_loss"]), f"val loss {val}, " if val else "",
              f"{summary['tokens_per_second']:.0f}" if summary["tokens_per_second"] else "?",
              output_dir / str(summary["checkpoint"]))
 

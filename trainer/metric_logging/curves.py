@@ -1,5 +1,6 @@
-"""``kubetune-curves.png``: loss (raw points and a smoothed line, eval loss when the run
-logged one), learning rate and tokens/s by step, drawn with matplotlib's Agg backend (no
+"""``kubetune-curves.png``: loss (raw points and a smoothed line; the held-out validation
+loss on the same axis when the run measured one, the base model's at step 0 marked as the
+reference), learning rate and tokens/s by step, drawn with matplotlib's Agg backend (no
 display in a pod).
 
 matplotlib is imported when a figure is drawn, not with this module: the launcher and the
@@ -44,6 +45,18 @@ def _eval_points(records: Sequence[dict]) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def _plot_validation(ax, xs: list[int], ys: list[float]) -> None:
+    """The held-out loss beside the training loss; the base model's (step 0) as a star
+    with a dotted line across: every later point is read against it."""
+    if not xs:
+        return
+    ax.plot(xs, ys, "s-", color="tab:red", markersize=4, label="validation")
+    if xs[0] == 0:
+        ax.axhline(ys[0], color="tab:red", linestyle=":", linewidth=1, alpha=0.6)
+        ax.plot([0], [ys[0]], "*", color="tab:red", markersize=12,
+                label=f"base model (step 0): {ys[0]:.4f}")
+
+
 def _figure_class() -> type["Figure"]:
     import matplotlib
 
@@ -72,9 +85,7 @@ def figure(steps: Sequence[dict], eval_records: Sequence[dict] = ()) -> "Figure"
             ax.set_ylabel("loss")
             ax.plot(xs, ys, "o", color="tab:blue", alpha=0.35, markersize=3, label="train")
             ax.plot(xs, smoothed(ys), "-", color="tab:blue", label="train (smoothed)")
-            eval_xs, eval_ys = _eval_points(eval_records)
-            if eval_xs:
-                ax.plot(eval_xs, eval_ys, "s-", color="tab:red", markersize=4, label="eval")
+            _plot_validation(ax, *_eval_points(eval_records))
             ax.legend(loc="upper right")
         elif panel == "lr":
             ax.set_title("Learning rate")

@@ -9,6 +9,11 @@ the recipe measured it, per device), batch_digest (of the token ids the step tra
 all ranks), peak_memory_bytes (CUDA peak reserved on GPU, peak
 resident memory on CPU), time_s since the logger started.
 
+A held-out evaluation (``log_dict({"val_loss": x, "val_tokens": n}, step=N)``, from the
+validation loop) is a line of its own, ``{"step", "epoch", "val_loss", "val_tokens",
+"time_s"}``, with no training fields: a reader tells the two kinds apart by ``loss`` and
+``val_loss``. It prints a progress line of its own too.
+
 A logger the user configured (TensorBoard, W&B, MLflow, torchtune's DiskLogger) comes in
 as ``also`` and gets every call too: ours writes beside theirs, never instead.
 """
@@ -57,6 +62,9 @@ class JsonLinesMetricLogger:
         self._start = time.monotonic()
         self._print_every_s = print_every_s
         self._progress = TrainProgress()
+        # A resumed run appends to the earlier lines: its progress line still knows the
+        # base model's loss and the best so far.
+        self._progress.validation.seed(read_metrics(self._path.parent))
         self._epoch: int | None = None
         self._step_tokens: int | None = None
         self._step_digest: str | None = None
@@ -92,6 +100,9 @@ class JsonLinesMetricLogger:
         self._write(payload, step)
 
     def _write(self, payload: Mapping[str, Any], step: int) -> None:
+        if "val_loss" in payload:
+            self._write_validation(payload, step)
+            return
         record: dict[str, Any] = {"step": int(step)}
         if self._epoch is not None:
             record["epoch"] = self._epoch
@@ -114,6 +125,18 @@ class JsonLinesMetricLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         self._progress.on_step(record)
+
+    def _write_validation(self, payload: Mapping[str, Any], step: int) -> None:
+        record: dict[str, Any] = {"step": int(step)}
+        if self._epoch is not None:
+            record["epoch"] = self._epoch
+        record["val_loss"] = float(_scalar(payload["val_loss"]))
+        if payload.get("val_tokens") is not None:
+            record["val_tokens"] = int(_scalar(payload["val_tokens"]))
+        record["time_s"] = round(time.monotonic() - self._start, 3)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self._progress.on_validation(record)
 
     def log_config(self, config: Any) -> None:
         # The launcher already wrote the merged config next to the metrics. Others (wandb,

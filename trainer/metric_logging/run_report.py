@@ -1,5 +1,7 @@
 """The run report in the output dir: ``kubetune-report.md`` (what ran, on what, how fast,
-how it ended) and ``kubetune-curves.png`` (loss, learning rate and tokens/s by step).
+how it ended; with a held-out set, its loss from the base model to the last step:
+``validation_report``) and ``kubetune-curves.png`` (loss, learning rate and tokens/s by
+step; validation loss on the loss axis, the base marked).
 
 Written by rank 0 after every resumable checkpoint (the run so far) and by the launcher
 at the end (with ``summary.json``'s numbers); the exporter carries both into the export.
@@ -15,7 +17,7 @@ from omegaconf import OmegaConf
 
 from kubetune.atomic_write import atomic_path, write_atomic
 
-from kubetune.trainer.metric_logging import curves
+from kubetune.trainer.metric_logging import curves, validation_report
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
@@ -30,8 +32,11 @@ def loss_steps(output_dir: Path) -> list[dict]:
 
 
 def eval_records(output_dir: Path) -> list[dict]:
-    """The records of an eval pass (a recipe that validates logs them without "loss")."""
-    return [r for r in read_metrics(output_dir) if any(k in r for k in curves.EVAL_KEYS)]
+    """The records of an eval pass (our validation loop, or a recipe that validates, logs
+    them without "loss"), the last record of each step."""
+    by_step = {r["step"]: r for r in read_metrics(output_dir)
+               if "loss" not in r and any(k in r for k in curves.EVAL_KEYS)}
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def write_curves(output_dir: Path, steps: list[dict]) -> Path:
@@ -86,7 +91,10 @@ def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str
     if steps:
         lines.append(f"- loss: {steps[0]['loss']:.4f} (step {steps[0]['step']}) -> "
                      f"{steps[-1]['loss']:.4f} (step {steps[-1]['step']})")
+    lines += validation_report.facts(output_dir)
+    if steps:
         lines += ["", f"![loss and learning rate by step]({CURVES_NAME})"]
+    lines += validation_report.table(output_dir)
     lines += ["", f"The full config: `{TRAINER_CONFIG_NAME}`; every logged step: "
               f"`{METRICS_NAME}`.", ""]
     return "\n".join(lines)

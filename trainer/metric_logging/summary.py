@@ -11,6 +11,10 @@ MFU (model FLOPs utilization) = steady tokens/s x FLOPs per token / (devices x p
 bf16 FLOP/s), with the FLOPs per token of the method (``kubetune.trainer.performance.model_shape``: 6N for
 full fine-tuning, 4N + 6N_adapter for LoRA/QLoRA/DoRA, plus attention), stated in
 ``mfu_convention``.
+
+With a held-out set, ``validation``: the base model's (step 0), best and last validation
+loss, the best step and the saved checkpoint with the lowest loss, from the validation
+record (``validation_numbers``); ``train_data``: the split and rows trained on.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kubetune.trainer.performance import model_shape
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
+from kubetune.trainer.metric_logging.validation_numbers import train_data, validation_summary
 from kubetune.trainer.performance.model_shape import parameter_count  # noqa: F401 (part of this module's API)
 
 # Dense bf16 peak FLOP/s by device name fragment (vendor datasheets, without sparsity).
@@ -144,6 +149,8 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
         "n_adapter_params": n_adapter,
         "exit_reason": exit_reason,
         "checkpoint": checkpoint,
+        "train_data": train_data(output_dir, cfg),
+        "validation": validation_summary(output_dir),
     }
     name = gpu_name() if device.startswith("cuda") else None
     flops = peak_flops(name) if name else None

@@ -1,7 +1,9 @@
 """Progress of a running recipe, from rank 0's metric logger: in a terminal, one live
 tqdm bar (step/total, rate, ETA, loss, lr, tokens/s) redrawn each step; otherwise (a pod's
 log, a pipe, JSON mode) one line per logged step (step/total, %, ETA, loss, lr, tokens/s,
-a timestamp). And the TrainJob status either way.
+a timestamp). Each held-out evaluation gets a line of its own (``validation: step N |
+val_loss x | base y | best z @ step s``), above the bar in a terminal. And the TrainJob
+status either way, the latest ``val_loss`` beside the training loss.
 
 Total steps come from the recipe after its setup (epochs x optimizer steps per epoch,
 ``max_steps_per_epoch`` included), handed over by ``kubetune.trainer.recipe_process.bootstrap``.
@@ -19,6 +21,7 @@ from omegaconf import OmegaConf
 
 from kubetune import logs
 from kubetune.remote.trainjob_status import StatusReporter
+from kubetune.trainer.metric_logging.validation_progress import ValidationProgress
 from kubetune.trainer.request import passed_env
 
 COMPONENT = "trainer"
@@ -56,6 +59,13 @@ class TrainProgress:
         self._tty = passed_env.progress_tty(environ) \
             if passed_env.is_primary(environ) and not self.json else None
         self._bar: Any = None
+        self.validation = ValidationProgress()
+        # The last numbers sent to the status: an evaluation adds to them, a step keeps
+        # the last evaluation's.
+        self._status: dict[str, object] = {}
+        self._val_status: dict[str, object] = {}
+        self._percent: int | None = None
+        self._eta: float | None = None
 
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self.total_steps, self.total_epochs = total_steps, total_epochs
@@ -84,13 +94,45 @@ class TrainProgress:
         if self._origin is None:
             self._origin = (step, now)
         percent, eta = self.percent(step), self.eta_s(step, now)
+        self._percent, self._eta = percent, eta
         if not self.quiet:
             # A person reads "192/192 (100%)" as the last step; only the status holds
             # back 100 until the checkpoint is saved.
             shown = int(100 * step / self.total_steps) if self.total_steps else None
             self._show(record, shown, eta)
         if self.reporter is not None:
-            self.reporter.update(percent, eta, self.status_metrics(record))
+            self._status = self.status_metrics(record)
+            self.reporter.update(percent, eta, {**self._status, **self._val_status})
+
+    def on_validation(self, record: Mapping[str, Any]) -> None:
+        """One held-out evaluation: its line (never raises) and the status."""
+        self.validation.add(record)
+        if not self.quiet:
+            self._show_line(self.validation_line(record))
+        if self.reporter is not None:
+            self._val_status = self.validation.status_metrics(record)
+            metrics = {**self._status, **self._val_status}
+            metrics.setdefault("step", int(record["step"]))
+            self.reporter.update(self._percent, self._eta, metrics)
+
+    def validation_line(self, record: Mapping[str, Any]) -> str:
+        text = self.validation.text(record)
+        if not self.json:
+            return f"{logs.timestamp()} {text}"
+        return logs.json_line(COMPONENT, "INFO", text, self.validation.fields(record))
+
+    def _show_line(self, line: str) -> None:
+        if self._bar is not None:
+            try:
+                # Above the bar, which tqdm redraws below it.
+                self._bar.write(line, file=self._bar.fp)
+                return
+            except (OSError, ValueError, AttributeError):
+                return  # the terminal went away mid-run: nobody is watching
+        try:
+            print(line, file=sys.stdout, flush=True)
+        except (OSError, ValueError):
+            pass  # a closed stdout must not stop training
 
     def _show(self, record: Mapping[str, Any], percent: int | None, eta: float | None) -> None:
         if self._tty is not None:
@@ -242,5 +284,10 @@ def report_finished(summary: Mapping[str, Any], environ: Mapping[str, str] | Non
         metrics["tokens_per_second"] = f"{float(summary['tokens_per_second']):.1f}"
     if summary.get("mfu"):
         metrics["mfu"] = f"{float(summary['mfu']):.4f}"
+    validation = summary.get("validation") or {}
+    for key, name in (("last_val_loss", "val_loss"), ("best_val_loss", "best_val_loss"),
+                      ("base_val_loss", "base_val_loss")):
+        if validation.get(key) is not None:
+            metrics[name] = f"{float(validation[key]):.6g}"
     metrics["wall_time_s"] = summary.get("wall_time_s")
     reporter.finish(100, 0, metrics)

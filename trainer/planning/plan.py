@@ -32,6 +32,7 @@ from kubetune.trainer.config.recipe_config import (apply_overrides, configs_dir,
                                    resolve_recipe)
 from kubetune.trainer.request.tune_command import TuneRunRequest
 from kubetune.trainer.config.saved_config import without_credentials
+from kubetune.trainer.config.component_params import component_params
 from kubetune.trainer.config.validate import (check_choices, check_nf4, check_paths,
                                               check_tokenizer, check_values,
                                               lora_rank_excess)
@@ -233,8 +234,25 @@ def _metric_logger_section(cfg: DictConfig, user_keys: set[str], config_name: st
         ours.also = OmegaConf.to_container(theirs, resolve=True)
         notes.append(f"metric_logger: {theirs._component_} kept; {cfg.output_dir}/"
                      "metrics.jsonl is written beside it")
+        notes += _drop_foreign_logger_keys(ours.also, user_keys)
     cfg.metric_logger = ours
     return notes
+
+
+def _drop_foreign_logger_keys(also: DictConfig, user_keys: set[str]) -> list[str]:
+    """``metric_logger._component_=...MLFlowLogger`` over a shipped config keeps that
+    config's ``log_dir`` (its DiskLogger's), which MLFlowLogger does not take: the recipe
+    would fail on its first line. Keys the user did not set and the chosen logger does
+    not accept are left out, said in a note."""
+    params = component_params(str(also.get("_component_")))
+    if params is None or params.var_kwargs:
+        return []
+    foreign = [k for k in also if k != "_component_" and k not in params.defaults
+               and f"metric_logger.{k}" not in user_keys]
+    for key in foreign:
+        del also[key]
+    return [f"metric_logger.{key} (the config's) left out: {also._component_} takes no "
+            f"{key}" for key in foreign]
 
 
 # What torchtune's LoRA configs schedule with. Its full fine-tuning configs name no scheduler,
