@@ -7,7 +7,8 @@ root, or one of the per-directory variables to move a single step's directory.
 
 This package is the one place the steps agree on what they leave for each other: the
 names below (the token cache's place among them), the trainer's completion marker and its summary and config readers (``trainer_output``), a few
-training samples as the trainer tokenized them (``training_samples``), the initializers' manifest
+training samples as the trainer tokenized them (``training_samples``), the answers to a few
+held-out prompts, base and tuned side by side (``answers_record``), the initializers' manifest
 (``initializer_manifest``) and the model directory's config and weights (``model_files``;
 ``weight_headers``: their safetensors headers agree with each other and config.json).
 A step reads another step's results through these modules, never through its internals.
@@ -35,6 +36,7 @@ METRICS_NAME = "metrics.jsonl"  # one line per logged step
 RUN_REPORT_NAME = "kubetune-report.md"  # the run report page; the exporter carries it
 CURVES_NAME = "kubetune-curves.png"  # loss and learning rate by step; carried likewise
 TRAINING_SAMPLES_NAME = "kubetune-samples.json"  # a few samples as the trainer tokenized them
+ANSWERS_NAME = "kubetune-answers.json"  # held-out prompts: reference, base and tuned answers
 MODEL_CONFIG_NAME = "config.json"  # a Hugging Face model directory's architecture
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"  # tensor -> shard of a sharded model
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # a PEFT adapter (LoRA, DoRA, QLoRA)
