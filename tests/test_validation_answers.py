@@ -277,7 +277,8 @@ def test_record_answers_writes_on_rank_0_only_and_not_when_off(model, tokenizer,
     # The same weights: the base's and the "tuned" answers agree.
     assert all(p.base == p.tuned is not None for p in record.prompts)
     # Three prompts by default.
-    default = answers.record_answers(recipe(model, tokenizer), rows, {}, tmp_path, 1, 0, "base")
+    default = answers.record_answers(recipe(model, tokenizer), rows, {"max_new_tokens": 2},
+                                     tmp_path, 1, 0, "base")
     assert len(default) == 3
 
 
@@ -327,3 +328,30 @@ def test_a_report_before_the_tuned_answers_says_so_and_none_without_a_record(tmp
     answers_record.write_base(tmp_path, [made("p", "r", "b")], 0)
     report = run_report.write(tmp_path).read_text()
     assert "**Tuned model**: _not yet: answered after the last step_" in report
+
+
+# --- every rank together --------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_ranks_answer_together_sharded_or_not_and_as_one_process_does(
+        model, model_dir, tokenizer, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    data = tmp_path / "heldout.json"
+    data.write_text(json.dumps([{"messages": c} for c in CONVERSATIONS]))
+    out = tmp_path / "out"
+    out.mkdir()
+    environ = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(repo / "tests" / "support" / "answers_ranks.py"), str(model_dir), str(data),
+         str(out), "2", "6"], env=environ, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    alone = answers.answer(recipe(model, tokenizer), heldout(tokenizer, tmp_path), 2, 6)
+    assert ranks[0]["sharded"] == ranks[1]["sharded"] == alone
+    # Rank 1's own weights differ: it answers with rank 0's tokens all the same.
+    assert ranks[0]["diverging"] == ranks[1]["diverging"] == alone

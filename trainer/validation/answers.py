@@ -201,7 +201,10 @@ def greedy(model: Any, prompt: list[int], new_tokens: int, length: int, stops: s
     sequence[0, :len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
     position, answer = len(prompt), []
     for _ in range(min(new_tokens, length - len(prompt))):
-        logits = _logits_at(model(sequence), position - 1)
+        output = model(sequence)
+        if getattr(model, "output_hidden_states", None):  # hidden states first, logits last
+            output = output[-1]
+        logits = _logits_at(output, position - 1)
         token = _broadcast_from_first(logits.argmax().reshape(1).to(torch.long))
         chosen = int(token.item())
         if chosen in stops:
