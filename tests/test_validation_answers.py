@@ -161,6 +161,16 @@ def test_greedy_answers_are_torchtune_generations_through_the_chat_format(
         assert got["prompt"].endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
+def test_a_secret_in_a_held_out_prompt_is_masked(model, tokenizer, tmp_path):
+    leaky = [{"role": "system", "content": "Fetch http://alice:s3cr3tpass@example.com/x"},
+             {"role": "user", "content": "Go."},
+             {"role": "assistant", "content": "Token s3cr3tpass used."}]
+    (got,) = answers.answer(recipe(model, tokenizer), heldout(tokenizer, tmp_path, [leaky]),
+                            prompts=1, max_new_tokens=1)
+    assert "http://***@example.com/x" in got["prompt"]
+    assert "s3cr3tpass" not in json.dumps(got)
+
+
 def count_forwards(model) -> tuple[list[int], object]:
     lengths: list[int] = []
     handle = model.register_forward_hook(lambda _m, args, _o: lengths.append(args[0].shape[1]))

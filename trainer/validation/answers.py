@@ -3,8 +3,8 @@
 For the first few held-out rows that hold an answer, the prompt is the row's tokens up to
 its last answer, the reference is that answer, and the model answers the prompt greedily.
 The prompt is cut from the tokens training fed, so it is the chat format the exporter
-checks the export's template against (``exporter.chat_format``): the base and the tuned
-model are asked exactly as the exported model will be.
+checks the export's template against (``kubetune.exporter.chat_format``): the base and the
+tuned model are asked exactly as the exported model will be.
 
 Where the answer starts: the row's last labelled span. torchtune's tokenizers label an
 answer's header with it (Llama 3's ``<|start_header_id|>assistant<|end_header_id|>\\n\\n``,
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from kubetune import redact as redact_module
 from kubetune.workspace import answers_record
 
 log = logging.getLogger("trainer")
@@ -237,10 +238,24 @@ def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int)
     with _evaluating(model, device):
         answers = [greedy(model, a.prompt, max_new_tokens, length, stops, device, pad_id)
                    for a in asked]
-    return [{"prompt": _decode(tokenizer, a.prompt, keep_special=True),
-             "reference": _decode(tokenizer, a.reference, keep_special=False),
-             "answer": _decode(tokenizer, ids, keep_special=False)}
+    return [_masked({"prompt": _decode(tokenizer, a.prompt, keep_special=True),
+                     "reference": _decode(tokenizer, a.reference, keep_special=False),
+                     "answer": _decode(tokenizer, ids, keep_special=False)})
             for a, ids in zip(asked, answers)]
+
+
+def _masked(texts: dict[str, str]) -> dict[str, str]:
+    """Held-out text goes into the report the export carries: a secret in it (a URL's
+    credentials in a system prompt) is masked, in the URL and wherever else the row or
+    the answer repeats it."""
+    secrets = set().union(*(redact_module.url_credentials(t) for t in texts.values()))
+    masked = {}
+    for key, text in texts.items():
+        text = redact_module.redact(text)
+        for secret in sorted(secrets, key=len, reverse=True):
+            text = text.replace(secret, redact_module.MASK)
+        masked[key] = text
+    return masked
 
 
 def record_answers(recipe: Any, heldout_dataset: Any, settings: Mapping | None,
