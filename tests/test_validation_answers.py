@@ -286,9 +286,10 @@ def test_record_answers_writes_on_rank_0_only_and_not_when_off(model, tokenizer,
     assert (record.base_step, record.tuned_step, len(record.prompts)) == (0, 9, 2)
     # The same weights: the base's and the "tuned" answers agree.
     assert all(p.base == p.tuned is not None for p in record.prompts)
-    # Three prompts by default.
-    default = answers.record_answers(recipe(model, tokenizer), rows, {"max_new_tokens": 2},
-                                     tmp_path, 1, 0, "base")
+    # Three prompts by default (a setting left null too).
+    default = answers.record_answers(recipe(model, tokenizer), rows,
+                                     {"prompts": None, "max_new_tokens": 2}, tmp_path, 1, 0,
+                                     "base")
     assert len(default) == 3
 
 

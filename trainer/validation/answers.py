@@ -39,6 +39,9 @@ log = logging.getLogger("trainer")
 IGNORE_INDEX = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX, where a loss names none
 PROMPTS = 3  # held-out prompts answered when the settings name no number
 MAX_NEW_TOKENS = 64
+# Rows looked at for prompts: text-completion data has none, and a lazily tokenized set
+# would be tokenized whole to find that out.
+SCANNED_AT_MOST = 256
 
 
 @dataclass(frozen=True)
@@ -117,9 +120,10 @@ def _row(dataset: Any, index: int) -> tuple[list[int], list[int]]:
 
 def heldout_prompts(dataset: Any, prompts: int, ignore_index: int, header: Sequence[int],
                     context: int) -> list[HeldoutPrompt]:
-    """The first ``prompts`` rows, in order, with a prompt that leaves room to answer."""
+    """The first ``prompts`` rows, in order, with a prompt that leaves room to answer
+    (among the first ``SCANNED_AT_MOST``)."""
     found = []
-    for index in range(len(dataset)):
+    for index in range(min(len(dataset), SCANNED_AT_MOST)):
         if len(found) >= prompts:
             break
         split = split_row(*_row(dataset, index), ignore_index=ignore_index, header=header)
@@ -193,12 +197,14 @@ def _broadcast_from_first(token: Any) -> Any:
 
 
 def greedy(model: Any, prompt: list[int], new_tokens: int, length: int, stops: set[int],
-           device: Any, pad_id: int = 0) -> list[int]:
+           device: Any) -> list[int]:
     """Greedy continuation of ``prompt``, at most ``new_tokens`` tokens, ended before a stop
     token; every forward is ``length`` tokens long (right padded)."""
     import torch
 
-    sequence = torch.full((1, length), pad_id, dtype=torch.long, device=device)
+    # The padding is never attended to (it follows every position read): any id in the
+    # vocabulary does, and 0 is in every one (a tokenizer's pad id need not be).
+    sequence = torch.zeros((1, length), dtype=torch.long, device=device)
     sequence[0, :len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
     position, answer = len(prompt), []
     for _ in range(min(new_tokens, length - len(prompt))):
@@ -234,9 +240,8 @@ def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int)
         return []
     length = min(context, max(len(a.prompt) for a in asked) + max_new_tokens)
     stops, device = _stop_tokens(tokenizer), _device(recipe)
-    pad_id = getattr(tokenizer, "pad_id", None) or 0
     with _evaluating(model, device):
-        answers = [greedy(model, a.prompt, max_new_tokens, length, stops, device, pad_id)
+        answers = [greedy(model, a.prompt, max_new_tokens, length, stops, device)
                    for a in asked]
     return [_masked({"prompt": _decode(tokenizer, a.prompt, keep_special=True),
                      "reference": _decode(tokenizer, a.reference, keep_special=False),
@@ -258,6 +263,11 @@ def _masked(texts: dict[str, str]) -> dict[str, str]:
     return masked
 
 
+def _setting(settings: Mapping, key: str, default: int) -> int:
+    value = settings.get(key)
+    return default if value is None else int(value)
+
+
 def record_answers(recipe: Any, heldout_dataset: Any, settings: Mapping | None,
                    output_dir: Path | str, rank: int, step: int, which: str) -> list[dict] | None:
     """``answer`` on every rank, recorded by rank 0 as the base's (``which="base"``, before
@@ -267,8 +277,8 @@ def record_answers(recipe: Any, heldout_dataset: Any, settings: Mapping | None,
     if which not in ("base", "tuned"):
         raise ValueError(f"which: 'base' or 'tuned', not {which!r}")
     settings = settings or {}
-    prompts = int(settings.get("prompts", PROMPTS) or 0)
-    max_new_tokens = int(settings.get("max_new_tokens", MAX_NEW_TOKENS) or 0)
+    prompts = _setting(settings, "prompts", PROMPTS)
+    max_new_tokens = _setting(settings, "max_new_tokens", MAX_NEW_TOKENS)
     if prompts <= 0 or max_new_tokens <= 0 or heldout_dataset is None \
             or len(heldout_dataset) == 0:
         return None
