@@ -120,6 +120,27 @@ def test_the_prompt_is_what_the_exported_chat_template_renders_before_the_last_a
     assert answers._decode(tokenizer, split.reference, keep_special=False) == "It is 8."
 
 
+def test_a_chatml_prompt_is_what_its_exported_chat_template_renders(tmp_path):
+    from torchtune.models.qwen2 import qwen2_tokenizer
+
+    from kubetune.exporter.chat_template_render import TextTokenizer, named_tokens, render
+    from kubetune.exporter.chat_templates import trained_template
+    from kubetune.tools.demo.tiny_qwen2 import write_tiny_qwen2
+
+    qwen = write_tiny_qwen2(tmp_path / "qwen2")
+    tokenizer = qwen2_tokenizer(path=str(qwen / "vocab.json"),
+                                merges_file=str(qwen / "merges.txt"),
+                                special_tokens_path=str(qwen / "tokenizer.json"), max_seq_len=512)
+    row = heldout(tokenizer, tmp_path, [ADDING])[0]
+    split = answers.split_row(row["tokens"], row["labels"],
+                              header=answers.answer_header(tokenizer))
+    template = trained_template("torchtune.models.qwen2._tokenizer.Qwen2Tokenizer", None, None,
+                                "<|endoftext|>")
+    rendered = render(template, ADDING[:-1], True, named_tokens(qwen))
+    assert split.prompt == TextTokenizer(qwen).encode(rendered)
+    assert answers._decode(tokenizer, split.reference, keep_special=False) == "It is 8."
+
+
 def test_rows_with_nothing_to_answer_are_passed_over(tokenizer, tmp_path):
     rows = heldout(tokenizer, tmp_path)
     first = rows[0]
