@@ -8,9 +8,8 @@ The rooms, in the order a run goes through them:
 - ``config/``: torchtune's config + overrides, read and checked;
 - ``performance/``, ``data/``, ``checkpointing/``, ``metric_logging/``: the machine, the
   dataset, the checkpoint and the reports, each a room of its own;
-- ``validation/``: held-out data: which held-out set a run measures on
-  (``validation.heldout_set``, planned before launch); the held-out loss, when it is
-  measured and early stop, called from ``recipe_process``;
+- ``validation/``: held-out data measured: the held-out set, the validation loss, and
+  answers to a few held-out prompts, base and tuned side by side;
 - ``planning/``: the request merged (``planning.plan``) with what
   ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;
 - ``launch``: run the recipe process(es), turn SIGTERM into a resumable stop, write the
@@ -24,7 +23,7 @@ The rooms, in the order a run goes through them:
   ``_component_`` path (stable names: saved configs refer to them).
 
 The rooms are layers (tests/test_import_root.py): a room imports only rooms below it,
-lowest first request, failures, performance, config, data, validation, checkpointing,
-metric_logging, planning, recipe_process, launcher, launch; ``models/`` and ``schedules`` import none of
-them.
+lowest first request, failures, performance, config, data, checkpointing, metric_logging,
+validation, planning, recipe_process, launcher, launch; ``models/`` and ``schedules``
+import none of them.
 """

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from kubetune import file_lock
 from kubetune.atomic_write import write_atomic
 from kubetune.errors import KubetuneError, TransientError
-from kubetune.workspace import (COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
+from kubetune.workspace import (ANSWERS_NAME, COMPLETION_MARKER_NAME, METRICS_NAME, SUMMARY_NAME,
                                 TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME, TRAINING_SAMPLES_NAME)
 from kubetune.workspace import validation_record
 from kubetune.workspace.trainer_output import completed_fingerprint, read_marker
@@ -114,6 +114,8 @@ def _run_holding_output(plan_: RunPlan, config_path: Path, command: list[str]) -
         if plan_.resumed_from is None:
             (output_dir / METRICS_NAME).unlink(missing_ok=True)
             validation_record.remove(output_dir)
+            # An earlier run's answers never stand beside this run's report.
+            (output_dir / ANSWERS_NAME).unlink(missing_ok=True)
             resume.clear(output_dir)
         else:
             # Steps after the checkpoint (a kill -9 leaves them) are trained and logged again.

@@ -8,7 +8,8 @@ root, or one of the per-directory variables to move a single step's directory.
 This package is the one place the steps agree on what they leave for each other: the
 names below (the token cache's place among them), the trainer's completion marker and its summary and config readers (``trainer_output``), a few
 training samples as the trainer tokenized them (``training_samples``), the held-out loss of
-each evaluation and saved checkpoint (``validation_record``), the initializers' manifest
+each evaluation and saved checkpoint (``validation_record``), the answers to a few
+held-out prompts, base and tuned side by side (``answers_record``), the initializers' manifest
 (``initializer_manifest``) and the model directory's config and weights (``model_files``;
 ``weight_headers``: their safetensors headers agree with each other and config.json).
 A step reads another step's results through these modules, never through its internals.
@@ -38,6 +39,7 @@ CURVES_NAME = "kubetune-curves.png"  # loss and learning rate by step; carried l
 TRAINING_SAMPLES_NAME = "kubetune-samples.json"  # a few samples as the trainer tokenized them
 # The held-out loss at each evaluation and saved checkpoint, and an early stop (validation_record).
 VALIDATION_RECORD_NAME = "kubetune-validation.json"
+ANSWERS_NAME = "kubetune-answers.json"  # held-out prompts: reference, base and tuned answers
 MODEL_CONFIG_NAME = "config.json"  # a Hugging Face model directory's architecture
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"  # tensor -> shard of a sharded model
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # a PEFT adapter (LoRA, DoRA, QLoRA)

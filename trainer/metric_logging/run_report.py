@@ -11,6 +11,7 @@ Each file is replaced by rename, so a reader never sees half of one.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -18,6 +19,7 @@ from omegaconf import OmegaConf
 from kubetune.atomic_write import atomic_path, write_atomic
 
 from kubetune.trainer.metric_logging import curves, validation_report
+from kubetune.workspace import answers_record
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
@@ -95,9 +97,60 @@ def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str
     if steps:
         lines += ["", f"![loss and learning rate by step]({CURVES_NAME})"]
     lines += validation_report.table(output_dir)
+    lines += _answers_section(output_dir)
     lines += ["", f"The full config: `{TRAINER_CONFIG_NAME}`; every logged step: "
               f"`{METRICS_NAME}`.", ""]
     return "\n".join(lines)
+
+
+_PROMPT_SHOWN = 400  # characters of a prompt's end: the question, after the system prompt
+_TEXT_SHOWN = 1500  # characters of a reference or an answer
+
+
+def _shortened(text: str, keep: int, *, tail: bool = False) -> str:
+    if len(text) <= keep:
+        return text
+    return "…" + text[-keep:] if tail else text[:keep] + "…"
+
+
+def _fenced(text: str) -> list[str]:
+    """``text`` verbatim in a fenced block: the fence is longer than any run of backticks
+    inside (CommonMark), control characters other than newline and tab shown escaped."""
+    text = "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}"
+                   for c in text)
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}text", *text.split("\n"), fence]
+
+
+def _answer_block(title: str, text: str | None, missing: str) -> list[str]:
+    if text is None:
+        return [f"**{title}**: _{missing}_", ""]
+    if not text.strip():
+        return [f"**{title}**: _(nothing: it stopped at once)_", ""]
+    return [f"**{title}**", "", *_fenced(_shortened(text, _TEXT_SHOWN)), ""]
+
+
+def _answers_section(output_dir: Path) -> list[str]:
+    """Answers on held-out prompts: each prompt's reference, the base's and the tuned
+    model's greedy answers (``kubetune.workspace.answers_record``); none without a record."""
+    record = answers_record.read(output_dir)
+    if record is None or not record.prompts:
+        return []
+    base = "base model" + (f" (step {record.base_step})" if record.base_step is not None else "")
+    tuned = "tuned model" + (f" (step {record.tuned_step})"
+                             if record.tuned_step is not None else "")
+    lines = ["", "## Answers on held-out prompts", "",
+             "Greedy and bounded, prompted in the chat format the model was trained on "
+             "(the one the export carries).", ""]
+    for number, entry in enumerate(record.prompts, start=1):
+        lines += [f"### Prompt {number}", "",
+                  *_fenced(_shortened(entry.prompt, _PROMPT_SHOWN, tail=True)), ""]
+        lines += _answer_block("Reference", entry.reference, "none")
+        lines += _answer_block(base.capitalize(), entry.base, "not recorded")
+        lines += _answer_block(tuned.capitalize(), entry.tuned,
+                               "not yet: answered after the last step")
+    return lines
 
 
 def write(output_dir: Path, summary: dict | None = None, state: str = "in progress") -> Path:

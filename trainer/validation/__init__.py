@@ -1,15 +1,15 @@
-"""Held-out data and what is measured on it.
+"""Held-out data, measured: the held-out set, the validation loss from the base model to the
+last step, and answers a person can read.
 
-- ``heldout_set``: which held-out set a run gets, planned before launch: the data's own
-  validation (else test) split, a fraction of the training split held out by content
-  (``kubetune.trainer.data.holdout``), or the user's own ``dataset_val``; written into the
-  merged config (``dataset_val``, ``run_val_every_n_steps``, ``kubetune.validation``,
-  ``kubetune.holdout``) with the rows each side has.
-- Inside the recipe process: the held-out loss (``val_loop``), when it is measured
-  (``schedule``) and when the run stops early (``early_stop``). torchtune 0.6.1's recipes
-  have no validation loop; the hooks (``kubetune.trainer.recipe_process.held_out``) call
-  these at optimizer-step boundaries, and nothing here changes what a training step does
-  (the RNG and train modes are forked around it).
+- ``heldout_set``: which held-out set a run has (the data's validation or test split, a
+  fraction held out by content, or the user's own ``dataset_val``), planned before the run;
+- ``schedule``: at which optimizer steps validation runs (before the first, every
+  ``run_val_every_n_steps``, each epoch's last, after the last);
+- ``val_loop``: the validation loss on every rank together, the RNG and train mode untouched;
+- ``early_stop``: a run stopped after evaluations without improvement;
+- ``answers``: greedy answers to a few held-out prompts, the base's and the tuned model's,
+  recorded beside the reference (``kubetune.workspace.answers_record``) for the run report.
 
-Above ``data``, ``config``, ``checkpointing`` and ``metric_logging``; below ``recipe_process``.
+A layer above ``data``, ``config``, ``checkpointing`` and ``metric_logging``, below
+``planning`` and ``recipe_process`` (which calls it at the step boundaries).
 """

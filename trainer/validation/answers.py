@@ -1,0 +1,293 @@
+"""Answers on held-out prompts: what a person reads before trusting the model.
+
+For the first few held-out rows that hold an answer, the prompt is the row's tokens up to
+its last answer, the reference is that answer, and the model answers the prompt greedily.
+The prompt is cut from the tokens training fed, so it is the chat format the exporter
+checks the export's template against (``kubetune.exporter.chat_format``): the base and the
+tuned model are asked exactly as the exported model will be.
+
+Where the answer starts: the row's last labelled span. torchtune's tokenizers label an
+answer's header with it (Llama 3's ``<|start_header_id|>assistant<|end_header_id|>\\n\\n``,
+ChatML's ``<|im_start|>assistant\\n``), which a chat template's generation prompt holds, so
+the header (found by tokenizing a probe conversation, ``answer_header``) goes with the
+prompt; found inside the span, it also cuts a row trained on its input
+(``train_on_input``) at the last answer. A row with nothing before its answer (text
+completion) has no prompt and is passed over.
+
+Every rank runs the same forwards: FSDP's collectives match only then. Rank 0's token is
+broadcast at each step, so every rank stops at the same step, and each forward has one
+shape, the longest prompt plus ``max_new_tokens`` (within the context), the rest right
+padding (causal attention: later positions change nothing before them), so a compiled
+model compiles once. No KV cache: the cost is at most ``prompts x max_new_tokens``
+forwards of that length, without gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from kubetune import redact as redact_module
+from kubetune.workspace import answers_record
+
+log = logging.getLogger("trainer")
+
+IGNORE_INDEX = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX, where a loss names none
+PROMPTS = 3  # held-out prompts answered when the settings name no number
+MAX_NEW_TOKENS = 64
+# Rows looked at for prompts: text-completion data has none, and a lazily tokenized set
+# would be tokenized whole to find that out.
+SCANNED_AT_MOST = 256
+
+
+@dataclass(frozen=True)
+class HeldoutPrompt:
+    prompt: list[int]
+    reference: list[int]  # the row's answer, end tokens included
+
+
+def _last_span(labels: Sequence[int], ignore_index: int) -> tuple[int, int] | None:
+    end = next((i + 1 for i in range(len(labels) - 1, -1, -1) if labels[i] != ignore_index),
+               None)
+    if end is None:
+        return None
+    start = end - 1
+    while start > 0 and labels[start - 1] != ignore_index:
+        start -= 1
+    return start, end
+
+
+def _last_at(tokens: Sequence[int], part: Sequence[int], start: int, end: int) -> int | None:
+    for at in range(end - len(part), start - 1, -1):
+        if list(tokens[at:at + len(part)]) == list(part):
+            return at
+    return None
+
+
+def split_row(tokens: Sequence[int], labels: Sequence[int], ignore_index: int = IGNORE_INDEX,
+              header: Sequence[int] = ()) -> HeldoutPrompt | None:
+    """A row's prompt and reference answer; None for a row without a label or without a
+    prompt before its answer. ``header``: the tokens that open an answer (``answer_header``)."""
+    span = _last_span(labels, ignore_index)
+    if span is None:
+        return None
+    start, end = span
+    cut = start
+    if header:
+        at = _last_at(tokens, header, start, end)
+        if at is not None:
+            cut = at + len(header)
+    if cut == 0 or cut >= end:
+        return None
+    return HeldoutPrompt(prompt=[int(t) for t in tokens[:cut]],
+                         reference=[int(t) for t in tokens[cut:end]])
+
+
+def answer_header(tokenizer: Any) -> list[int]:
+    """The labelled tokens an answer opens with, before its text: common to two answers of
+    a probe conversation tokenized as training does. Empty where the tokenizer has no
+    messages to tokenize (text only) or nothing opens an answer."""
+    from torchtune.data import Message
+
+    labelled = []
+    for text in ("a", "b"):
+        try:
+            tokens, mask = tokenizer.tokenize_messages([
+                Message(role="user", content="q", masked=True),
+                Message(role="assistant", content=text, masked=False)])
+        except Exception:  # a tokenizer of text alone, or one that wants other roles
+            return []
+        labelled.append([t for t, masked in zip(tokens, mask) if not masked])
+    common = 0
+    while common < min(map(len, labelled)) and labelled[0][common] == labelled[1][common]:
+        common += 1
+    return [int(t) for t in labelled[0][:common]]
+
+
+def _row(dataset: Any, index: int) -> tuple[list[int], list[int]]:
+    row = dataset[index]
+    tokens, labels = list(row["tokens"]), list(row["labels"])
+    lengths = row.get("seq_lens") if isinstance(row, Mapping) else None
+    if lengths is not None and len(lengths):  # a pack: its first sample alone
+        first = int(lengths[0])
+        tokens, labels = tokens[:first], labels[:first]
+    return [int(t) for t in tokens], [int(t) for t in labels]
+
+
+def heldout_prompts(dataset: Any, prompts: int, ignore_index: int, header: Sequence[int],
+                    context: int) -> list[HeldoutPrompt]:
+    """The first ``prompts`` rows, in order, with a prompt that leaves room to answer
+    (among the first ``SCANNED_AT_MOST``)."""
+    found = []
+    for index in range(min(len(dataset), SCANNED_AT_MOST)):
+        if len(found) >= prompts:
+            break
+        split = split_row(*_row(dataset, index), ignore_index=ignore_index, header=header)
+        if split is not None and len(split.prompt) < context:
+            found.append(split)
+    return found
+
+
+def _context(recipe: Any) -> int:
+    bounds = [getattr(recipe._tokenizer, "max_seq_len", None),
+              getattr(recipe._model, "max_seq_len", None)]
+    bounds = [int(b) for b in bounds if b]
+    return min(bounds) if bounds else 2**31
+
+
+def _stop_tokens(tokenizer: Any) -> set[int]:
+    stops = getattr(tokenizer, "stop_tokens", None) or [getattr(tokenizer, "eos_id", None)]
+    return {int(t) for t in stops if t is not None}
+
+
+def _special_tokens(tokenizer: Any) -> set[int]:
+    named = getattr(tokenizer, "special_tokens", None) or {}
+    return {int(t) for t in named.values() if isinstance(t, int)} | _stop_tokens(tokenizer)
+
+
+def _decode(tokenizer: Any, ids: list[int], *, keep_special: bool) -> str:
+    if not keep_special:
+        # Each tokenizer skips its own special tokens differently (Qwen's keep them by
+        # default): drop them by id, so every family reads the same.
+        special = _special_tokens(tokenizer)
+        return tokenizer.decode([t for t in ids if t not in special])
+    if "skip_special_tokens" in inspect.signature(tokenizer.decode).parameters:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode(ids)
+
+
+@contextlib.contextmanager
+def _evaluating(model: Any, device: Any) -> Iterator[None]:
+    """Eval mode and no gradients, the RNG untouched; each module's own mode restored."""
+    import torch
+
+    modes = [(module, module.training) for module in model.modules()]
+    devices = [device] if getattr(device, "type", None) == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            model.eval()
+            yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _logits_at(output: Any, position: int) -> Any:
+    """The logits at ``position`` of the first row; a chunked output (the recipes'
+    ``set_num_output_chunks``) is a list of pieces along the sequence."""
+    if isinstance(output, (list, tuple)):
+        for piece in output:
+            if position < piece.shape[1]:
+                return piece[0, position]
+            position -= piece.shape[1]
+        raise IndexError("position past the model's output")
+    return output[0, position]
+
+
+def _broadcast_from_first(token: Any) -> Any:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast(token, src=0)
+    return token
+
+
+def greedy(model: Any, prompt: list[int], new_tokens: int, length: int, stops: set[int],
+           device: Any) -> list[int]:
+    """Greedy continuation of ``prompt``, at most ``new_tokens`` tokens, ended before a stop
+    token; every forward is ``length`` tokens long (right padded)."""
+    import torch
+
+    # The padding is never attended to (it follows every position read): any id in the
+    # vocabulary does, and 0 is in every one (a tokenizer's pad id need not be).
+    sequence = torch.zeros((1, length), dtype=torch.long, device=device)
+    sequence[0, :len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    position, answer = len(prompt), []
+    for _ in range(min(new_tokens, length - len(prompt))):
+        output = model(sequence)
+        if getattr(model, "output_hidden_states", None):  # hidden states first, logits last
+            output = output[-1]
+        logits = _logits_at(output, position - 1)
+        token = _broadcast_from_first(logits.argmax().reshape(1).to(torch.long))
+        chosen = int(token.item())
+        if chosen in stops:
+            break
+        answer.append(chosen)
+        sequence[0, position] = chosen
+        position += 1
+    return answer
+
+
+def _device(recipe: Any) -> Any:
+    device = getattr(recipe, "_device", None)
+    return device if device is not None else next(recipe._model.parameters()).device
+
+
+def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int) -> list[dict]:
+    """The recipe's model's greedy answers to the first ``prompts`` held-out rows:
+    ``[{"prompt", "reference", "answer"}]``. Every rank calls it (the same forwards run on
+    all); all get the same answers."""
+    tokenizer, model = recipe._tokenizer, recipe._model
+    ignore_index = getattr(getattr(recipe, "_loss_fn", None), "ignore_index", IGNORE_INDEX)
+    context = _context(recipe)
+    asked = heldout_prompts(heldout_dataset, prompts, ignore_index, answer_header(tokenizer),
+                            context) if prompts > 0 and max_new_tokens > 0 else []
+    if not asked:
+        return []
+    length = min(context, max(len(a.prompt) for a in asked) + max_new_tokens)
+    stops, device = _stop_tokens(tokenizer), _device(recipe)
+    with _evaluating(model, device):
+        answers = [greedy(model, a.prompt, max_new_tokens, length, stops, device)
+                   for a in asked]
+    return [_masked({"prompt": _decode(tokenizer, a.prompt, keep_special=True),
+                     "reference": _decode(tokenizer, a.reference, keep_special=False),
+                     "answer": _decode(tokenizer, ids, keep_special=False)})
+            for a, ids in zip(asked, answers)]
+
+
+def _masked(texts: dict[str, str]) -> dict[str, str]:
+    """Held-out text goes into the report the export carries: a secret in it (a URL's
+    credentials in a system prompt) is masked, in the URL and wherever else the row or
+    the answer repeats it."""
+    secrets = set().union(*(redact_module.url_credentials(t) for t in texts.values()))
+    masked = {}
+    for key, text in texts.items():
+        text = redact_module.redact(text)
+        for secret in sorted(secrets, key=len, reverse=True):
+            text = text.replace(secret, redact_module.MASK)
+        masked[key] = text
+    return masked
+
+
+def _setting(settings: Mapping, key: str, default: int) -> int:
+    value = settings.get(key)
+    return default if value is None else int(value)
+
+
+def record_answers(recipe: Any, heldout_dataset: Any, settings: Mapping | None,
+                   output_dir: Path | str, rank: int, step: int, which: str) -> list[dict] | None:
+    """``answer`` on every rank, recorded by rank 0 as the base's (``which="base"``, before
+    the first step) or the tuned model's (``"tuned"``, after the last). Nothing where the
+    settings (``kubetune.validation``) ask for no prompt or the held-out set is empty. An
+    answer that cannot be made or written costs a warning, never the run."""
+    if which not in ("base", "tuned"):
+        raise ValueError(f"which: 'base' or 'tuned', not {which!r}")
+    settings = settings or {}
+    prompts = _setting(settings, "prompts", PROMPTS)
+    max_new_tokens = _setting(settings, "max_new_tokens", MAX_NEW_TOKENS)
+    if prompts <= 0 or max_new_tokens <= 0 or heldout_dataset is None \
+            or len(heldout_dataset) == 0:
+        return None
+    try:
+        found = answer(recipe, heldout_dataset, prompts, max_new_tokens)
+        if rank == 0 and found:
+            write = answers_record.write_base if which == "base" else answers_record.write_tuned
+            write(output_dir, found, step)
+        return found
+    except Exception as exc:
+        log.warning("answers on held-out prompts not recorded (%s model): %s", which, exc)
+        return None
