@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import time
 from pathlib import Path
@@ -156,8 +157,6 @@ def test_in_a_terminal_the_validation_line_goes_above_the_bar(tmp_path):
         progress.close()
         screen = b""
         while True:
-            import select
-
             ready, _, _ = select.select([master], [], [], 0.5)
             if not ready:
                 break
