@@ -37,8 +37,9 @@ def choose(output_dir: Path, marker: CompletionMarker, choice: str = DEFAULT
     if choice == "last":
         entry = (record.checkpoints.get(marker.checkpoint) if record else None) or {}
         return ChosenCheckpoint(marker.checkpoint, "last", _loss(entry), entry.get("step"))
-    fallback = (f"export the last checkpoint ({env.EXPORT_CHECKPOINT}=last), or train with "
-                "a held-out set (a validation or test split, or KUBETUNE_VAL_FRACTION)")
+    export_last = f"export the last checkpoint ({env.EXPORT_CHECKPOINT}=last)"
+    fallback = (f"{export_last}, or train with a held-out set (a validation or test split, "
+                "or KUBETUNE_VAL_FRACTION)")
     if record is None:
         raise BadInputError(f"--checkpoint best needs a run with validation, but {output_dir} "
                             f"has no {VALIDATION_RECORD_NAME} (no data was held out): "
@@ -51,7 +52,7 @@ def choose(output_dir: Path, marker: CompletionMarker, choice: str = DEFAULT
     if not (Path(output_dir) / best).is_dir():
         raise BadInputError(f"--checkpoint best: the checkpoint with the lowest validation loss, "
                             f"{Path(output_dir) / best}, is missing: re-run the trainer, or "
-                            f"{fallback.split(', or ')[0]}")
+                            f"{export_last}")
     entry = record.checkpoints[best]
     chosen = ChosenCheckpoint(best, "best", _loss(entry), entry.get("step"))
     measured = sum(1 for name in record.checkpoints if record.checkpoint_val_loss(name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import time
 from pathlib import Path
@@ -156,8 +157,6 @@ def test_in_a_terminal_the_validation_line_goes_above_the_bar(tmp_path):
         progress.close()
         screen = b""
         while True:
-            import select
-
             ready, _, _ = select.select([master], [], [], 0.5)
             if not ready:
                 break
@@ -415,3 +414,25 @@ def test_the_final_status_carries_the_last_best_and_base_val_loss(tmp_path):
     final = {m["name"]: m["value"] for m in server.requests[-1].body["trainerStatus"]["metrics"]}
     assert (final["loss"], final["val_loss"], final["best_val_loss"], final["base_val_loss"]) \
         == ("1.8", "2", "1.7", "2.5")
+
+
+def test_the_choice_of_checkpoint_on_an_output_dir(tmp_path):
+    from kubetune.errors import BadInputError
+    from kubetune.exporter.checkpoint_choice import choose
+    from kubetune.workspace.trainer_output import CompletionMarker
+
+    marker = CompletionMarker(checkpoint="epoch_1", method="lora")
+    (tmp_path / "epoch_1").mkdir()
+    validation_record.write(tmp_path, _record())
+    last = choose(tmp_path, marker)
+    assert (last.name, last.by, last.val_loss, last.step) == ("epoch_1", "last", 2.0, 12)
+    # The best checkpoint's directory is gone (removed by hand): said, not a traceback.
+    with pytest.raises(BadInputError, match=r"epoch_0, is missing: re-run the trainer, or "
+                                            r"export the last checkpoint"):
+        choose(tmp_path, marker, "best")
+    (tmp_path / "epoch_0").mkdir()
+    best = choose(tmp_path, marker, "best")
+    assert (best.name, best.by, best.val_loss, best.step) == ("epoch_0", "best", 1.7, 6)
+    with pytest.raises(BadInputError, match="KUBETUNE_EXPORT_CHECKPOINT 'first' is not one of "
+                                            "last, best"):
+        choose(tmp_path, marker, "first")
