@@ -100,6 +100,20 @@ def test_the_record_round_trips_and_names_base_best_last_and_the_best_checkpoint
         "epoch_0"]
 
 
+def test_the_launcher_reads_an_early_stop_as_its_summary_reason(tmp_path):
+    from kubetune.trainer.launcher.finish import early_stop_reason
+
+    assert early_stop_reason(tmp_path) is None  # no held-out set
+    record = ValidationRecord(evaluations=[{"step": 0, "epoch": 0, "val_loss": 2.5,
+                                            "val_tokens": 9}])
+    validation_record.write(tmp_path, record)
+    assert early_stop_reason(tmp_path) is None  # validated, not stopped
+    record.early_stop = {"patience": 3, "step": 20, "best_step": 8, "best_val_loss": 1.70004}
+    validation_record.write(tmp_path, record)
+    assert early_stop_reason(tmp_path) == (
+        "early stop: no improvement in 3 evaluations (best val_loss 1.7000 at step 8)")
+
+
 def test_validation_leaves_every_rng_and_train_flag_as_it_found_them():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5),
                                 torch.nn.Linear(4, 2))
