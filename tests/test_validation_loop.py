@@ -100,6 +100,20 @@ def test_the_record_round_trips_and_names_base_best_last_and_the_best_checkpoint
         "epoch_0"]
 
 
+def test_the_launcher_reads_an_early_stop_as_its_summary_reason(tmp_path):
+    from kubetune.trainer.launcher.finish import early_stop_reason
+
+    assert early_stop_reason(tmp_path) is None  # no held-out set
+    record = ValidationRecord(evaluations=[{"step": 0, "epoch": 0, "val_loss": 2.5,
+                                            "val_tokens": 9}])
+    validation_record.write(tmp_path, record)
+    assert early_stop_reason(tmp_path) is None  # validated, not stopped
+    record.early_stop = {"patience": 3, "step": 20, "best_step": 8, "best_val_loss": 1.70004}
+    validation_record.write(tmp_path, record)
+    assert early_stop_reason(tmp_path) == (
+        "early stop: no improvement in 3 evaluations (best val_loss 1.7000 at step 8)")
+
+
 def test_validation_leaves_every_rng_and_train_flag_as_it_found_them():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5),
                                 torch.nn.Linear(4, 2))
@@ -296,30 +310,35 @@ def summary_world_sizes(pvcs: list[Pvc]) -> list[int]:
 @pytest.mark.slow
 def test_early_stop_ends_the_run_completed_with_its_epoch_saved_and_says_why(
         tmp_path, tiny_model_dir, train_dir, val_dir):
-    """A learning rate far too high: the held-out loss rises after the base; patience 1
-    stops at the first evaluation after it, mid-epoch 0 of 2. The epoch is saved as the
-    run's final checkpoint, the run exits 0 as completed, and the summary says why."""
+    """A learning rate far too high: the held-out loss soon stops improving; patience 1
+    stops at the first evaluation that is no better, mid-epoch 0 of 2. That epoch is saved
+    as the run's final checkpoint, the run exits 0 as completed, and the summary says why."""
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, train_dir)
-    args = lora(pvc, "epochs=2", *held_out(val_dir, "kubetune.validation.early_stop_patience=1"),
+    args = lora(pvc, "epochs=2", "model.lora_dropout=0.1",
+                *held_out(val_dir, "kubetune.validation.early_stop_patience=1"),
                 "run_val_every_n_steps=2", "optimizer.lr=10", "lr_scheduler.num_warmup_steps=0")
     stderr = run_ok(pvc, args)
     record = validation_record.read(pvc.output)
     assert record.early_stop is not None, json.dumps(record.evaluations)
-    stop = record.early_stop
-    assert [e["step"] for e in record.evaluations] == [0, 2]
-    assert stop == {"patience": 1, "step": 2, "best_step": 0,
-                    "best_val_loss": record.base["val_loss"]}
-    assert record.checkpoints == {"epoch_0": {"step": 2,
-                                              "val_loss": record.evaluations[1]["val_loss"]}}
-    assert [m["step"] for m in trained_steps(pvc)] == [1, 2]  # nothing after the stop
+    stop = record.early_stop["step"]
+    evaluations = record.evaluations
+    assert 0 < stop < 6 and evaluations[-1]["step"] == stop  # mid-epoch 0; nothing after
+    # Patience 1: the evaluation before the stop was the best, the stop's was no better.
+    best = evaluations[-2]
+    assert best == record.best and evaluations[-1]["val_loss"] >= best["val_loss"]
+    assert record.early_stop == {"patience": 1, "step": stop, "best_step": best["step"],
+                                 "best_val_loss": best["val_loss"]}
+    assert record.checkpoints == {"epoch_0": {"step": stop,
+                                              "val_loss": evaluations[-1]["val_loss"]}}
+    assert [m["step"] for m in trained_steps(pvc)] == list(range(1, stop + 1))
     summary = pvc.summary()
     assert summary["exit_reason"] == (
         f"early stop: no improvement in 1 evaluations (best val_loss "
-        f"{record.base['val_loss']:.4f} at step 0)")
+        f"{best['val_loss']:.4f} at step {best['step']})")
     assert summary["checkpoint"] == "epoch_0" and pvc.complete()
     marker = json.loads((pvc.output / "kubetune-complete.json").read_text())
     assert marker["checkpoint"] == "epoch_0"
     # A final save: weights to export, no optimizer state left to resume from.
     assert (pvc.output / "epoch_0" / "adapter_model.safetensors").is_file()
     assert not (pvc.output / "epoch_1").exists() and not (pvc.output / "checkpoints").exists()
-    assert "early stop at step 2" in stderr
+    assert f"early stop at step {stop}" in stderr

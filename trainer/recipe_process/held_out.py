@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -169,8 +170,10 @@ class HeldOut:
     # -- what ----------------------------------------------------------------------------
 
     def evaluate(self, recipe: Any, step: int, epoch: int) -> None:
+        started = time.perf_counter()
         loss, tokens = val_loop.held_out_loss(recipe, self.dataset, self.batch_size,
                                               self.collate, self.guard.rank, self.world)
+        seconds = time.perf_counter() - started
         self.schedule.mark(step)
         self.early.observe(step, loss)
         self.record.tokens = tokens
@@ -180,6 +183,10 @@ class HeldOut:
         logger = getattr(recipe, "_metric_logger", None)
         if self.guard.rank == 0 and logger is not None:
             logger.log_dict({"val_loss": loss, "val_tokens": tokens}, step=step)
+            if hasattr(logger, "note_validation_s"):
+                # The recipe times its next step from before this evaluation: its tokens/s
+                # would count these seconds as training's.
+                logger.note_validation_s(seconds)
         if step == 0:
             self._answers(recipe, "base", step)
 
