@@ -139,6 +139,8 @@ def _failure_policy(rjob: dict, index: int) -> Iterator[str]:
         return  # an unnamed container is reported as such; its rules may mean it
     for i, rule in enumerate(rules):
         named = ((rule or {}).get("onExitCodes") or {}).get("containerName")
+        if named == NODE and _ancestor(rjob) == TRAINER:
+            continue  # a trainer container not named node is reported as such
         if named and named not in names:
             guess = closest(named, names) or (sorted(names)[0] if len(names) == 1 else None)
             fix = (f"name {guess}" if guess else f"name one of {', '.join(sorted(names))}") \
