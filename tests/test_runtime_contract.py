@@ -4,6 +4,7 @@ the container and the field, before any step runs: `kubetune validate`, `kubetun
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,34 @@ def test_image_that_cannot_be_pulled_is_one_line(engine, stderr, cause):
                            "ghcr.io/kubetune/trainerx:0.1.0 could not be pulled")
     assert cause in line and "--image NAME=IMAGE" in line
     assert pull_failure("x", "y", engine, "Error: container exited: OOM\n") is None
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own-runtime"
+
+
+def test_example_runtime_validates():
+    result = kubetune("validate", str(EXAMPLE / "runtime.yaml"), str(EXAMPLE / "trainjob.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok: ")
+
+
+@pytest.mark.slow
+def test_example_runtime_runs_with_its_builder_from_a_configmap_directory(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
+    """docs/extending.md's own runtime, as its author runs it here: the TrainJob's
+    storageUris pointed at the tiny model and dataset, the ConfigMap from the example's
+    builder directory; three steps of LoRA through that builder, then the export."""
+    trainjob = yaml.safe_load((EXAMPLE / "trainjob.yaml").read_text())
+    trainjob["spec"]["initializer"] = {"model": {"storageUri": f"file://{tiny_model_dir}"},
+                                       "dataset": {"storageUri": f"file://{tiny_dataset_dir}"}}
+    job_path = tmp_path / "trainjob.yaml"
+    job_path.write_text(yaml.safe_dump(trainjob))
+    builders = EXAMPLE.parents[0] / "custom-dataset"
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
+                      str(EXAMPLE / "runtime.yaml"), "--trainjob", str(job_path),
+                      "--configmap", f"my-builders={builders}", env=clean_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "arithmetic_chat_dataset: 512 conversations" in result.stdout
+    ws = tmp_path / "run" / "workspace"
+    assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
+    assert (ws / "export" / "adapter_model.safetensors").is_file()
