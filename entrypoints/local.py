@@ -290,7 +290,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                     lines = run_runtime(workdir, runtime_path, trainjob_path, options,
                                         parse_configmaps(configmaps))
             except ContractError as exc:
-                return report(exc)  # every violation its own line, not only the last
+                return report(exc, "local")  # each violation a line, not only the last
         # Through emit: a reader that went away (`| head -1`) costs the lines, not the run.
         emit("\nsummary\n" + "".join(f"  {line}\n" for line in lines))
         return 0

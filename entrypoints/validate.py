@@ -1,7 +1,8 @@
 """`kubetune validate RUNTIME [TRAINJOB]`: a runtime (and a TrainJob) checked offline,
 as `kubetune local --runtime` checks them before any step: the CRD schema, the contract our
 steps rely on (`runtime_contract`), and the controller's admission rules on the merge.
-Nothing runs and nothing is pulled; every violation is its own `error:` line, exit 65."""
+Nothing runs and nothing is pulled; every violation is its own `error: validate:` line,
+exit 65."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def check(runtime_path: Path, trainjob_path: Path | None) -> int:
     try:
         runtime, trainjob = check_files(runtime_path, trainjob_path)
     except ContractError as exc:
-        return report(exc)
+        return report(exc, "validate")
     jobset = merge(runtime, trainjob or default_trainjob(runtime))
     jobs = " -> ".join(j["name"] for j in jobset["spec"]["replicatedJobs"])
     click.echo(f"ok: {runtime_path}" + (f" with {trainjob_path}" if trainjob_path else "")

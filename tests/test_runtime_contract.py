@@ -110,7 +110,7 @@ def test_validate_names_each_mistake_in_one_line(tmp_path, mistake, line):
     result = kubetune("validate", str(path))
     assert result.returncode == 65, result.stdout + result.stderr
     lines = error_lines(result)
-    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: {line}"), result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: validate: {path}: {line}"), result.stderr
 
 
 @pytest.mark.parametrize("mistake, line", MISTAKES[:4], ids=[m.__name__ for m, _ in MISTAKES[:4]])
@@ -120,7 +120,8 @@ def test_local_refuses_each_mistake_before_any_step(tmp_path, mistake, line):
         result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(path),
                           *extra, env=clean_env())
         assert result.returncode == 65, result.stdout + result.stderr
-        assert len(error_lines(result)) == 1 and line in error_lines(result)[0]
+        assert len(error_lines(result)) == 1, result.stderr
+        assert error_lines(result)[0].startswith(f"error: local: {path}: {line}")
         assert "==> " not in result.stdout and "apiVersion" not in result.stdout
     assert not (tmp_path / "run" / "workspace").exists()
 
@@ -139,7 +140,7 @@ def test_unknown_setting_in_the_trainjob_names_the_trainjob(tmp_path):
     result = kubetune("validate", str(runtime_file(BYO)), str(trainjob))
     assert result.returncode == 65
     assert error_lines(result) == [
-        f"error: {trainjob}: spec.trainer.env[KUBETUNE_LORA_RANKK]: no part of kubetune reads "
+        f"error: validate: {trainjob}: spec.trainer.env[KUBETUNE_LORA_RANKK]: no part of kubetune reads "
         "KUBETUNE_LORA_RANKK; did you mean KUBETUNE_LORA_RANK?"]
 
 

@@ -283,10 +283,11 @@ def check_files(runtime_path: Path, trainjob_path: Path | None = None
     return runtime, trainjob
 
 
-def report(error: ContractError) -> int:
-    """Each violation as its own `error:` line (stderr, termination log); exit 65."""
+def report(error: ContractError, step: str) -> int:
+    """Each violation as its own `error: <step>: ` line (stderr, termination log), as
+    `run_step` reports one; exit 65."""
     from kubetune.termination import report_failure
 
     for line in error.lines:
-        report_failure(line)
+        report_failure(f"{step}: {line}")
     return error.exit_code
