@@ -7,6 +7,8 @@ directories under the work directory; a `file://` path named in the container's 
 args that exists on this host is bind-mounted read-only at the same path, so the URI is
 unchanged (a host-path EXPORT_URI is mounted read-write: `jobset.export_mount`); pods
 find each other by their JobSet DNS names (network aliases) on one network per run.
+Every image is pulled (where the engine lacks it) before any container starts, so an
+image that cannot be pulled is one line, not an exit 125 the failure policy restarts.
 Every container runs as the user running `kubetune local` (`container_user`): it reads
 what they may read, and what it writes is theirs.
 

@@ -3,8 +3,9 @@
 - ReplicatedJobs run in `dependsOn` order; jobs whose dependencies are met run together,
   each pod as processes (init containers in turn, then the containers together).
 - Volumes become directories under the work directory: the `volumeClaimPolicies` claims
-  (the per-job PVC) under `workspace/`, other volumes per pod; scratch mounts (/tmp,
-  /dev/shm) stay this machine's own. A container sees its mount
+  (the per-job PVC) under `workspace/`, other volumes per pod, a ConfigMap's volume the
+  directory the user names for it (``--configmap NAME=DIR``: there are no ConfigMaps
+  here); scratch mounts (/tmp, /dev/shm) stay this machine's own. A container sees its mount
   paths rewritten to those directories wherever they appear in its command, args and env
   (there is no container filesystem here to mount them into).
 - Env is resolved as the kubelet does: `$(VAR)` expansion, the Job completion index for
