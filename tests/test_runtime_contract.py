@@ -75,6 +75,10 @@ def undefined_volume(r: dict) -> None:
     container(r, "exporter")["volumeMounts"][1]["name"] = "tpm"
 
 
+def depends_on_typo(r: dict) -> None:
+    job(r, "exporter")["dependsOn"][0]["name"] = "nodes"
+
+
 MISTAKES = [
     (unnamed, f"replicatedJobs[node].{POD}.containers[0].name: missing"),
     (renamed, f"replicatedJobs[node].{POD}.containers[trainer].name: 'trainer' is not node;"),
@@ -93,6 +97,8 @@ MISTAKES = [
                   "name exporter"),
     (undefined_volume, f"replicatedJobs[exporter].{POD}.containers[exporter].volumeMounts[tpm]"
                        ": no volume or volumeClaimPolicies claim named tpm (did you mean tmp?)"),
+    (depends_on_typo, "replicatedJobs[exporter].dependsOn[0].name: no replicatedJob named "
+                      "nodes (did you mean node?)"),
 ]
 
 

@@ -188,6 +188,17 @@ def _volume_names(runtime: dict, rjob: dict, index: int) -> Iterator[str]:
                        "define it in the pod's volumes or name an existing one")
 
 
+def _depends_on(jobs: list, rjob: dict, index: int) -> Iterator[str]:
+    names = {j.get("name") for j in jobs if isinstance(j, dict) and j.get("name")}
+    for i, dep in enumerate(rjob.get("dependsOn") or []):
+        name = (dep or {}).get("name")
+        if name not in names:
+            guess = closest(str(name), names - {rjob.get("name")})
+            hint = f" (did you mean {guess}?)" if guess else ""
+            yield (f"{_job_ref(rjob, index)}.dependsOn[{i}].name: no replicatedJob named "
+                   f"{name}{hint}; name one of {', '.join(sorted(names))}")
+
+
 def env_problems(env_list: list, where: str) -> Iterator[str]:
     """Unknown ``KUBETUNE_*`` names in an env list (a container's, a TrainJob's)."""
     known = known_names()
@@ -212,6 +223,7 @@ def runtime_problems(runtime: dict) -> list[str]:
         lines += _failure_policy(rjob, index)
         lines += _workspace_mount(rjob, index)
         lines += _volume_names(runtime, rjob, index)
+        lines += _depends_on(jobs, rjob, index)
         for kind, i, container in _containers(rjob):
             lines += env_problems(container.get("env") or [],
                                   _container_ref(rjob, index, kind, i, container))
