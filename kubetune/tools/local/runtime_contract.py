@@ -158,7 +158,6 @@ def _env_value(container: dict, name: str) -> str | None:
 
 
 def _workspace_mount(rjob: dict, index: int) -> Iterator[str]:
-    volumes = {v.get("name") for v in _pod(rjob).get("volumes") or [] if isinstance(v, dict)}
     for kind, i, container in _containers(rjob):
         role = _role(rjob, container)
         mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
