@@ -26,6 +26,7 @@ COMMANDS = {
     "export": "kubetune.entrypoints.export:export_command",
     "local": "kubetune.entrypoints.local:local",
     "size": "kubetune.entrypoints.size:size",
+    "validate": "kubetune.entrypoints.validate:validate",
     "install-tune": "kubetune.entrypoints.shims:install_tune_command",
 }
 

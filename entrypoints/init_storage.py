@@ -11,6 +11,7 @@ from kubetune.initializers.initialize import initialize
 from kubetune.initializers.request import InitRequest, split_patterns
 from kubetune.initializers.storage_uri import parse
 from kubetune import env
+from kubetune.env_table import epilog
 from kubetune.redact import register_secret
 from kubetune.workspace import workspace
 
@@ -61,7 +62,7 @@ def _options(kind: str):
     return decorate
 
 
-@click.command("init-dataset")
+@click.command("init-dataset", epilog=epilog("initializers"))
 @_options("dataset")
 @step_command("dataset-initializer")
 def init_dataset(**options) -> None:
@@ -69,7 +70,7 @@ def init_dataset(**options) -> None:
     run_init("dataset", **options)
 
 
-@click.command("init-model")
+@click.command("init-model", epilog=epilog("initializers"))
 @_options("model")
 @step_command("model-initializer")
 def init_model(**options) -> None:

@@ -154,12 +154,13 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
 
 def merged_jobset(runtime_path: Path, trainjob_path: Path | None) -> dict:
     """The JobSet the controller would create from the runtime and the TrainJob."""
+    from kubetune.tools.local.runtime_contract import check_files
     from kubetune.tools.local.runtime_merge import merge
-    from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime, load_trainjob
+    from kubetune.tools.local.runtime_spec import default_trainjob
 
-    runtime = load_runtime(runtime_path)
-    trainjob = load_trainjob(trainjob_path) if trainjob_path else default_trainjob(runtime)
-    return merge(runtime, trainjob)
+    # Every contract violation of both files at once (ContractError), before the merge.
+    runtime, trainjob = check_files(runtime_path, trainjob_path)
+    return merge(runtime, trainjob or default_trainjob(runtime))
 
 
 def jobset_yaml(jobset: dict) -> str:
@@ -180,9 +181,11 @@ def jobset_yaml(jobset: dict) -> str:
 
 
 def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = None,
-                engine: "EngineOptions | None" = None) -> list[str]:
+                engine: "EngineOptions | None" = None,
+                configmaps: dict[str, Path] | None = None) -> list[str]:
     """Run a ClusterTrainingRuntime (with a TrainJob's overrides) here, as processes or
-    (``engine``) in containers of its images; return the summary."""
+    (``engine``) in containers of its images; return the summary. ``configmaps``: the
+    directory that stands for each ConfigMap a volume names."""
     from kubetune.entrypoints.shims import install_tune
     from kubetune.tools.local.jobset import LocalJobSet
 
@@ -191,12 +194,18 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
     # Relative source paths mean the user's directory; then every container is checked
     # before the first one starts.
     preflight.resolve_runtime_uris(jobset, Path.cwd(), in_images=engine is not None)
-    LocalJobSet(jobset, workdir, engine).check()
+    LocalJobSet(jobset, workdir, engine, configmaps=configmaps).check()
     # As processes, a runtime's `tune run` must reach our launcher, as in our images, where
     # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
     # interpreter. Written on each run, for this interpreter. Containers have their own.
     commands_dir = None if engine else install_tune(workdir.resolve() / "bin").parent
-    restarts = LocalJobSet(jobset, workdir, engine, commands_dir).run()
+    run = LocalJobSet(jobset, workdir, engine, commands_dir, configmaps)
+    if engine is None:
+        # The trainer's builders import as the trainer step will, before any step runs.
+        preflight.check_runtime_components(run)
+    else:
+        run.session.pull_images(run.images())
+    restarts = run.run()
     lines = summary_lines(workdir)
     return lines + ([f"restarts: {restarts}"] if restarts else [])
 
@@ -247,10 +256,15 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               help="Stop after N evaluations without a lower validation loss")
 @click.option("--val-prompts", envvar=env.VAL_PROMPTS, type=int, default=None,
               show_envvar=True, help="Held-out prompts answered side by side (default 3)")
+@click.option("--configmap", "configmaps", multiple=True, envvar=env.LOCAL_CONFIGMAPS,
+              metavar="NAME=DIR", show_envvar=True,
+              help="With --runtime: DIR's files stand for ConfigMap NAME wherever a volume "
+                   "of the runtime mounts it (a builder at /opt/custom, say); repeatable "
+                   "(the variable: space-separated)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
-          trainjob_path, print_jobset, engine, gpus, images, train_args, **validation
-          ) -> None:
+          trainjob_path, print_jobset, engine, gpus, images, configmaps, train_args,
+          **validation) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
 
     TRAIN_ARGS are `key=value` trainer arguments, as a TrainJob's spec.trainer.args;
@@ -266,6 +280,8 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
     """
     from kubetune.entrypoints.step import run_step
     from kubetune.tools.local.containers import EngineOptions, parse_image_overrides
+    from kubetune.tools.local.jobset import parse_configmaps
+    from kubetune.tools.local.runtime_contract import ContractError, report
 
     def body() -> int:
         from kubetune.entrypoints.train import setting_variables_set
@@ -273,7 +289,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
         given = preflight.Options(workdir, model_uri, dataset_uri, method, export_uri,
                                   runtime_path, trainjob_path, print_jobset, engine, gpus,
                                   tuple(images), tuple(train_args),
-                                  tuple(setting_variables_set()))
+                                  tuple(setting_variables_set()), tuple(configmaps))
         ctx = click.get_current_context()
         typed = frozenset(p.name for p in ctx.command.params if ctx.get_parameter_source(
             p.name) == click.core.ParameterSource.COMMANDLINE)
@@ -288,13 +304,17 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                                   list(train_args) if train_args else None, export_uri,
                                   typed_options)
         else:
-            if print_jobset:
-                emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))
-                return 0
-            options = None if engine == "process" else EngineOptions(
-                engine, gpus, parse_image_overrides(images))
-            with workdir_held(workdir):
-                lines = run_runtime(workdir, runtime_path, trainjob_path, options)
+            try:
+                if print_jobset:
+                    emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))
+                    return 0
+                options = None if engine == "process" else EngineOptions(
+                    engine, gpus, parse_image_overrides(images))
+                with workdir_held(workdir):
+                    lines = run_runtime(workdir, runtime_path, trainjob_path, options,
+                                        parse_configmaps(configmaps))
+            except ContractError as exc:
+                return report(exc, "local")  # each violation a line, not only the last
         # Through emit: a reader that went away (`| head -1`) costs the lines, not the run.
         emit("\nsummary\n" + "".join(f"  {line}\n" for line in lines))
         return 0

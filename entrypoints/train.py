@@ -89,22 +89,53 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
     return launch.run(plan_, dry_run=dry_run)
 
 
-def run_train(model_dir: str, dataset_dir: str, output_dir: str, method: str = "lora",
+def run_train(model_dir: str | None = None, dataset_dir: str | None = None,
+              output_dir: str | None = None, method: str | None = None,
               overrides: tuple[str, ...] = (), dry_run: bool = False,
               train_overrides_text: str | None = None,
               set_by: dict[str, str] | None = None, **options) -> int:
     """Fine-tune the model in ``model_dir`` on ``dataset_dir``; checkpoints to ``output_dir``.
 
-    ``options``: `kubetune train`'s (``TrainOptions``' fields); ``train_overrides_text``:
-    space-separated overrides applied before ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``);
-    ``set_by``: option name -> the variable or option that set it."""
+    Reads what `kubetune train` reads, as it does: an argument given (not None) wins, then
+    its variable (``KUBETUNE_MODEL_DIR``, ``KUBETUNE_LORA_RANK``, ...; docs/env.md), then
+    the default; so a wrapper calling ``run_train()`` in a pod gets the runtime's and the
+    TrainJob's settings. ``options``: `kubetune train`'s (``TrainOptions``' fields, e.g.
+    ``lora_rank=8``); ``train_overrides_text``: space-separated overrides applied before
+    ``overrides`` (``KUBETUNE_TRAIN_OVERRIDES``); ``set_by``: option name -> the variable or
+    option that set it (hints name it)."""
     require("train", "kubetune train")
     from kubetune.trainer import launch
     from kubetune.trainer.planning.train_plan import plan_training
 
-    plan_ = plan_training(TrainOptions(method=method, **options), model_dir, dataset_dir,
-                          output_dir, train_overrides_text, overrides, set_by=set_by)
+    given = {"model_dir": model_dir, "dataset_dir": dataset_dir, "output_dir": output_dir,
+             "method": method, "train_overrides_text": train_overrides_text, **options}
+    values, from_env = _with_environment(given)
+    plan_ = plan_training(
+        TrainOptions(method=values.pop("method"),
+                     **{k: v for k, v in values.items() if k in _OPTION_FIELDS}),
+        values["model_dir"], values["dataset_dir"], values["output_dir"],
+        values["train_overrides_text"], overrides, set_by={**from_env, **(set_by or {})})
     return launch.run(plan_, dry_run=dry_run)
+
+
+def _with_environment(given: dict) -> tuple[dict, dict[str, str]]:
+    """``given`` with each value left None read as `kubetune train`'s own option reads it
+    (its variable, else its default); and option name -> the variable that set it."""
+    try:
+        ctx = train.make_context("train", [])
+    except click.ClickException as exc:  # a bad value in a variable: click names it
+        from kubetune.entrypoints.cli import usage_message
+
+        raise BadInputError(usage_message(exc)) from None
+    values, from_env = dict(given), {}
+    for param in train.params:
+        if param.name in ("overrides", "dry_run") or values.get(param.name) is not None:
+            continue
+        values[param.name] = ctx.params.get(param.name)
+        if ctx.get_parameter_source(param.name) == ParameterSource.ENVIRONMENT \
+                and isinstance(param.envvar, str):
+            from_env[param.name] = param.envvar
+    return values, from_env
 
 
 def _set_by(ctx: click.Context) -> dict[str, str]:

@@ -21,7 +21,8 @@ from tests.support.runtimes import runtime_file
 from tests.support.s3_server import free_port
 
 BAD_INPUT = 65
-SECRET_NAME = "KUBETUNE_TEST_NOT_EXPORTED_TOKEN"
+# Not a KUBETUNE_* name: a runtime may set only names kubetune reads (runtime_contract).
+SECRET_NAME = "ACME_NOT_EXPORTED_TOKEN"
 
 
 @dataclass

@@ -208,6 +208,7 @@ def check_components(cfg: DictConfig) -> None:
             continue
         missing = missing_component(component)
         if missing is None:
+            _check_import(path, component)
             continue
         why, names = missing
         module, _, name = component.rpartition(".")
@@ -224,6 +225,19 @@ def check_components(cfg: DictConfig) -> None:
             guess = _suggest(name, names)
             hint = f" (did you mean {module}.{guess}?)" if guess else ""
         raise BadInputError(f"{path}={component}: {why}{hint}")
+
+
+def _check_import(path: str, component: str) -> None:
+    """A user's module (a builder) imported as the recipe will import it: one line with
+    the cause where it does not import."""
+    from kubetune.trainer.config.component_import import import_problem, users_module
+
+    module = users_module(component)
+    cause = import_problem(module) if module else None
+    if cause is not None:
+        raise BadInputError(f"{path}={component}: cannot import {module}: {cause}; install "
+                            f"it in the trainer image or put its directory on the trainer's "
+                            "PYTHONPATH")
 
 
 def check_rebuilt_sections(user_keys: list[str], cfg: DictConfig) -> None:

@@ -7,6 +7,8 @@ directories under the work directory; a `file://` path named in the container's 
 args that exists on this host is bind-mounted read-only at the same path, so the URI is
 unchanged (a host-path EXPORT_URI is mounted read-write: `jobset.export_mount`); pods
 find each other by their JobSet DNS names (network aliases) on one network per run.
+Every image is pulled (where the engine lacks it) before any container starts, so an
+image that cannot be pulled is one line, not an exit 125 the failure policy restarts.
 Every container runs as the user running `kubetune local` (`container_user`): it reads
 what they may read, and what it writes is theirs.
 
@@ -125,6 +127,27 @@ def _wants_gpu(container: dict) -> bool:
     return any(GPU_RESOURCE in (resources.get(k) or {}) for k in ("limits", "requests"))
 
 
+# What podman and docker print when an image cannot be pulled (`run` then exits 125).
+_PULL_FAILURE = re.compile(
+    r"manifest unknown|not found|pull access denied|repository does not exist|"
+    r"requested access to the resource is denied|unauthorized|authentication required|"
+    r"initializing source|unable to copy from source|invalid reference format|"
+    r"name unknown|no such host|Error response from daemon", re.IGNORECASE)
+
+
+def pull_failure(image: str, where: str, engine: str, stderr: str) -> str | None:
+    """The one line for an image that could not be pulled (``stderr``: the engine's), or
+    None where ``stderr`` says something else."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    cause = next((line for line in reversed(lines) if _PULL_FAILURE.search(line)), None)
+    if cause is None:
+        return None
+    cause = re.sub(r"^(Error: |Error response from daemon: )", "", cause)
+    return (f"{where}: image {image} could not be pulled ({engine}: {cause}); check its "
+            "name and tag, log in to its registry, or run a local build: --image "
+            "NAME=IMAGE")
+
+
 class ContainerSession:
     """The containers and the network of one `kubetune local` run."""
 
@@ -173,6 +196,27 @@ class ContainerSession:
             if path is not None:
                 raise BadInputError(f"{container['name']}: " + container_user.refusal(
                     path, who, self.options.engine))
+
+    def pull_images(self, images: dict[str, str]) -> None:
+        """Every image the run needs (image -> the container naming it), present or pulled
+        now, before any container starts: an image that cannot be pulled is one line
+        (exit 65), not a container exit 125 that the failure policy restarts."""
+        engine = self.options.engine
+        for image, where in images.items():
+            image = image_for(image, self.options.images)
+            if self._engine([engine, "image", "inspect", image], check=False).returncode == 0:
+                continue
+            emit(f"==> pulling {image}\n")
+            try:
+                result = subprocess.run([engine, "pull", image], capture_output=True,
+                                        text=True)
+            except FileNotFoundError:
+                raise BadInputError(f"--engine {engine}: `{engine}` is not installed or not "
+                                    "on PATH") from None
+            if result.returncode != 0:
+                raise BadInputError(pull_failure(image, where, engine, result.stderr) or (
+                    f"{where}: image {image} could not be pulled ({engine} pull exited "
+                    f"{result.returncode}); check its name, or give --image NAME=IMAGE"))
 
     def open(self, logs_dir: Path) -> None:
         """Remove what a dead run in this work directory left (the caller holds the work

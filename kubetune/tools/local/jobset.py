@@ -3,8 +3,9 @@
 - ReplicatedJobs run in `dependsOn` order; jobs whose dependencies are met run together,
   each pod as processes (init containers in turn, then the containers together).
 - Volumes become directories under the work directory: the `volumeClaimPolicies` claims
-  (the per-job PVC) under `workspace/`, other volumes per pod; scratch mounts (/tmp,
-  /dev/shm) stay this machine's own. A container sees its mount
+  (the per-job PVC) under `workspace/`, other volumes per pod, a ConfigMap's volume the
+  directory the user names for it (``--configmap NAME=DIR``: there are no ConfigMaps
+  here); scratch mounts (/tmp, /dev/shm) stay this machine's own. A container sees its mount
   paths rewritten to those directories wherever they appear in its command, args and env
   (there is no container filesystem here to mount them into).
 - Env is resolved as the kubelet does: `$(VAR)` expansion, the Job completion index for
@@ -142,9 +143,11 @@ class LocalJobSet:
     """One run of a merged JobSet under ``workdir``."""
 
     def __init__(self, jobset: dict, workdir: Path, engine: EngineOptions | None = None,
-                 commands_dir: Path | None = None) -> None:
+                 commands_dir: Path | None = None,
+                 configmaps: dict[str, Path] | None = None) -> None:
         self.jobset = jobset
         self.commands_dir = commands_dir
+        self.configmaps = dict(configmaps or {})
         self.name = jobset["metadata"]["name"]
         self.spec = jobset["spec"]
         self.workdir = Path(workdir).resolve()
@@ -239,10 +242,38 @@ class LocalJobSet:
             return self.claim_dirs[name]
         if "persistentVolumeClaim" in volumes.get(name, {}):
             return self.workdir / f"pvc-{volumes[name]['persistentVolumeClaim']['claimName']}"
+        if "configMap" in volumes.get(name, {}):
+            return self._configmap_dir(volumes[name]["configMap"] or {}, name, container, pod)
         if name in volumes:
             return self.workdir / "pods" / pod / name
         raise BadInputError(f"container {container['name']} mounts volume {name!r} "
                             "that neither the pod nor volumeClaimPolicies defines")
+
+    def _configmap_dir(self, source: dict, volume: str, container: dict, pod: str) -> Path:
+        """The directory the user named for a ConfigMap (``--configmap NAME=DIR``): there
+        are no ConfigMaps here, and an empty directory in its place would fail the step
+        late (a builder's module missing) instead of now."""
+        configmap = source.get("name") or volume
+        if configmap in self.configmaps:
+            return self.configmaps[configmap]
+        if source.get("optional"):
+            return self.workdir / "pods" / pod / volume  # as the kubelet: empty, not absent
+        raise BadInputError(
+            f"container {container['name']}: volume {volume} is ConfigMap {configmap}, which "
+            f"does not exist here; give a directory holding its files: kubetune local "
+            f"--configmap {configmap}=DIR (or {envnames.LOCAL_CONFIGMAPS}='{configmap}=DIR')")
+
+    def images(self) -> dict[str, str]:
+        """Each image the run needs -> the first container that names it (job/container)."""
+        found: dict[str, str] = {}
+        for job in self.spec["replicatedJobs"]:
+            pod_spec = job["template"]["spec"]["template"]["spec"]
+            for container in (pod_spec.get("initContainers") or []) + pod_spec["containers"]:
+                if container.get("image"):
+                    found.setdefault(container["image"],
+                                     f"replicatedJobs[{job['name']}] container "
+                                     f"{container['name']}")
+        return found
 
     def _container_mounts(self, pod_spec: dict, container: dict, pod: str
                           ) -> tuple[list[Mount], list[str]]:
@@ -256,6 +287,10 @@ class LocalJobSet:
                 continue
             base = self._volume_dir(volumes, name, container, pod)
             local = base / mount["subPath"] if mount.get("subPath") else base
+            if "configMap" in volumes.get(name, {}):
+                # A ConfigMap is read-only in a pod, whatever the mount says.
+                mounts.append(Mount(local, target, True))
+                continue
             # The container runs as this user (`container_user`), so the directory made
             # here is its own, as fsGroup makes a volume the pod's on a cluster.
             local.mkdir(parents=True, exist_ok=True)
@@ -494,3 +529,19 @@ class LocalJobSet:
                 restarts += 1
             else:
                 uncounted += 1
+
+
+def parse_configmaps(values: list[str] | tuple[str, ...]) -> dict[str, Path]:
+    """`NAME=DIR` pairs (``--configmap``): each DIR an existing directory, made absolute."""
+    found: dict[str, Path] = {}
+    for value in values:
+        for item in value.split():  # the variable's form: space-separated pairs
+            name, sep, directory = item.partition("=")
+            if not sep or not name or not directory:
+                raise BadInputError(f"--configmap {item!r}: expected NAME=DIR, e.g. "
+                                    "my-builders=./examples/custom-dataset")
+            path = Path(directory).expanduser().resolve()
+            if not path.is_dir():
+                raise BadInputError(f"--configmap {item}: {path} is not a directory")
+            found[name] = path
+    return found

@@ -20,12 +20,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubetune import env, storage_uri
 from kubetune.errors import BadInputError, TransientError
 from kubetune.suggest import closest
 from kubetune.tools.local.jobset import SCRATCH_MOUNTS
 from kubetune.tools.local.train_args import arg_key
+
+if TYPE_CHECKING:
+    from kubetune.tools.local.jobset import LocalJobSet
 
 log = logging.getLogger("local")
 
@@ -53,6 +57,7 @@ class Options:
     train_args: tuple[str, ...]
     # Trainer settings' variables (KUBETUNE_EPOCHS, ...) this shell sets.
     settings_in_shell: tuple[str, ...] = ()
+    configmaps: tuple[str, ...] = ()
 
 
 def check_combinations(o: Options, option_names: set[str],
@@ -68,6 +73,9 @@ def check_combinations(o: Options, option_names: set[str],
                             "or docker)")
     if o.runtime_path is None and (o.trainjob_path or o.print_jobset):
         raise BadInputError("--trainjob and --print-jobset need --runtime")
+    if o.runtime_path is None and o.configmaps:
+        raise BadInputError("--configmap needs --runtime: it stands for a ConfigMap a "
+                            "runtime's volume names")
     if o.runtime_path is not None and (o.model_uri or o.dataset_uri or o.train_args):
         raise BadInputError("with --runtime, set sources and trainer args in the TrainJob "
                             "(--trainjob), not --model/--dataset/TRAIN_ARGS")
@@ -287,3 +295,38 @@ def resolve_runtime_uris(jobset: dict, cwd: Path, in_images: bool = False) -> No
                         and not Path(path).exists():
                     relative = f" ({value!r} relative to {cwd})" if resolved != value else ""
                     raise BadInputError(f"{where}: {path} does not exist{relative}")
+
+
+def _component_args(words: list[str]) -> list[tuple[str, str]]:
+    """(key, dotted path) of each ``_component_`` a trainer command line sets."""
+    found = []
+    for word in words:
+        key, sep, value = word.partition("=")
+        if sep and (key.endswith("._component_") or key == "dataset") and "." in value:
+            found.append((key, value))
+    return found
+
+
+def check_runtime_components(jobset: "LocalJobSet") -> None:
+    """Each user module a trainer container's ``_component_`` names (a dataset builder on
+    a ConfigMap or PYTHONPATH) imported as that container's step will import it, before
+    any step runs: a module that does not import is one line with its cause. Processes
+    only: with a container engine the module is the image's."""
+    from kubetune.trainer.config.component_import import import_problem, users_module
+
+    for job in jobset.spec["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            if container.get("name") != "node":
+                continue
+            step = jobset.step(job, container, 0, 1)
+            words = step.command + step.env.get(env.TRAIN_OVERRIDES, "").split()
+            for key, component in _component_args(words):
+                module = users_module(component)
+                cause = import_problem(module, step.env) if module else None
+                if cause is not None:
+                    raise BadInputError(
+                        f"container {container['name']} of job {job['name']}: "
+                        f"{key}={component}: cannot import {module}: {cause}; put its "
+                        "directory on the container's PYTHONPATH (a ConfigMap volume: "
+                        "--configmap NAME=DIR) or install it in the trainer image")
