@@ -69,12 +69,21 @@ class JsonLinesMetricLogger:
         self._step_tokens: int | None = None
         self._step_digest: str | None = None
         self._step_lr: float | None = None
+        # Validation inside a step's interval (kubetune.trainer.recipe_process.held_out):
+        # the recipe's tokens/s for that step counts those seconds as training's.
+        self._paused_s = 0.0
+        self._interval_start: float | None = None
         # (step, loss) of the last logged step: step_guard stops the run on a non-finite one.
         self.last_loss: tuple[int, Any] | None = None
 
     # Called by kubetune.trainer.recipe_process.step_guard, which sees the batches the recipe trains on.
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
+        if self._interval_start is None:  # the recipe starts timing its first step here
+            self._interval_start = time.monotonic()
+
+    def note_validation_s(self, seconds: float) -> None:
+        self._paused_s += max(0.0, float(seconds))
 
     def note_step_tokens(self, tokens: int) -> None:
         self._step_tokens = int(tokens)
@@ -121,10 +130,21 @@ class JsonLinesMetricLogger:
                 record["lr"] = self._step_lr
                 self._step_lr = None
             record["peak_memory_bytes"] = peak_memory_bytes()
+            self._discount_validation(record)
         record["time_s"] = round(time.monotonic() - self._start, 3)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         self._progress.on_step(record)
+
+    def _discount_validation(self, record: dict[str, Any]) -> None:
+        """The step's tokens/s over its training seconds only: the interval since the last
+        logged step less the validation measured inside it."""
+        now = time.monotonic()
+        interval = now - self._interval_start if self._interval_start is not None else 0.0
+        speed = record.get("tokens_per_second")
+        if self._paused_s and isinstance(speed, (int, float)) and interval > self._paused_s:
+            record["tokens_per_second"] = speed * interval / (interval - self._paused_s)
+        self._paused_s, self._interval_start = 0.0, now
 
     def _write_validation(self, payload: Mapping[str, Any], step: int) -> None:
         record: dict[str, Any] = {"step": int(step)}

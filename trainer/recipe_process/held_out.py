@@ -30,28 +30,11 @@ from kubetune.workspace.validation_record import ValidationRecord
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.recipe_process import tokenized_data
 from kubetune.trainer.recipe_process.step_guard import Guard
-from kubetune.trainer.validation import val_loop
+from kubetune.trainer.validation import answers, budget, val_loop
 from kubetune.trainer.validation.early_stop import EarlyStop
 from kubetune.trainer.validation.schedule import Schedule, every_n_steps
 
 log = logging.getLogger("trainer")
-
-
-def _build_heldout_until_merge(recipe: Any, dataset_val_cfg: Any, settings: CacheSettings) -> Any:
-    """Stand-in for ``tokenized_data.build_heldout`` (engineer A's, issue 42) until it
-    lands: ``dataset_val`` instantiated with the recipe's tokenizer through the cache."""
-    from torchtune import config
-
-    if "packed" in dataset_val_cfg:  # never packed: its loss must not depend on packing
-        dataset_val_cfg = OmegaConf.merge(dataset_val_cfg, {"packed": False})
-    with tokenized_data._datasets_cached(recipe, settings):
-        return config.instantiate(dataset_val_cfg, recipe._tokenizer)
-
-
-def build_heldout(recipe: Any, dataset_val_cfg: Any, settings: CacheSettings) -> Any:
-    # TODO(merge, issue 42): call tokenized_data.build_heldout directly once A's lands.
-    built = getattr(tokenized_data, "build_heldout", None) or _build_heldout_until_merge
-    return built(recipe, dataset_val_cfg, settings)
 
 
 def _collate(cfg: DictConfig, recipe: Any) -> Any:
@@ -67,6 +50,16 @@ def _world() -> int:
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _bounded(recipe: Any, dataset: Any, total_steps: int, every_n: int) -> Any:
+    """The held-out rows each evaluation measures: the first ones, within the budget."""
+    from torch.utils.data import Subset
+
+    evaluations = 1 + total_steps // max(1, every_n) + int(recipe.total_epochs)
+    keep = budget.rows_per_evaluation(dataset, recipe._dataloader.dataset,
+                                      int(recipe.total_epochs), evaluations)
+    return dataset if keep >= len(dataset) else Subset(dataset, range(keep))
 
 
 def steps_per_epoch(recipe: Any) -> int:
@@ -89,8 +82,8 @@ class HeldOut:
         self.batch_size = int(cfg.batch_size)
         self.collate = _collate(cfg, recipe)
         self.world = _world()
-        self.prompts = int(section.get("prompts", 3) or 0)
-        self.max_new_tokens = int(section.get("max_new_tokens", 64) or 64)
+        self.section = section  # prompts and max_new_tokens: the answers' own defaults
+        self.prompt_rows = dataset  # the whole held-out set (set_up: beyond the measured)
         resumed = bool(recipe._resume_from_checkpoint) and guard.resume_global_step is not None
         self.schedule = Schedule(every_n, steps_per_epoch(recipe), int(recipe.total_epochs),
                                  resumed=resumed)
@@ -120,14 +113,20 @@ class HeldOut:
         every_n = every_n_steps(cfg.get("run_val_every_n_steps"), total)
         if every_n == 0:
             return None
-        dataset = build_heldout(recipe, dataset_val, data)
+        dataset = tokenized_data.build_heldout(recipe, dataset_val, data)
         if len(dataset) == 0:
             return None  # A refuses an empty held-out split in the plan (exit 65)
-        held = cls(recipe, cfg, settings, guard, dataset, every_n)
+        measured = _bounded(recipe, dataset, total, every_n)
+        held = cls(recipe, cfg, settings, guard, measured, every_n)
+        held.prompt_rows = dataset
         if guard.rank == 0:
-            log.info("validation: %d held-out rows, every %d step(s) of %d%s", len(dataset),
-                     every_n, total, f", early stop after {held.early.patience} without "
-                     "improvement" if held.early.patience else "")
+            of = "" if len(measured) == len(dataset) else (
+                f" (the first {len(measured)} of {len(dataset)}: validation bounded to about "
+                f"{budget.SHARE:.0%} of the run's compute)")
+            log.info("validation: %d held-out rows%s, every %d step(s) of %d%s",
+                     len(measured), of, every_n, total,
+                     f", early stop after {held.early.patience} without improvement"
+                     if held.early.patience else "")
         return held
 
     # -- when ----------------------------------------------------------------------------
@@ -199,19 +198,13 @@ class HeldOut:
         self._write()
 
     def _answers(self, recipe: Any, which: str, step: int) -> None:
-        """Engineer D's answers side by side (issue 42), where that module is present."""
-        if self.prompts <= 0:
-            return
-        try:
-            from kubetune.trainer.validation import answers
-            from kubetune.workspace import answers_record
-        except ImportError:
-            return
-        with val_loop.training_state_kept(recipe._model, recipe._device):
-            result = answers.answer(recipe, self.dataset, self.prompts, self.max_new_tokens)
-        if self.guard.rank == 0:
-            write = answers_record.write_base if which == "base" else answers_record.write_tuned
-            write(self.guard.output_dir, result, step)
+        """A few held-out prompts answered, base or tuned (every rank; rank 0 records)."""
+        started = time.perf_counter()
+        answers.record_answers(recipe, self.prompt_rows, self.section, self.guard.output_dir,
+                               self.guard.rank, step, which)
+        logger = getattr(recipe, "_metric_logger", None)
+        if self.guard.rank == 0 and hasattr(logger, "note_validation_s"):
+            logger.note_validation_s(time.perf_counter() - started)  # as evaluate's seconds
 
     def _write(self) -> None:
         if self.guard.rank == 0:
