@@ -244,6 +244,10 @@ def test_torchtune_mains_keys_are_accepted(tmp_path, tiny_model_dir):
     assert result.returncode == 65
     assert error_lines(result) == [
         "error: trainer: unknown key dataset_val.splt (did you mean dataset_val.split?)"]
+    result = _dry_run(tiny_model_dir, source, tmp_path,
+                      "dataset_val=torchtune.datasets.instruct_dataset")  # its default: train
+    assert planned(result)["kubetune"]["validation"]["source"] == "config"
+    assert "warning: dataset_val reads the files trained on (split 'train')" in result.stdout
     result = _dry_run(tiny_model_dir, source, tmp_path, "dataset_val.split=test")
     assert result.returncode == 65
     assert "dataset_val names no builder" in error_lines(result)[0]

@@ -223,6 +223,11 @@ def plan(cfg: DictConfig, dataset_dir: Path, found: DatasetSample | None,
     if train_split is not None:  # a list of datasets: each says its own split
         notes.append(line)
     notes += _larger_than_training(val_rows, train_rows)
+    if source == "config" and found is not None and val_found is not None \
+            and set(found.files) == set(val_found.files):
+        notes.append(f"warning: dataset_val reads the files trained on (split "
+                     f"'{train_split}'): its loss measures rows the model learns; set "
+                     "dataset_val.split to a split not trained on")
     cfg.kubetune.data = {"split": train_split, "rows": train_rows, "rows_exact": exact}
     if val_cfg is None:
         if every or patience:
