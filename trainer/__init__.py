@@ -25,6 +25,6 @@ The rooms, in the order a run goes through them:
 
 The rooms are layers (tests/test_import_root.py): a room imports only rooms below it,
 lowest first request, failures, performance, config, data, validation, checkpointing,
-metric_logging, planning, recipe_process, launcher, launch; ``models/`` and ``schedules`` import none of
-them.
+metric_logging, planning, recipe_process, launcher, launch; ``models/`` and ``schedules``
+import none of them.
 """
