@@ -355,6 +355,12 @@ TRAINER_ROWS = [
                                  "PET_MASTER_PORT": "http"}),
     TrainerRow("checkpointer key typo", ["checkpointer.output_dirr=/tmp/x"],
                "unknown key checkpointer.output_dirr (did you mean checkpointer.output_dir?)"),
+    TrainerRow("held-out fraction above one half", [], "KUBETUNE_VAL_FRACTION=0.6: the "
+               "held-out fraction must be more than 0 and at most 0.5", via="train",
+               env={"KUBETUNE_VAL_FRACTION": "0.6"}),
+    TrainerRow("dataset_val split the data lacks",
+               ["dataset_val=torchtune.datasets.instruct_dataset", "dataset_val.split=test"],
+               "dataset_val.split=test: the dataset has no split 'test'"),
 ]
 
 

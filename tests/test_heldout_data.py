@@ -244,6 +244,10 @@ def test_torchtune_mains_keys_are_accepted(tmp_path, tiny_model_dir):
     assert result.returncode == 65
     assert error_lines(result) == [
         "error: trainer: unknown key dataset_val.splt (did you mean dataset_val.split?)"]
+    result = _dry_run(tiny_model_dir, source, tmp_path,
+                      "dataset_val=torchtune.datasets.instruct_dataset")  # its default: train
+    assert planned(result)["kubetune"]["validation"]["source"] == "config"
+    assert "warning: dataset_val reads the files trained on (split 'train')" in result.stdout
     result = _dry_run(tiny_model_dir, source, tmp_path, "dataset_val.split=test")
     assert result.returncode == 65
     assert "dataset_val names no builder" in error_lines(result)[0]
@@ -375,3 +379,22 @@ def test_a_held_out_set_tokenization_empties_is_refused_naming_it(tmp_path, tiny
         tokenized_data.build_heldout(recipe, test_split, settings)
     assert str(refused.value).startswith(
         f"the held-out set (dataset_val split 'test') has no usable row: {TEST_ROWS} read")
+
+
+def test_tune_run_takes_torchtune_mains_keys_and_the_variables(tmp_path, tiny_model_dir):
+    """As Kubeflow Trainer sends it: `tune run` with the runtime's args, the held-out keys
+    as overrides, the settings from the pod's env."""
+    from tests.support.trainer import tune_run
+
+    pvc = _initialized(tmp_path, tiny_model_dir, hub_dataset(tmp_path / "hub", test=None))
+    result = tune_run(pvc, "lora_finetune_single_device", "--config",
+                      "llama3_2/1B_lora_single_device", *pvc.runtime_args(),
+                      "dataset.split=train", "run_val_every_n_steps=4", "--kubetune-dry-run",
+                      env=pvc.env(KUBETUNE_VAL_FRACTION="0.25",
+                                  KUBETUNE_EARLY_STOP_PATIENCE="2"))
+    config = planned(result)
+    assert config["run_val_every_n_steps"] == 4
+    assert config["kubetune"]["holdout"] == {"fraction": 0.25}
+    validation = config["kubetune"]["validation"]
+    assert (validation["source"], validation["early_stop_patience"]) == ("fraction", 2)
+    assert config["dataset_val"]["split"] == "train"

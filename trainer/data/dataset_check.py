@@ -46,6 +46,23 @@ def split_names(split) -> list[str]:
     return names or ["train"]
 
 
+def split_rows(split, total: int | None) -> int | None:
+    """The rows ``dataset.split`` reads of the ``total`` its splits' files hold: a slice
+    (``train[:90%]``) as ``datasets`` cuts it; None where a slice spans several splits."""
+    text = str(split or "train")
+    if total is None or "[" not in text:
+        return total
+    if "+" in text:
+        return None  # each split's own count would be needed
+    from datasets import ReadInstruction
+
+    try:
+        cuts = ReadInstruction.from_spec(text).to_absolute({split_names(text)[0]: total})
+    except (ValueError, AssertionError):
+        return None  # check_split names what is wrong with it
+    return sum(max(0, cut.to - cut.from_) for cut in cuts)
+
+
 def _files(dataset_cfg: DictConfig, every_split: bool = False) -> list[Path]:
     """The data files the builder reads: those of the split(s) ``dataset.split`` names
     where ``data_files`` maps splits to files (``every_split``: all of them)."""

@@ -86,10 +86,12 @@ def _as_component(node) -> DictConfig | None:
     return node
 
 
-def _rows_text(found: DatasetSample | None) -> str:
-    if found is None or found.total_rows is None:
+def _rows_text(found: DatasetSample | None, rows: int | None = None) -> str:
+    """``rows`` (default: all ``found`` counted), said as exactly as they were counted."""
+    rows = found.total_rows if found is not None and rows is None else rows
+    if found is None or rows is None:
         return "rows not counted"
-    return f"{'' if found.rows_exact else 'about '}{found.total_rows} rows"
+    return f"{'' if found.rows_exact else 'about '}{rows} rows"
 
 
 def _checked(val_cfg: DictConfig, what: str, spellings: dict[str, str]) -> DatasetSample | None:
@@ -167,17 +169,19 @@ def _describe(train_split: str | None, found: DatasetSample | None, source: str 
               held: str | None, fraction: float | None, val_found: DatasetSample | None
               ) -> tuple[str, int | None, bool, int | None]:
     """The dataset line, the training rows, whether they are exact, the held-out rows."""
-    rows = None if found is None else found.total_rows
+    rows = None if found is None else dataset_check.split_rows(train_split, found.total_rows)
     exact = bool(found is not None and found.rows_exact)
+    sliced = rows != (None if found is None else found.total_rows)
     train = f"dataset: training on split '{train_split}'"
     if source == "fraction" and rows is not None:
-        counted = holdout.count_held_out(found.files, fraction, rows) if exact else None
+        counted = holdout.count_held_out(found.files, fraction, rows) \
+            if exact and not sliced else None
         taken = round(rows * fraction) if counted is None else counted
         about = "" if counted is not None else "about "
-        line = (f"{train} ({about}{rows - taken} of its {_rows_text(found)}); validation "
+        line = (f"{train} ({about}{rows - taken} of its {rows} rows); validation "
                 f"on a held-out {fraction:.0%} of it ({about}{taken} rows, chosen by content)")
         return line, rows - taken, counted is not None, taken
-    line = f"{train} ({_rows_text(found)})"
+    line = f"{train} ({_rows_text(found, rows)})"
     val_rows = None if val_found is None else val_found.total_rows
     if source == "split":
         line += f"; validation on split '{held}' ({_rows_text(val_found)})"
@@ -223,6 +227,11 @@ def plan(cfg: DictConfig, dataset_dir: Path, found: DatasetSample | None,
     if train_split is not None:  # a list of datasets: each says its own split
         notes.append(line)
     notes += _larger_than_training(val_rows, train_rows)
+    if source == "config" and found is not None and val_found is not None \
+            and set(found.files) == set(val_found.files):
+        notes.append(f"warning: dataset_val reads the files trained on (split "
+                     f"'{train_split}'): its loss measures rows the model learns; set "
+                     "dataset_val.split to a split not trained on")
     cfg.kubetune.data = {"split": train_split, "rows": train_rows, "rows_exact": exact}
     if val_cfg is None:
         if every or patience:
