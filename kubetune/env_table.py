@@ -84,6 +84,8 @@ ROWS: dict[str, Var] = {
     env.EXPORT_VERIFY_MAX_BYTES: Var(YOU, "exporter", "skip the logits check above this "
                                      "float32 size", "a quarter of memory"),
     env.EXPORT_CHAT_TEMPLATE: Var(YOU, "exporter", "check, trained or base", "check"),
+    env.EXPORT_CHECKPOINT: Var(YOU, "exporter", "which saved checkpoint to export: last, or "
+                               "best (the lowest validation loss)", "last"),
     # Failure reporting, logs
     env.TERMINATION_LOG: Var(YOU, "all", "where the one-line failure report is written",
                              env.DEFAULT_TERMINATION_LOG),
@@ -119,6 +121,15 @@ ROWS: dict[str, Var] = {
     env.TRAIN_ON_INPUT: _train("loss on the prompt too (1/0)"),
     env.CONVERSATION_COLUMN: _train("chat: the conversations' column"),
     env.CONVERSATION_STYLE: _train("chat: openai or sharegpt"),
+    env.VAL_FRACTION: _train("hold out this fraction (0 to 0.5] of the training split "
+                             "where the data ships no validation or test split",
+                             "none (no held-out set)"),
+    env.VAL_EVERY_N_STEPS: _train("validation loss every N optimizer steps; 0: none",
+                                  "about ten evaluations per run"),
+    env.EARLY_STOP_PATIENCE: _train("stop after N evaluations without a lower validation "
+                                    "loss; 0: never", "0"),
+    env.VAL_PROMPTS: _train("held-out prompts answered side by side (base and tuned) in "
+                            "the run report; 0: none", "3"),
     env.TRAIN_OVERRIDES: _train("space-separated key=value overrides, before the command's",
                                 "none"),
     env.GRACE_PERIOD_S: _train("seconds to save a checkpoint after SIGTERM", "30"),

@@ -5,6 +5,8 @@ last step, and answers a person can read.
   fraction held out by content, or the user's own ``dataset_val``), planned before the run;
 - ``schedule``: at which optimizer steps validation runs (before the first, every
   ``run_val_every_n_steps``, each epoch's last, after the last);
+- ``budget``: how many held-out rows each evaluation measures (about 5% of the run's
+  compute at the default frequency);
 - ``val_loop``: the validation loss on every rank together, the RNG and train mode untouched;
 - ``early_stop``: a run stopped after evaluations without improvement;
 - ``answers``: greedy answers to a few held-out prompts, the base's and the tuned model's,
