@@ -14,18 +14,20 @@ for Llama-3 and Qwen); a run with a ``tokenizer.prompt_template`` has none.
 
 from __future__ import annotations
 
-# Llama3Tokenizer: a header per message (role stripped), content stripped, <|eot_id|>.
+# Llama3Tokenizer: a header per message (role stripped), content stripped, <|eot_id|>. A
+# tool result ("tool", OpenAI's role) is torchtune's ipython message: Llama 3's ipython header.
 _LLAMA3 = (
     "{{ BOS }}"
     "{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] | trim + '<|end_header_id|>\\n\\n' "
+    "{% set role = 'ipython' if message['role'] == 'tool' else message['role'] | trim %}"
+    "{{ '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' "
     "+ message['content'] | trim + '<|eot_id|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{% else %}{{ EOS }}{% endif %}"
 )
 
-# Qwen2Tokenizer / Qwen2_5Tokenizer (ChatML): the last message, when the assistant's, is
+# Qwen2Tokenizer (ChatML, a tool result in a "tool" turn): the last message, when the assistant's, is
 # not closed by <|im_end|>\n; the end-of-text token (<|im_end|> by default) ends it.
 _CHATML = (
     "{% for message in messages %}"
@@ -37,10 +39,31 @@ _CHATML = (
     "{% else %}{{ EOS }}{% endif %}"
 )
 
+# Qwen2_5Tokenizer: ChatML, and a tool result (torchtune's ipython message) inside a user
+# turn as <tool_response>...</tool_response>, consecutive results in one turn.
+_QWEN2_5 = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' }}"
+    "{% else %}{{ '\\n<tool_response>\\n' }}{% endif %}"
+    "{{ message['content'] + '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+    "{% if not (loop.last and message['role'] == 'assistant') %}{{ '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% else %}{{ EOS }}{% endif %}"
+)
+
 _BY_TOKENIZER = {
     "torchtune.models.llama3._tokenizer.Llama3Tokenizer": _LLAMA3,
     "torchtune.models.qwen2._tokenizer.Qwen2Tokenizer": _CHATML,
-    "torchtune.models.qwen2_5._tokenizer.Qwen2_5Tokenizer": _CHATML,
+    "torchtune.models.qwen2_5._tokenizer.Qwen2_5Tokenizer": _QWEN2_5,
 }
 
 
