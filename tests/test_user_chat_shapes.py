@@ -271,3 +271,63 @@ def test_tune_run_trains_trl_conversational_rows(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "chat prompt-completion (TRL" in result.stderr + result.stdout
     assert pvc.complete()
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_the_exported_template_renders_tool_and_parts_rows_as_trained(family, tiny_model_dir,
+                                                                      tmp_path):
+    """The trainer's recorded samples of these rows (``sample_capture``) pass the
+    exporter's check: torchtune's format as a chat template renders each one, tool turns
+    included, to the ids training fed the model."""
+    from kubetune.exporter import chat_format
+    from kubetune.tools.demo import write_tiny_qwen2
+    from kubetune.trainer.recipe_process import sample_capture
+
+    model = tiny_model_dir if family == "llama3" else write_tiny_qwen2(tmp_path / "qwen2")
+    data = shapes.write_jsonl(tmp_path / "d" / "train.jsonl", shapes.openai_rows(40, {
+        1: shapes.tool_exchange(), 2: shapes.content_parts(), 3: shapes.null_system()})).parent
+    planned = _plan(tmp_path, model, data)
+    tokenizer, dataset = _built(planned.cfg)
+    recorder = sample_capture.Recorder(tokenizer)
+    for index in range(4):
+        dataset[index]
+    recorder.remove()
+    samples = sample_capture._describe(tokenizer, "run", recorder.samples)
+    assert [m["role"] for m in samples.samples[0].messages] == [
+        "system", "user", "assistant", "tool", "assistant"]
+    decided = chat_format.decide(samples, model, "trained")
+    assert decided.template is not None
+    assert "reproduces 4 training sample(s) exactly" in decided.report["chat_template"]
+
+
+def test_qwen2_5s_template_renders_tool_results_as_its_tokenizer_does(tmp_path):
+    """Qwen2.5's tokenizer (Qwen2.5, Qwen3) puts tool results in a user turn as
+    <tool_response> blocks: the exported template renders them the same, consecutive
+    results in one turn."""
+    from torchtune.models.qwen2_5._tokenizer import Qwen2_5Tokenizer
+
+    from kubetune.exporter import chat_format
+    from kubetune.tools.demo import write_tiny_qwen2
+    from kubetune.tools.demo.tiny_qwen2 import special_token_ids
+    from kubetune.trainer.data import chat_messages
+    from kubetune.trainer.recipe_process import sample_capture
+
+    model = write_tiny_qwen2(tmp_path / "qwen2")
+    ids = special_token_ids()
+    spare = max(ids.values()) + 1  # tool-call tokens: unused by text-rendered calls
+    tokenizer = Qwen2_5Tokenizer(str(model / "vocab.json"), str(model / "merges.txt"),
+                                 {**ids, "<tool_call>": spare, "</tool_call>": spare + 1},
+                                 eos_token="<|im_end|>")
+    assert chat_messages.tool_role(tokenizer) == "ipython"
+    exchange = shapes.tool_exchange()["messages"]
+    two_results = [*exchange[:4], {"role": "tool", "content": "second"}, exchange[4]]
+    recorder = sample_capture.Recorder(tokenizer)
+    for conversation in (exchange, two_results, shapes.content_parts()["messages"]):
+        made = chat_messages.messages(chat_messages.turns(conversation, "openai"), "ipython",
+                                      False)
+        tokens, _ = tokenizer.tokenize_messages(made)
+        assert "<tool_response>" in tokenizer.decode(tokens) or conversation[0]["role"] == "user"
+    recorder.remove()
+    samples = sample_capture._describe(tokenizer, "run", recorder.samples)
+    decided = chat_format.decide(samples, model, "trained")
+    assert "reproduces 3 training sample(s) exactly" in decided.report["chat_template"]
