@@ -27,8 +27,9 @@ _LLAMA3 = (
     "{% else %}{{ EOS }}{% endif %}"
 )
 
-# Qwen2Tokenizer (ChatML, a tool result in a "tool" turn): the last message, when the assistant's, is
-# not closed by <|im_end|>\n; the end-of-text token (<|im_end|> by default) ends it.
+# Qwen2Tokenizer (ChatML, a tool result in a "tool" turn): the last message, when the
+# assistant's, is not closed by <|im_end|>\n; the end-of-text token (<|im_end|> by default)
+# ends it.
 _CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"

@@ -331,3 +331,26 @@ def test_qwen2_5s_template_renders_tool_results_as_its_tokenizer_does(tmp_path):
     samples = sample_capture._describe(tokenizer, "run", recorder.samples)
     decided = chat_format.decide(samples, model, "trained")
     assert "reproduces 3 training sample(s) exactly" in decided.report["chat_template"]
+
+
+def test_the_dataset_initializer_reads_contents_of_mixed_types(mixed):
+    """pyarrow's JSON reader refuses a column that is a string in one row and a list in
+    another ("changed from string to array in row 7"); the rows are valid OpenAI."""
+    from kubetune.initializers.verify_dataset import describe
+
+    assert describe(mixed) == {"format": "json", "files": ["train.jsonl"], "rows": 40,
+                               "columns": ["messages"]}
+
+
+@pytest.mark.slow
+def test_kubetune_local_trains_the_mixed_file(mixed, tmp_path):
+    work = tmp_path / "work"
+    result = kubetune("local", "--workdir", str(work), "--dataset", str(mixed),
+                      "batch_size=4", "gradient_accumulation_steps=1", "max_steps_per_epoch=2",
+                      "epochs=1", "dtype=fp32", env=clean_env(), timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    said = [line for line in (result.stdout + result.stderr).splitlines()
+            if "train: dropped" in line]
+    assert len(said) == 1 and "with an assistant turn before any user turn (rows 3, 17)" \
+        in said[0], said
+    assert (work / "workspace" / "export" / "adapter_model.safetensors").is_file()
