@@ -354,3 +354,39 @@ def test_kubetune_local_trains_the_mixed_file(mixed, tmp_path):
     assert len(said) == 1 and "with an assistant turn before any user turn (rows 3, 17)" \
         in said[0], said
     assert (work / "workspace" / "export" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_the_exported_template_takes_openais_messages_as_trained(family, tiny_model_dir,
+                                                                 tmp_path):
+    """At inference a client passes OpenAI's messages themselves (tool calls with their
+    arguments as a dict, as transformers takes them; content parts; a null system
+    prompt): the exported template renders them to the ids training fed the model."""
+    import copy
+
+    from kubetune.exporter import chat_template_render as rendering
+    from kubetune.exporter.chat_templates import trained_template
+    from kubetune.tools.demo import write_tiny_qwen2
+    from kubetune.trainer.data import chat_messages
+    from kubetune.trainer.recipe_process import sample_capture
+
+    model = tiny_model_dir if family == "llama3" else write_tiny_qwen2(tmp_path / "qwen2")
+    data = shapes.write_jsonl(tmp_path / "d" / "train.jsonl", shapes.openai_rows(40)).parent
+    tokenizer, _ = _built(_plan(tmp_path, model, data).cfg)
+    described = sample_capture._describe(tokenizer, "run", [])
+    template = trained_template(described.tokenizer, None, described.bos_token,
+                                described.eos_token)
+    encoder, named = rendering.TextTokenizer(model), rendering.named_tokens(model)
+    for row in (shapes.tool_exchange(), shapes.content_parts(), shapes.null_system()):
+        conversation = row["messages"]
+        made = chat_messages.messages(chat_messages.turns(conversation, "openai"),
+                                      chat_messages.tool_role(tokenizer), False)
+        trained, _ = tokenizer.tokenize_messages(made)
+        client = copy.deepcopy(conversation)
+        for message in client:
+            for call in message.get("tool_calls") or []:
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        whole = encoder.encode(rendering.render(template, client, False, named))
+        assert whole == trained, (family, row)
+        prompt = encoder.encode(rendering.render(template, client[:-1], True, named))
+        assert trained[:len(prompt)] == prompt
