@@ -390,3 +390,46 @@ def test_the_exported_template_takes_openais_messages_as_trained(family, tiny_mo
         assert whole == trained, (family, row)
         prompt = encoder.encode(rendering.render(template, client[:-1], True, named))
         assert trained[:len(prompt)] == prompt
+
+
+def test_sharegpt_tool_speakers_and_openais_developer_role_are_read():
+    from kubetune.trainer.data import chat_messages
+
+    sharegpt = [{"from": "human", "value": "Weather?"},
+                {"from": "function_call", "value": '{"name": "get_weather"}'},
+                {"from": "observation", "value": "21 C"}, {"from": "gpt", "value": "Warm."}]
+    made = chat_messages.messages(chat_messages.turns(sharegpt, "sharegpt"), "ipython", False)
+    assert [(m.role, m.masked) for m in made] == [("user", True), ("assistant", False),
+                                                  ("ipython", True), ("assistant", False)]
+    openai = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+              {"role": "assistant", "content": "Hello.", "weight": 0},
+              {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Hi."}]
+    made = chat_messages.messages(chat_messages.turns(openai, "openai"), None, False)
+    assert [(m.role, m.masked) for m in made] == [
+        ("system", True), ("user", True), ("assistant", True), ("user", True),
+        ("assistant", False)]  # weight 0: that answer is not trained on
+
+
+def test_the_drop_line_counts_each_reason_with_its_first_rows():
+    from kubetune.trainer.data.token_cache.dropped import (NO_TOKEN, Drops, dropped_line,
+                                                           reason_of)
+
+    drops, other = Drops(), Drops()
+    for index in (2, 16):
+        drops.add("an assistant turn before any user turn", index)
+    for index in range(20, 30):
+        other.add(NO_TOKEN, index)
+    drops.merge(other)
+    line = dropped_line(12, 40, 256, drops.meta())
+    assert line.startswith("train: dropped 12 of 40 rows: 10 with no token to train on after "
+                           "truncation to tokenizer.max_seq_len=256 (a prompt that fills it "
+                           "leaves no answer; rows 21, 22, 23, 24, 25, ...); 2 with an "
+                           "assistant turn before any user turn (rows 3, 17): raise "), line
+    single = Drops()
+    single.add("no assistant turn", 4)
+    assert dropped_line(1, 40, 256, single.meta()) == \
+        "train: dropped 1 of 40 rows with no assistant turn (row 5)"
+    # torchtune's own per-row errors, in the line's words; a file error is not the row's.
+    assert reason_of(ValueError("Two consecutive user messages at index 2 and 1 in "
+                                "messages")) == "two user turns in a row"
+    assert reason_of(OSError("disk")) is None
