@@ -362,8 +362,6 @@ def test_the_exported_template_takes_openais_messages_as_trained(family, tiny_mo
     """At inference a client passes OpenAI's messages themselves (tool calls with their
     arguments as a dict, as transformers takes them; content parts; a null system
     prompt): the exported template renders them to the ids training fed the model."""
-    import copy
-
     from kubetune.exporter import chat_template_render as rendering
     from kubetune.exporter.chat_templates import trained_template
     from kubetune.tools.demo import write_tiny_qwen2
@@ -382,10 +380,7 @@ def test_the_exported_template_takes_openais_messages_as_trained(family, tiny_mo
         made = chat_messages.messages(chat_messages.turns(conversation, "openai"),
                                       chat_messages.tool_role(tokenizer), False)
         trained, _ = tokenizer.tokenize_messages(made)
-        client = copy.deepcopy(conversation)
-        for message in client:
-            for call in message.get("tool_calls") or []:
-                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        client = shapes.as_client_sends(conversation)
         whole = encoder.encode(rendering.render(template, client, False, named))
         assert whole == trained, (family, row)
         prompt = encoder.encode(rendering.render(template, client[:-1], True, named))

@@ -95,3 +95,13 @@ def write_numbers_csv(path: Path, rows: int = 40) -> Path:
         for i in range(rows):
             writer.writerow([f"Add {i} and {i}.", "", 2 * i])
     return path
+
+
+def as_client_sends(messages: list[dict]) -> list[dict]:
+    """The conversation as a client passes it to a chat template: each tool call's
+    arguments as a dict (transformers' convention), not OpenAI's JSON string."""
+    client = json.loads(json.dumps(messages))
+    for message in client:
+        for call in message.get("tool_calls") or []:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    return client
