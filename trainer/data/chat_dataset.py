@@ -34,10 +34,13 @@ class ChatTransform:
 
     def messages(self, sample: Mapping[str, Any]) -> list:
         completion = self.completion_column
+        trl = completion is not None
         conversation = chat_messages.turns(sample.get(self.column), self.style,
-                                           prompt=completion is not None)
+                                           prompt=trl, trl=trl)
         if completion is not None:
-            conversation += chat_messages.turns(sample.get(completion), self.style)
+            if not sample.get(completion):
+                raise chat_messages.RowDropped("an empty or missing completion")
+            conversation += chat_messages.turns(sample.get(completion), self.style, trl=True)
         return chat_messages.messages(conversation, self.tool_role, self.train_on_input,
                                       self.new_system_prompt)
 

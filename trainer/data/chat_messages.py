@@ -142,12 +142,14 @@ def sharegpt_turn(message: Any) -> Turn:
 TURN_READERS = {"openai": openai_turn, "sharegpt": sharegpt_turn}
 
 
-def turns(value: Any, style: str, prompt: bool = False) -> list[Turn]:
+def turns(value: Any, style: str, prompt: bool = False, trl: bool = False) -> list[Turn]:
     """A conversation (a list of messages) as turns; ``prompt``: a TRL prompt, none of whose
-    turns trains unless train_on_input. A string is one turn: a prompt's user turn, a
-    completion's answer."""
-    if isinstance(value, str):
+    turns trains unless train_on_input. In TRL's rows (``trl``) a string is one turn: a
+    prompt's user turn, a completion's answer."""
+    if isinstance(value, str) and trl:
         return [Turn("user" if prompt else "assistant", value, prompt=prompt)]
+    if isinstance(value, str):
+        raise RowDropped("a conversation that is text, not a list of messages")
     if not isinstance(value, list) or not value:
         raise RowDropped(f"an empty or missing {'prompt' if prompt else 'conversation'}")
     read = [TURN_READERS[style](message) for message in value]
