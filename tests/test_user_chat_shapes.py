@@ -428,3 +428,29 @@ def test_the_drop_line_counts_each_reason_with_its_first_rows():
     assert reason_of(ValueError("Two consecutive user messages at index 2 and 1 in "
                                 "messages")) == "two user turns in a row"
     assert reason_of(OSError("disk")) is None
+
+
+class _Rows:
+    """Rows of tokens and labels; every 500th cannot train (its transform says why)."""
+
+    def __len__(self) -> int:
+        return 3000
+
+    def __getitem__(self, index: int) -> dict:
+        if index % 500 == 7:
+            raise RowDropped("a tool result without a tool call before it")
+        return {"tokens": [1, 2, 3], "labels": [-100, 2, 3]}
+
+
+def test_rows_dropped_in_forked_workers_are_counted_in_order():
+    import numpy as np
+
+    from kubetune.trainer.data.token_cache import build
+
+    written = []
+    counts = build.tokenize(_Rows(), None, IGNORED, workers=2,
+                            write=lambda tokens, labels: written.append(len(tokens)))
+    assert counts.read == 3000 and counts.kept == 3000 - 6
+    assert counts.drops.meta() == {"a tool result without a tool call before it": {
+        "count": 6, "rows": [8, 508, 1008, 1508, 2008]}}
+    assert int(np.sum(written)) == 3 * counts.kept
