@@ -43,21 +43,35 @@ def _read_json(path: Path, shown: str):
     import pyarrow.json as pjson
 
     if json_rows.starts_with(path) == b"[":
-        return pa.Table.from_pylist(json_rows.json_document(path, shown))
+        array = json_rows.json_document(path, shown)
+        try:
+            return pa.Table.from_pylist(array)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # values of mixed types, as above
+            return _JsonRows((0, row) for row in array if isinstance(row, dict))
     try:
         return pjson.read_json(path)  # JSON Lines
     except pa.ArrowInvalid as exc:
         try:
             records = json.loads(path.read_bytes())  # one object holding the rows
         except ValueError:
-            # JSON Lines with a broken line: name it. None broken: the rows disagree
-            # on a column's type, which pyarrow's own message says.
-            for _ in json_rows.json_lines(path, shown):
-                pass
-            raise exc from None
+            # JSON Lines with a broken line: name it. None broken: the rows disagree on a
+            # value's type (OpenAI's content as a string in one row, a list of parts in
+            # another), which the trainer's reader (datasets) takes.
+            return _JsonRows(json_rows.json_lines(path, shown))
         if isinstance(records, dict):
             records = next((v for v in records.values() if isinstance(v, list)), [records])
         return pa.Table.from_pylist(records)
+
+
+class _JsonRows:
+    """The rows of a JSON Lines file pyarrow cannot type as one table: what ``describe``
+    reads of a table."""
+
+    def __init__(self, rows) -> None:
+        self.num_rows, self.column_names = 0, []
+        for _, row in rows:
+            self.num_rows += 1
+            self.column_names += [c for c in row if c not in self.column_names]
 
 
 TEXT_FORMATS = ("json", "csv")

@@ -23,6 +23,7 @@ from typing import Callable
 
 import pytest
 
+from tests.support import user_chat_shapes as shapes
 from tests.support.cli import clean_env, error_lines, kubetune
 from tests.test_bad_inputs_steps import (S3_KEYS, Ctx, Row, _index, _safetensors, export_env,
                                          model_env, uri_env)
@@ -149,6 +150,8 @@ def _damaged_adapter(ctx: Ctx) -> None:
 
 
 TRAIN = ["train", "dataset=torchtune.datasets.instruct_dataset", "dataset.split=train"]
+TRAIN_CHAT = ["train", "dataset=torchtune.datasets.chat_dataset", "dataset.split=train",
+              "dataset.conversation_column=messages", "dataset.conversation_style=openai"]
 
 ROWS = [
     # -- the model initializer refuses what the trainer would choke on --------------------
@@ -182,6 +185,10 @@ ROWS = [
         setup=_parquet([{"input": "1+1", "output": 2}] * 16)),
     Row("train-dataset-zero-rows", TRAIN, train_env(own_data=True), ("hold no rows",),
         step="trainer", setup=_parquet([], {"input": "string", "output": "string"})),
+    Row("train-dataset-chat-column-not-conversations", TRAIN_CHAT, train_env(own_data=True),
+        ("column 'messages'", "sampled row 1", "not a list of messages"), step="trainer",
+        setup=_data({"train.jsonl": "".join(json.dumps({"messages": f"hi {i}"}) + "\n"
+                                            for i in range(16)).encode()})),
     # -- the dataset initializer ----------------------------------------------------------
     Row("dataset-jsonl-not-utf8", ["init-dataset"], dataset_env(),
         ("train.jsonl", "not UTF-8"), step="dataset-initializer",
@@ -373,7 +380,51 @@ def test_a_config_mistake_is_one_line_before_the_recipe(row, tmp_path, tiny_mode
 
 
 def test_every_kind_has_a_row():
-    assert len(ROWS) >= 25 and len(TRAINER_ROWS) >= 15
+    assert len(ROWS) >= 25 and len(TRAINER_ROWS) >= 15 and len(TRAINS) >= 7
+
+
+def _jsonl(rows: list[dict]) -> Callable[[Path], None]:
+    return lambda data: shapes.write_jsonl(data / "train.jsonl", rows)
+
+
+# Issue 43: data as users bring it that ended in exit 70 (a traceback) or was refused,
+# though torchtune can represent it. Each trains; a row that cannot train is dropped and
+# counted by reason with its row number (the expected line's fragment, where one is).
+TRAINS = [
+    ("chat-null-system-content", _jsonl(shapes.openai_rows(40, {2: shapes.null_system()})),
+     None),
+    ("chat-tool-exchange", _jsonl(shapes.openai_rows(40, {5: shapes.tool_exchange()})), None),
+    ("chat-content-parts-among-strings",
+     _jsonl(shapes.openai_rows(40, {8: shapes.content_parts()})), None),
+    ("chat-trl-conversational-prompt-completion", _jsonl(shapes.trl_conversational(40)),
+     None),
+    ("chat-assistant-turn-first", _jsonl(shapes.openai_rows(40, {3: shapes.assistant_first()})),
+     "with an assistant turn before any user turn (row 3)"),
+    ("alpaca-null-input", _jsonl(shapes.alpaca_null_input(40)), None),
+    ("csv-number-answers", lambda data: shapes.write_numbers_csv(data / "train.csv"), None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,write,dropped", TRAINS, ids=[t[0] for t in TRAINS])
+def test_data_that_crashed_or_was_refused_now_trains(kind, write, dropped, tmp_path,
+                                                     tiny_model_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    write(data)
+    result = kubetune("train", "--model-dir", str(tiny_model_dir), "--dataset-dir", str(data),
+                      "--output-dir", str(tmp_path / "out"), "--epochs", "1",
+                      "max_steps_per_epoch=1", "batch_size=4", "gradient_accumulation_steps=1",
+                      "dtype=fp32", env=clean_env(KUBETUNE_TOKEN_CACHE_DIR=str(tmp_path / "c")),
+                      timeout=600)
+    report = result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.returncode == 0, report
+    assert "Traceback" not in result.stderr, report
+    said = [line for line in result.stderr.splitlines() if "train: dropped" in line]
+    if dropped is None:
+        assert said == [], said
+    else:
+        assert len(said) == 1 and dropped in said[0], said
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])

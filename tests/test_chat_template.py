@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import user_chat_shapes as shapes
 from tests.support.chat_data import CHAT_ARGS, conversations, write_chat_dataset
 from tests.support.cli import REPO, clean_env, error_lines, kubetune
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
@@ -177,6 +178,31 @@ def test_transformers_renders_training_conversations_to_the_trainers_ids(
     vocab = json.loads((chat_run.export / "tokenizer.json").read_text())["added_tokens"]
     end_of_turn = next(t["id"] for t in vocab if t["content"] == END_OF_TURN[chat_run.family])
     assert end_of_turn in got["eos_token_id"]
+
+
+def test_transformers_renders_tool_and_parts_rows_to_the_trainers_ids(
+        chat_run, serving_python, tmp_path):
+    """OpenAI's tool exchange (tool calls, a tool turn), content parts and a null system
+    prompt, as a client passes them, render to the ids the trainer's chat builder fed the
+    model for the same rows (issue 43)."""
+    from omegaconf import OmegaConf
+    from torchtune import config
+
+    from kubetune.trainer.data import chat_messages
+
+    cfg = OmegaConf.load(chat_run.workspace / "output" / "kubetune-config.yaml")
+    tokenizer = config.instantiate(cfg.tokenizer)
+    rows, want = [], []
+    for row in (shapes.tool_exchange(), shapes.content_parts(), shapes.null_system()):
+        made = chat_messages.messages(chat_messages.turns(row["messages"], "openai"),
+                                      chat_messages.tool_role(tokenizer), False)
+        want.append(tokenizer.tokenize_messages(made)[0])
+        rows.append(shapes.as_client_sends(row["messages"]))
+    got = transformers_ids(serving_python, chat_run.export, rows, tmp_path)
+    for messages, trained, rendered in zip(rows, want, got["results"][0]):
+        assert rendered["whole"]["ids"] == trained, (messages, rendered["whole"]["text"])
+        prompt = rendered["prompt"]["ids"]
+        assert trained[:len(prompt)] == prompt, (messages, rendered["prompt"]["text"])
 
 
 def test_the_renderer_matches_transformers(llama3_run, serving_python, tmp_path):

@@ -29,7 +29,7 @@ from tests.test_trainer_config_checks import _dry_run_trainer
 
 LORA = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
         "dtype=fp32"]
-CHAT = "torchtune.datasets.chat_dataset"
+CHAT = "kubetune.trainer.data.chat_dataset.chat_dataset"  # also for torchtune's, named
 IGNORED = -100  # torchtune's CROSS_ENTROPY_IGNORE_INDEX: a label the loss skips
 
 
@@ -132,7 +132,7 @@ def _doc_examples() -> list[str]:
 
 
 def test_the_documented_examples_get_the_documented_builders(tiny_model_dir, tmp_path):
-    expected = [(CHAT, "openai"), (CHAT, "sharegpt"),
+    expected = [(CHAT, "openai"), (CHAT, "openai"), (CHAT, "sharegpt"), (CHAT, "openai"),
                 ("torchtune.datasets.alpaca_cleaned_dataset", None),
                 ("torchtune.datasets.instruct_dataset", None),
                 ("torchtune.datasets.text_completion_dataset", None)]

@@ -5,7 +5,10 @@ columns and lengths checked before launch (``dataset_check``, counting rows and 
 them per format with ``dataset_rows``; ``column_map`` the user's map and hints in the
 syntax they set it in; ``conversations`` what a chat message holds; ``step_count``: do the
 rows make an optimizer step), the builder for the data's shape where the user named none
-(``dataset_shape``), and, inside the recipe process, the rows tokenized once into a cache
+(``dataset_shape``; ``csv_text`` a CSV's columns read as text), the chat builder
+(``chat_dataset``: OpenAI's and ShareGPT's rows in full and TRL's prompt-completion, made
+into torchtune messages by ``chat_messages``, a row that cannot train dropped with its
+reason), and, inside the recipe process, the rows tokenized once into a cache
 on the volume (``token_cache``: rows with nothing to train on dropped, packs made as
 torchtune makes them), the samples the tokenizer cuts to the context counted on the way
 (``truncation``) and batches padded to whole output chunks where FSDP shards the output

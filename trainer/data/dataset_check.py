@@ -150,7 +150,9 @@ def required_columns(dataset_cfg: DictConfig,
         if not column:
             raise BadInputError("dataset chat_dataset needs dataset.conversation_column: the "
                                 "column that holds each conversation")
-        return {str(column): "conversation"}
+        completion = dataset_cfg.get("completion_column")  # TRL's prompt-completion rows
+        return {str(column): "conversation",
+                **({str(completion): "completion"} if completion else {})}
     else:
         return {}
     _check_column_map(name, mapping, roles, spelling)
@@ -221,17 +223,21 @@ def check_columns(dataset_cfg: DictConfig, found: DatasetSample,
             f"dataset {found.files[0].name} has columns {found.columns} but {name} reads "
             f"{roles}: set {fix}")
     present = {c: r for c, r in required.items() if c in found.columns}
-    _check_text_values(present, found)
+    _check_text_values(present, found, optional)
     _check_conversations(present, str(dataset_cfg.get("conversation_style", "")), found)
 
 
-def _check_text_values(required: dict[str, str], found: DatasetSample) -> None:
-    """The text roles hold text in the sampled rows: torchtune's transforms call str
-    methods on them and die on a null or a number ("'NoneType' object has no attribute
-    'strip'") after the recipe has started."""
+def _check_text_values(required: dict[str, str], found: DatasetSample,
+                       optional: tuple[str, ...] = ()) -> None:
+    """The text roles hold text: a column with no text in any sampled row is the wrong
+    column (torchtune's transforms die on a null or a number). A few such rows among
+    good ones are the trainer's to drop and count (``token_cache.build``); an optional
+    role (alpaca's input) may be null, as torchtune reads it."""
     for column, role in required.items():
-        if role == "conversation":
-            continue  # a list of messages, checked by the chat transform itself
+        if role in ("conversation", "completion") or role in optional:
+            continue  # messages (or a TRL completion's text): the chat builder's to read
+        if any(isinstance(row.get(column), str) for row in found.rows):
+            continue
         for number, row in enumerate(found.rows, 1):
             value = row.get(column)
             if value is None:
@@ -252,8 +258,10 @@ def _check_conversations(required: dict[str, str], style: str, found: DatasetSam
     for column, role in required.items():
         if role != "conversation":
             continue
-        for number, row in enumerate(found.rows, 1):
-            why = conversations.problem(row.get(column), style)
+        problems = [conversations.problem(row.get(column), style) for row in found.rows]
+        if not all(problems):
+            continue  # a few bad rows are the chat builder's to drop and count
+        for number, why in enumerate(problems, 1):
             if why:
                 raise BadInputError(f"dataset column {column!r} (conversations) in sampled "
                                     f"row {number}: {why}; fix such rows or set "

@@ -110,10 +110,15 @@ def _newlines(path: Path) -> tuple[int, bool]:
 
 
 def _csv(path: Path, n: int) -> FileRows:
+    import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=_CHUNK))
-    columns = list(reader.schema.names)
+    columns = list(pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=_CHUNK)
+                                 ).schema.names)
+    # Every column as text, as the trainer reads a CSV (`csv_text`): "2" is an answer.
+    reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=_CHUNK),
+                           convert_options=pcsv.ConvertOptions(
+                               column_types={c: pa.string() for c in columns}))
     rows: list[dict] = []
     for batch in reader:
         rows += batch.slice(0, n - len(rows)).to_pylist()

@@ -10,8 +10,10 @@ never replaced.
 ========================  ====================================  ===============================
 shape                     columns (in the sampled rows)         builder
 ========================  ====================================  ===============================
-chat, OpenAI style        a list of ``{role, content}`` each    ``chat_dataset``, style openai
-chat, ShareGPT style      a list of ``{from, value}`` each      ``chat_dataset``, style sharegpt
+chat, OpenAI style        a list of ``{role, content}`` each    our ``chat_dataset``, openai
+chat, ShareGPT style      a list of ``{from, value}`` each      our ``chat_dataset``, sharegpt
+chat, TRL prompt and      ``prompt`` and ``completion``, lists  our ``chat_dataset``, the
+completion                of messages                           completion trained on
 alpaca                    ``instruction``, ``output`` (+input)  the config's alpaca builder
 instruct                  ``input``, ``output`` (or a known     ``instruct_dataset``
                           pair: prompt/completion, ...)
@@ -24,6 +26,12 @@ conversations, ``text``, ``instruction``, else ``input``/``output``), so
 chat and text builders read their column by a key of their own, which the map becomes.
 Each builder then trains as torchtune trains it (``chat_dataset``: the assistant turns
 only, unless ``train_on_input``).
+
+Chat data is read by ``kubetune.trainer.data.chat_dataset``: torchtune's ``chat_dataset``
+with OpenAI's whole message grammar (tool calls, tool results, null and list contents)
+and TRL's prompt-completion rows. It takes torchtune's parameters and gives the same
+tokens for the rows torchtune reads, so a config's ``torchtune.datasets.chat_dataset`` is
+read by it too (``reads_chat``).
 """
 
 from __future__ import annotations
@@ -40,12 +48,15 @@ from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.request.spelling import spelling
 
 _DATASETS = "torchtune.datasets."
-CHAT, INSTRUCT, TEXT, ALPACA = (_DATASETS + name for name in (
+TORCHTUNE_CHAT, INSTRUCT, TEXT, ALPACA = (_DATASETS + name for name in (
     "chat_dataset", "instruct_dataset", "text_completion_dataset", "alpaca_dataset"))
+CHAT = "kubetune.trainer.data.chat_dataset.chat_dataset"
 _ALPACA_BUILDERS = {ALPACA, _DATASETS + "alpaca_cleaned_dataset"}
 # The defaults detection may replace: builders of one of the shapes above (a preference
 # or multimodal config's default reads data of another kind, and stays).
-SHAPED_BUILDERS = {CHAT, INSTRUCT, TEXT, *_ALPACA_BUILDERS}
+SHAPED_BUILDERS = {CHAT, TORCHTUNE_CHAT, INSTRUCT, TEXT, *_ALPACA_BUILDERS}
+# TRL's conversational prompt-completion rows: the prompt column and the completion's.
+_TRL_PROMPT, _TRL_COMPLETION = "prompt", "completion"
 # The column-map roles naming the column of conversations (OpenAIToMessages' and
 # ShareGPTToMessages' own names for it).
 _CHAT_ROLES = ("messages", "conversations")
@@ -60,6 +71,17 @@ class Shape:
     reads: str  # the columns, as the line shows them
     trains_on: str
     settings: dict[str, object] = field(default_factory=dict)  # None: the key is removed
+
+
+def reads_chat(dataset_cfg: object) -> None:
+    """torchtune's ``chat_dataset`` in a style ours reads becomes ours: the same
+    parameters and, for the rows torchtune reads, the same tokens; the rows it would fail
+    on with a traceback (a tool exchange, a null content) train or are dropped and
+    counted instead."""
+    if isinstance(dataset_cfg, DictConfig) \
+            and str(dataset_cfg.get("_component_", "")) == TORCHTUNE_CHAT \
+            and dataset_cfg.get("conversation_style") in conversations.MESSAGE_KEYS:
+        dataset_cfg._component_ = CHAT
 
 
 def may_detect(dataset_cfg: object, builder_named: bool) -> bool:
@@ -144,10 +166,10 @@ def detect(dataset_cfg: DictConfig, found: DatasetSample, spellings: dict[str, s
 
 
 def _conversation_column(columns: list[str], rows: list[dict]) -> str | None:
-    """The column whose sampled values are lists of messages (``messages`` and
-    ``conversations`` first)."""
-    ordered = [c for c in _CHAT_ROLES if c in columns] + [c for c in columns
-                                                         if c not in _CHAT_ROLES]
+    """The column whose sampled values are lists of messages (``messages``,
+    ``conversations`` and ``prompt`` first)."""
+    first = (*_CHAT_ROLES, _TRL_PROMPT)  # a TRL completion is never the conversation
+    ordered = [c for c in first if c in columns] + [c for c in columns if c not in first]
     for column in ordered:
         value = next((row.get(column) for row in rows if row.get(column)), None)
         if conversations.style_of(value) is not None:
@@ -172,10 +194,19 @@ def _chat(dataset_cfg: DictConfig, column: str, found: DatasetSample,
                 f"dataset column {column!r} holds {str(value)[:60]!r}, not conversations: "
                 "lists of {role, content} (OpenAI) or {from, value} (ShareGPT) messages")
     answers = "the assistant turns" if style == "openai" else "the gpt turns"
-    return Shape(f"chat ({'OpenAI' if style == 'openai' else 'ShareGPT'} style)", CHAT, column,
-                 _trains_on(dataset_cfg, CHAT, f"{answers} only", "every turn"),
-                 {"conversation_column": column, "conversation_style": style,
-                  "column_map": None})
+    settings = {"conversation_column": column, "conversation_style": style,
+                "column_map": None}
+    name = f"chat ({'OpenAI' if style == 'openai' else 'ShareGPT'} style)"
+    completion = dataset_cfg.get("completion_column")
+    if completion is None and column == _TRL_PROMPT and _TRL_COMPLETION in found.columns:
+        completion = _TRL_COMPLETION
+    if completion is not None:
+        # TRL's conversational prompt-completion: only the completion is the answer.
+        settings["completion_column"] = str(completion)
+        name, column, answers = (f"chat prompt-completion (TRL, {style} style)",
+                                 f"{column}, {completion}", "the completion")
+    return Shape(name, CHAT, column,
+                 _trains_on(dataset_cfg, CHAT, f"{answers} only", "every turn"), settings)
 
 
 def _trains_on(dataset_cfg: DictConfig, component: str, answers: str, everything: str

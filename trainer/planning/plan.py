@@ -16,7 +16,7 @@ from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys, lora_scale
-from kubetune.trainer.data import (dataset_check, dataset_location, dataset_shape,
+from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.planning import model_shaped
@@ -447,6 +447,8 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builde
     if found is not None:
         if dataset_shape.may_detect(cfg.dataset, builder_named):
             notes.append(dataset_shape.choose(cfg.dataset, found, spellings))
+        dataset_shape.reads_chat(cfg.dataset)
+        csv_text.read_as_text(cfg.dataset, found)
         dataset_check.check_columns(cfg.dataset, found, spellings)
     return found
 

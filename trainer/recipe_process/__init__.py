@@ -10,6 +10,7 @@ eager; out of memory at the first step -> a smaller micro-batch, same effective 
 when wrapped, left for the launcher as a failure record: its line and exit code),
 ``tokenized_data`` (the recipe's datasets tokenized once through the token cache),
 ``held_out`` (the held-out set measured at step boundaries, recorded; early stop),
+``dataset_features`` (a config's ``dataset.features`` dict made datasets' ``Features``),
 ``empty_batches`` (a micro-batch with nothing to train on adds nothing to its step, instead
 of NaN), ``warmup_cap`` (a warm-up the user did not set capped to a tenth of the run's
 steps), ``sample_capture`` (a few training samples as the tokenizer made them, for the

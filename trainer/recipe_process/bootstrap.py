@@ -21,9 +21,9 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from kubetune import logs
-from kubetune.trainer.recipe_process import (cpu_adapt, failure_report, fallbacks,
-                                             recipe_hooks, recipe_noise, run_sanity,
-                                             tokenized_data)
+from kubetune.trainer.recipe_process import (cpu_adapt, dataset_features, failure_report,
+                                             fallbacks, recipe_hooks, recipe_noise,
+                                             run_sanity, tokenized_data)
 from kubetune.trainer.request import passed_env
 from kubetune.trainer.recipe_process.step_guard import EarlyStopped, Guard, StopRequested
 
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent()  # torchrun's workers go when torchrun goes
     recipe_noise.quiet()  # before torchtune and torchao are imported
     cpu_adapt.apply()
+    dataset_features.apply()
     _log_to_stderr()
     guard = Guard(settings, str(cfg.output_dir))
     guard.install_signal_handler()

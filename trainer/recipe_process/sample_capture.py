@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from kubetune.atomic_write import write_atomic
 from kubetune.redact import redact
+from kubetune.trainer.data.token_cache.dropped import reason_of
 from kubetune.trainer.request import passed_env
 from kubetune.workspace import TRAINING_SAMPLES_NAME
 from kubetune.workspace.training_samples import TrainingSample, TrainingSamples
@@ -42,8 +43,9 @@ def _as_chat(messages: Any) -> list[dict[str, str]] | None:
         parts = getattr(message, "content", None)
         if not isinstance(parts, list) or any(p.get("type") != "text" for p in parts):
             return None
-        chat.append({"role": str(message.role),
-                     "content": "".join(str(p["content"]) for p in parts)})
+        # A tool result: torchtune's role for it (ipython) is "tool" to a chat template.
+        role = "tool" if message.role == "ipython" else str(message.role)
+        chat.append({"role": role, "content": "".join(str(p["content"]) for p in parts)})
     if any(redact(m["content"]) != m["content"] for m in chat):
         return None
     return chat or None
@@ -115,7 +117,11 @@ def _draw(result: Any, recorder: Recorder) -> None:
     for index in range(count):
         if recorder.done:
             return
-        dataset[index]
+        try:
+            dataset[index]
+        except Exception as exc:  # a row the token cache drops and counts
+            if reason_of(exc) is None:
+                raise
 
 
 def wrap_setup_data(original: Callable, output_dir: str, fingerprint: str) -> Callable:

@@ -163,10 +163,16 @@ def wrap_setup_data(original: Callable, settings: CacheSettings) -> Callable:
         metas = [dataset.rows.meta for dataset in made]
         if metas and not any(meta["rows"] for meta in metas) \
                 and len(getattr(loader, "dataset", ())) == 0:
-            from kubetune.trainer.data.token_cache.adopt import nothing_left_line
+            from kubetune.trainer.data.token_cache.dropped import nothing_left_line
 
+            by_reason: dict[str, dict] = {}
+            for meta in metas:  # reasons of every dataset of a list, counted together
+                for reason, entry in (meta.get("dropped_by") or {}).items():
+                    have = by_reason.setdefault(reason, {"count": 0, "rows": []})
+                    have["count"] += entry["count"]
+                    have["rows"] = have["rows"] or entry["rows"]
             raise NoTrainableRowsError(nothing_left_line(
-                sum(meta["rows_read"] for meta in metas), metas[0]["max_seq_len"]))
+                sum(meta["rows_read"] for meta in metas), metas[0]["max_seq_len"], by_reason))
         return loader
 
     return setup_data

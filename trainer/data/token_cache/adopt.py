@@ -19,7 +19,8 @@ from typing import Any, Callable
 from torchtune.datasets import PackedDataset
 
 from kubetune.trainer.data import truncation
-from kubetune.trainer.data.token_cache import build, store
+from kubetune.trainer.data.chat_messages import RowDropped
+from kubetune.trainer.data.token_cache import build, dropped, store
 from kubetune.trainer.data.token_cache.datasets import CachedPacks, CachedRows
 from kubetune.trainer.data.token_cache.key import cache_key
 from kubetune.trainer.data.token_cache.packs import pack_bounds
@@ -40,28 +41,23 @@ def _not_cacheable(dataset: Any) -> str | None:
         return f"{type(dataset).__name__} is not a map-style dataset"
     if len(dataset) == 0:
         return "it has no rows"
-    try:
-        build._row_keys(dataset[0], 0)
-    except build.NotCacheable as exc:
-        return str(exc)
+    for index in range(min(len(dataset), _ROWS_TRIED)):
+        try:
+            sample = dataset[index]
+        except Exception as exc:  # a row its transform fails on: dropped when built
+            if dropped.reason_of(exc, RowDropped) is None:
+                raise
+            continue
+        try:
+            build._row_keys(sample, index)
+        except build.NotCacheable as exc:
+            return str(exc)
+        return None
     return None
 
 
-def dropped_line(dropped: int, read: int, limit: int | None, side: str = "train") -> str:
-    cause = (f"after truncation to tokenizer.max_seq_len={limit} (a prompt that fills it "
-             "leaves no answer)" if limit else "(every label after the first is masked)")
-    if side == "val":
-        return (f"validation: dropped {dropped} of {read} held-out rows with no token to "
-                f"measure {cause}: raise tokenizer.max_seq_len to keep them")
-    return (f"train: dropped {dropped} of {read} rows with no token to train on {cause}: "
-            "raise tokenizer.max_seq_len or set dataset.train_on_input=True to keep them")
-
-
-def nothing_left_line(read: int, limit: int | None) -> str:
-    cause = (f"after truncation to tokenizer.max_seq_len={limit}: every prompt fills it, "
-             "leaving no answer" if limit else ": every label after the first is masked")
-    return (f"none of the {read} rows has a token to train on {cause}; raise "
-            "tokenizer.max_seq_len or set dataset.train_on_input=True")
+# Rows tried for the first one its transform makes a sample of (the others are dropped).
+_ROWS_TRIED = 64
 
 
 def _produce(dataset: Any, tokenizer: Any, ignore_index: int, packing: dict | None,
@@ -78,6 +74,7 @@ def _produce(dataset: Any, tokenizer: Any, ignore_index: int, packing: dict | No
                             packing["max_packs"]) if packing else None
         meta = {"format": FORMAT_VERSION, "key": key, "rows": counts.kept,
                 "rows_read": counts.read, "dropped": counts.read - counts.kept,
+                "dropped_by": counts.drops.meta(),
                 "tokens": int(offsets[-1]), "cut": counts.cut, "cut_seen": counts.seen,
                 "max_seq_len": getattr(tokenizer, "max_seq_len", None),
                 "row_keys": counts.keys, "packing": packing,
@@ -112,8 +109,9 @@ def _report(rows: TokenRows, built: bool, settings: CacheSettings) -> None:
         print(truncation.report(meta["cut"], meta["cut_seen"], meta["max_seq_len"]),
               file=sys.stdout, flush=True)
     if meta["dropped"]:
-        log.warning(dropped_line(meta["dropped"], meta["rows_read"], meta["max_seq_len"],
-                                 settings.side))
+        log.warning(dropped.dropped_line(meta["dropped"], meta["rows_read"],
+                                         meta["max_seq_len"], meta.get("dropped_by"),
+                                         settings.side))
 
 
 def cached(built: Any, deferred: list[PackedDataset], dataset_cfg: dict, tokenizer: Any,

@@ -6,10 +6,11 @@ parent writes the ranges in order (``writer``), so the result is the rows in the
 order, whatever order the workers finish in.
 
 Two counts ride along, so no later pass reads the rows again: the rows the tokenizer cut
-to ``max_seq_len`` (``truncation.CutCounter``, in each worker), and the rows dropped
-because no trainable token is left in them. The recipes shift labels left by one (a
-row's first label is never trained on), so a row counts as trainable only if a label after
-its first is not the loss's ignore index; the others are left out of the arrays.
+to ``max_seq_len`` (``truncation.CutCounter``, in each worker), and the rows dropped, by
+reason with their first row numbers (``dropped``): those no trainable token is left in
+(the recipes shift labels left by one, so a row counts as trainable only if a label after
+its first is not the loss's ignore index), and those the dataset's transform cannot make
+a sample of (the chat builder's ``RowDropped``, torchtune's errors on one row).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import numpy as np
 from torchtune.data import CROSS_ENTROPY_IGNORE_IDX  # the labels of masked tokens
 
 from kubetune.parent_death import die_with_parent
+from kubetune.trainer.data.chat_messages import RowDropped
+from kubetune.trainer.data.token_cache.dropped import NO_TOKEN, Drops, reason_of
 from kubetune.trainer.data.truncation import CutCounter
 
 ROW_KEYS = {"tokens", "labels"}
@@ -48,6 +51,7 @@ class BuildCounts:
     seen: int = 0  # rows the cut counter saw (0: the tokenizer's messages path is not used)
     keys: list[str] = field(default_factory=list)  # what each row holds, as the dataset gave it
     lengths: list[np.ndarray] = field(default_factory=list)  # kept rows' lengths, per range
+    drops: Drops = field(default_factory=Drops)
 
     @property
     def kept(self) -> int:
@@ -67,6 +71,7 @@ class _Range:
     cut: int
     seen: int
     keys: list[str]
+    drops: Drops
 
 
 # What a forked worker tokenizes: set in the parent just before the pool forks.
@@ -100,9 +105,20 @@ def _tokenize_range(span: tuple[int, int]) -> _Range:
     labels: list[np.ndarray] = []
     masks: list[np.ndarray] = []
     keys = None
+    drops, failed = Drops(), set()
     try:
         for index in range(start, stop):
-            sample = dataset[index]
+            try:
+                sample = dataset[index]
+            except Exception as exc:  # the transform's, on this row: left out, counted
+                reason = reason_of(exc, RowDropped)
+                if reason is None:
+                    raise
+                drops.add(reason, index)
+                failed.add(index - start)
+                tokens.append(np.zeros(0, np.int64))  # no tokens: never kept
+                labels.append(np.zeros(0, np.int64))
+                continue
             row_keys = _row_keys(sample, index)
             if keys is None:
                 keys = row_keys
@@ -124,12 +140,15 @@ def _tokenize_range(span: tuple[int, int]) -> _Range:
     if masks and not np.array_equal(np.concatenate(masks), label_array == CROSS_ENTROPY_IGNORE_IDX):
         raise NotCacheable("a row's mask is not where its labels are ignored")
     keep = _trainable(label_array, length_array, ignore_index)
+    for offset in np.flatnonzero(~keep):
+        if int(offset) not in failed:
+            drops.add(NO_TOKEN, start + int(offset))
     token_keep = np.repeat(keep, length_array)
     return _Range(tokens=token_array[token_keep].astype(np.int32),
                   labels=label_array[token_keep].astype(np.int32),
                   lengths=length_array[keep], read=stop - start,
                   cut=counter.cut if counter else 0, seen=counter.seen if counter else 0,
-                  keys=keys or [])
+                  keys=keys or [], drops=drops)
 
 
 def _counts_cuts(tokenizer: Any) -> bool:
@@ -210,6 +229,7 @@ def tokenize(dataset: Any, tokenizer: Any, ignore_index: int, workers: int,
             counts.cut += part.cut
             counts.seen += part.seen
             counts.keys = counts.keys or part.keys
+            counts.drops.merge(part.drops)
             after_range(done)
     finally:
         _JOB = None

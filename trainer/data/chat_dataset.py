@@ -1,0 +1,67 @@
+"""The chat builder the trainer picks for conversations (``dataset_shape``): torchtune's
+``chat_dataset`` with every row read as OpenAI or ShareGPT write it
+(``kubetune.trainer.data.chat_messages``), and TRL's conversational prompt-completion
+rows (a ``prompt`` and a ``completion`` column of messages: the completion trained on).
+
+Rows load as torchtune's ``SFTDataset`` loads them (``datasets.load_dataset``, which reads
+a JSON file whose contents mix strings and lists of parts), tokenized by the recipe's
+tokenizer. The messages are made and checked here rather than by torchtune's
+``validate_messages``, which refuses a tool result before an answer: a row that cannot
+train raises ``RowDropped`` when it is tokenized, and the token cache leaves it out and
+counts it by reason (``token_cache.build``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from torchtune.datasets import PackedDataset, SFTDataset
+
+from kubetune.trainer.data import chat_messages
+
+
+class ChatTransform:
+    """A row's conversation (and TRL completion) -> torchtune Messages -> tokens."""
+
+    def __init__(self, tokenizer: Any, column: str, style: str, completion_column: str | None,
+                 train_on_input: bool, new_system_prompt: str | None) -> None:
+        if style not in chat_messages.TURN_READERS:
+            raise ValueError(f"Unsupported conversation style: {style}")
+        self.tokenizer, self.column, self.style = tokenizer, column, style
+        self.completion_column = completion_column
+        self.train_on_input, self.new_system_prompt = train_on_input, new_system_prompt
+        self.tool_role = chat_messages.tool_role(tokenizer)
+
+    def messages(self, sample: Mapping[str, Any]) -> list:
+        completion = self.completion_column
+        trl = completion is not None
+        conversation = chat_messages.turns(sample.get(self.column), self.style,
+                                           prompt=trl, trl=trl)
+        if completion is not None:
+            if not sample.get(completion):
+                raise chat_messages.RowDropped("an empty or missing completion")
+            conversation += chat_messages.turns(sample.get(completion), self.style, trl=True)
+        return chat_messages.messages(conversation, self.tool_role, self.train_on_input,
+                                      self.new_system_prompt)
+
+    def __call__(self, sample: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self.tokenizer({"messages": self.messages(sample)})
+
+
+def chat_dataset(tokenizer: Any, *, source: str, conversation_column: str,
+                 conversation_style: str, completion_column: str | None = None,
+                 train_on_input: bool = False, new_system_prompt: str | None = None,
+                 packed: bool = False, filter_fn: Callable | None = None,
+                 split: str = "train", **load_dataset_kwargs: Any):
+    """torchtune's ``chat_dataset``'s parameters, plus ``completion_column`` (TRL's
+    conversational prompt-completion shape: ``conversation_column`` is the prompt)."""
+    transform = ChatTransform(tokenizer, conversation_column, conversation_style,
+                              completion_column, train_on_input, new_system_prompt)
+    # No message_transform: SFTDataset would run validate_messages on its result.
+    ds = SFTDataset(source=source, message_transform=None, model_transform=transform,
+                    filter_fn=filter_fn, split=split, **load_dataset_kwargs)
+    if packed:
+        if tokenizer.max_seq_len is None:
+            raise ValueError("PackedDataset requires a max_seq_len to be set on the tokenizer.")
+        return PackedDataset(ds, max_seq_len=tokenizer.max_seq_len)
+    return ds
