@@ -232,6 +232,10 @@ class _TrainCommand(click.Command):
       "Also save a resumable checkpoint every N steps (default: each epoch)", type=int)
 @_opt("--grace-period", env.GRACE_PERIOD_S,
       "Seconds to save a checkpoint after SIGTERM (default 30)", type=float)
+@_opt("--chat-template", env.CHAT_TEMPLATE,
+      "Chat data's format: base (the base model's own chat template) or torchtune "
+      "(torchtune's format); default base where the base model has one",
+      type=click.Choice(["base", "torchtune"]))
 @_opt("--token-cache-dir", env.TOKEN_CACHE_DIR,
       "Where the tokenized dataset is cached (default: <workspace>/cache/tokens, or "
       "cache/tokens beside the output directory without a workspace)")

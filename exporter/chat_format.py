@@ -10,6 +10,8 @@ saw. Then:
   as trained up to the end of the final answer, and ends that answer with a token
   generation stops at (torchtune appends an end-of-text token after the last turn that
   a base's template need not); otherwise the export fails, naming the first difference;
+- the run trained in the base's own template (``chat_template`` in the samples): that
+  template, checked the same way, is kept (or written, where the base's files now differ);
 - the base has none: torchtune's format for the run's tokenizer (``chat_templates``) is
   written, after it reproduced every sample's ids exactly.
 
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from kubetune import env
 from kubetune.errors import BadInputError
+from kubetune.chat_template.parity import sample_problem as _sample_problem
 from kubetune.exporter import chat_template_render as rendering
 from kubetune.exporter.chat_templates import known_tokenizers, trained_template
 from kubetune.workspace.training_samples import TrainingSample, TrainingSamples
@@ -33,7 +36,6 @@ from kubetune.workspace.training_samples import TrainingSample, TrainingSamples
 log = logging.getLogger("exporter")
 
 MODES = ("check", "trained", "base")
-_SHOWN_CHARS = 60  # of each side of a difference, in the error line
 
 
 @dataclass(frozen=True)
@@ -45,53 +47,6 @@ class ChatFormat:
     template_file: str = rendering.TOKENIZER_CONFIG
     stop_token_ids: list[int] = field(default_factory=list)
     report: dict = field(default_factory=dict)  # for the manifest's verification
-
-
-def _quote(text: str) -> str:
-    shown = text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
-    return json.dumps(shown, ensure_ascii=False)
-
-
-def _difference(got: list[int], want: list[int], encoder: rendering.TextTokenizer,
-                number: int, what: str) -> str:
-    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    after = f" (after {_quote(encoder.decode(want[max(0, at - 6):at])[-_SHOWN_CHARS:])})" \
-        if at else ""
-    return (f"{what} of training sample {number} differs at token {at}{after}: the template "
-            f"gives {_quote(encoder.decode(got[at:at + 24]) or '(nothing)')} where training had "
-            f"{_quote(encoder.decode(want[at:at + 24]) or '(nothing)')}")
-
-
-def _answer_end(tokens: list[int], start: int, stops: set[int]) -> int:
-    """Where the final answer (from ``start``) ends in training: its first stop token."""
-    return next((i for i in range(start, len(tokens)) if tokens[i] in stops), len(tokens))
-
-
-def _sample_problem(template: str, number: int, sample: TrainingSample,
-                    encoder: rendering.TextTokenizer, named: dict[str, str], stops: set[int],
-                    exact: bool) -> str | None:
-    import jinja2
-
-    want = sample.tokens
-    try:
-        prompt = encoder.encode(rendering.render(template, sample.messages[:-1], True, named))
-        whole = encoder.encode(rendering.render(template, sample.messages, False, named))
-    except jinja2.TemplateError as exc:
-        return f"the template fails on training sample {number}: {exc}"
-    if want[:len(prompt)] != prompt:
-        return _difference(prompt, want, encoder, number, "the prompt")
-    if exact:
-        return None if whole == want else _difference(whole, want, encoder, number,
-                                                       "the whole conversation")
-    end = _answer_end(want, len(prompt), stops)
-    if whole[:end] != want[:end]:
-        return _difference(whole, want, encoder, number, "the final answer")
-    if end < len(want) and (len(whole) <= end or whole[end] not in stops):
-        return (f"training sample {number}'s final answer ends with "
-                f"{_quote(encoder.decode(want[end:end + 1]))} in training, but the template "
-                f"ends it with {_quote(encoder.decode(whole[end:end + 8]))}, where generation "
-                "would not stop")
-    return None
 
 
 def _first_problem(template: str, samples: TrainingSamples, encoder: rendering.TextTokenizer,
@@ -159,6 +114,18 @@ def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check"
         log.warning("chat template not checked: %s", reason)
         return ChatFormat(None, where, stops, {"chat_template": f"not checked: {reason}"})
     named = rendering.named_tokens(model_dir)
+    recorded = samples.chat_template
+    if recorded is not None and mode != "trained" and (base is None or base.text != recorded):
+        # The run trained in the base's template as it then was: that is what it answers in.
+        problem = _first_problem(recorded, samples, encoder, named, exact=False)
+        if problem is not None:
+            raise BadInputError(f"the chat template the run trained in does not render its "
+                                f"own training ids with this base model's tokenizer: {problem}")
+        log.info("chat template: the one the run trained in (the base model's as the trainer "
+                 "read it) written to %s, checked on %d sample(s)", where, len(answered))
+        return ChatFormat(recorded, where, stops, {
+            "chat_template": f"trained in (the base's at training), checked on {len(answered)} "
+                             "training sample(s)"})
     if base is not None and mode == "check":
         problem = _first_problem(base.text, samples, encoder, named, exact=False)
         if problem is None:

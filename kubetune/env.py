@@ -137,6 +137,9 @@ TEST_KILL_TOKEN_CACHE_AT = "KUBETUNE_TEST_KILL_TOKEN_CACHE_AT"
 # Tests only: seconds each optimizer step pauses after it ends, so that a test's SIGTERM
 # lands mid-run however fast the machine runs the tiny model (numerics unchanged).
 TEST_STEP_PAUSE = "KUBETUNE_TEST_STEP_PAUSE"
+# Which chat format conversations train in: base (the base model's own chat template) or
+# torchtune (torchtune's format for the family); default base where the base has one.
+CHAT_TEMPLATE = "KUBETUNE_CHAT_TEMPLATE"
 # Where the trainer caches tokenized datasets (default: <workspace>/cache/tokens).
 TOKEN_CACHE_DIR = "KUBETUNE_TOKEN_CACHE_DIR"
 # Tests only (kubetune.trainer.recipe_process.fallbacks; inert unless set): register a dynamo

@@ -135,6 +135,9 @@ ROWS: dict[str, Var] = {
     env.GRACE_PERIOD_S: _train("seconds to save a checkpoint after SIGTERM", "30"),
     env.SAVE_EVERY_N_STEPS: _train("also save a resumable checkpoint every N steps",
                                    "each epoch"),
+    env.CHAT_TEMPLATE: _train("chat data's format: base (the base model's chat template) or "
+                              "torchtune (torchtune's format for the family)",
+                              "base where the base model has a template, else torchtune"),
     env.TOKEN_CACHE_DIR: _train("where tokenized datasets are cached",
                                 "<workspace>/cache/tokens"),
     # `kubetune local`

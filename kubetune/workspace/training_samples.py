@@ -39,6 +39,9 @@ class TrainingSamples:
     stop_tokens: dict[str, int] = field(default_factory=dict)
     samples: list[TrainingSample] = field(default_factory=list)
     version: int = VERSION
+    # The base model's chat template the conversations were rendered in (None: torchtune's
+    # format); the export carries it.
+    chat_template: str | None = None
 
     def encode(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -62,6 +65,6 @@ def read_training_samples(output_dir: Path, fingerprint: str | None) -> Training
             prompt_template=found.get("prompt_template"), bos_token=found.get("bos_token"),
             eos_token=found.get("eos_token"),
             stop_tokens={str(k): int(v) for k, v in (found.get("stop_tokens") or {}).items()},
-            samples=samples)
+            samples=samples, chat_template=found.get("chat_template"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -8,7 +8,7 @@ rows make an optimizer step), the builder for the data's shape where the user na
 (``dataset_shape``; ``csv_text`` a CSV's columns read as text), the chat builder
 (``chat_dataset``: OpenAI's and ShareGPT's rows in full and TRL's prompt-completion, made
 into torchtune messages by ``chat_messages``, a row that cannot train dropped with its
-reason), and, inside the recipe process, the rows tokenized once into a cache
+reason; in the base model's own chat template by ``chat_template_tokens``), and, inside the recipe process, the rows tokenized once into a cache
 on the volume (``token_cache``: rows with nothing to train on dropped, packs made as
 torchtune makes them), the samples the tokenizer cuts to the context counted on the way
 (``truncation``) and batches padded to whole output chunks where FSDP shards the output

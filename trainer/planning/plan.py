@@ -19,7 +19,7 @@ from kubetune.trainer.config import config_keys, lora_scale
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
-from kubetune.trainer.planning import model_shaped
+from kubetune.trainer.planning import chat_template_plan, model_shaped
 from kubetune.trainer.validation import heldout_set
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
@@ -349,6 +349,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     builder_named = bool({"dataset", "dataset._component_"} & user_keys) \
         or _user_config_file(request.config)
     found = _locate_data(cfg, workspace, notes, builder_named, request.spellings)
+    notes += chat_template_plan.plan(cfg, checkpoint.model_dir, found)
     compile_before = bool(cfg.get("compile"))
     sizes_before = speed.batch_sizes(cfg)
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,

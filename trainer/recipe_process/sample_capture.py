@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from kubetune.atomic_write import write_atomic
 from kubetune.redact import redact
+from kubetune.trainer.data import chat_dataset
 from kubetune.trainer.data.token_cache.dropped import reason_of
 from kubetune.trainer.request import passed_env
 from kubetune.workspace import TRAINING_SAMPLES_NAME
@@ -59,6 +60,17 @@ class Recorder:
         self.samples: list[TrainingSample] = []
         self._original = tokenizer.tokenize_messages
         tokenizer.tokenize_messages = self._tokenize_messages
+        self.chat_template: str | None = None  # the base's, where the builder trains in it
+        chat_dataset.OBSERVERS.append(self._observe)
+
+    def _observe(self, chat: list[dict[str, str]], tokens: list[int], template: str) -> None:
+        """A conversation our chat builder tokenized in the base model's template."""
+        limit = getattr(self.tokenizer, "max_seq_len", None)
+        if len(self.samples) < self.wanted and (not limit or len(tokens) < limit) \
+                and all(s.messages != chat for s in self.samples) \
+                and all(redact(m["content"]) == m["content"] for m in chat):
+            self.chat_template = template
+            self.samples.append(TrainingSample(messages=chat, tokens=[int(t) for t in tokens]))
 
     def _tokenize_messages(self, messages, *args, **kwargs):
         tokens, mask = self._original(messages, *args, **kwargs)
@@ -78,6 +90,8 @@ class Recorder:
 
     def remove(self) -> None:
         self.tokenizer.tokenize_messages = self._original
+        if self._observe in chat_dataset.OBSERVERS:
+            chat_dataset.OBSERVERS.remove(self._observe)
 
 
 def _token_name(tokenizer: Any, token_id: int | None) -> str | None:
@@ -87,7 +101,8 @@ def _token_name(tokenizer: Any, token_id: int | None) -> str | None:
     return None
 
 
-def _describe(tokenizer: Any, fingerprint: str, samples: list[TrainingSample]) -> TrainingSamples:
+def _describe(tokenizer: Any, fingerprint: str, samples: list[TrainingSample],
+              chat_template: str | None = None) -> TrainingSamples:
     template = getattr(tokenizer, "prompt_template", None)
     kind = type(tokenizer)
     stops = {}
@@ -101,7 +116,7 @@ def _describe(tokenizer: Any, fingerprint: str, samples: list[TrainingSample]) -
                          else f"{type(template).__module__}.{type(template).__qualname__}"),
         bos_token=_token_name(tokenizer, getattr(tokenizer, "bos_id", None)),
         eos_token=_token_name(tokenizer, getattr(tokenizer, "eos_id", None)),
-        stop_tokens=stops, samples=samples)
+        stop_tokens=stops, samples=samples, chat_template=chat_template)
 
 
 def _draw(result: Any, recorder: Recorder) -> None:
@@ -142,7 +157,8 @@ def wrap_setup_data(original: Callable, output_dir: str, fingerprint: str) -> Ca
             recorder.remove()
         if recorder.samples:  # none: a text-completion dataset, which has no chat format
             write_atomic(Path(output_dir) / TRAINING_SAMPLES_NAME,
-                         _describe(tokenizer, fingerprint, recorder.samples).encode())
+                         _describe(tokenizer, fingerprint, recorder.samples,
+                                   recorder.chat_template).encode())
         return result
 
     return setup_data

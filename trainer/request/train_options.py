@@ -70,6 +70,7 @@ class TrainOptions:
     save_every_n_steps: int | None = None
     grace_period: float | None = None
     token_cache_dir: str | None = None
+    chat_template: str | None = None
     val_fraction: float | None = None
     val_every_n_steps: int | None = None
     early_stop_patience: int | None = None
@@ -107,7 +108,8 @@ OPTION_KEYS = {option: key for key, option in (
     ("dataset.conversation_style", "conversation_style"),
     ("kubetune.save_every_n_steps", "save_every_n_steps"),
     ("kubetune.grace_period_s", "grace_period"),
-    ("kubetune.token_cache_dir", "token_cache_dir"), *_VALIDATION_OVERRIDES)}
+    ("kubetune.token_cache_dir", "token_cache_dir"), ("kubetune.chat_template", "chat_template"),
+    *_VALIDATION_OVERRIDES)}
 
 
 def lora_target_overrides(modules: list[str]) -> list[str]:
@@ -231,6 +233,7 @@ def train_overrides(options: TrainOptions) -> list[str]:
     put("kubetune.save_every_n_steps", o.save_every_n_steps)
     put("kubetune.grace_period_s", o.grace_period)
     put("kubetune.token_cache_dir", o.token_cache_dir)
+    put("kubetune.chat_template", o.chat_template)
     put_all(_VALIDATION_OVERRIDES)
     return args
 
