@@ -49,6 +49,12 @@ def sample_problem(template: str, number: int, sample,
     if exact:
         return None if whole == want else _difference(whole, want, encoder, number,
                                                        "the whole conversation")
+    if whole[:len(prompt)] != prompt and len(want) > len(prompt):
+        # A template that renders a complete conversation otherwise than its prompt
+        # (Mistral's moves the system prompt): the answer after the prompt is what counts.
+        answer = want[len(prompt):]
+        return None if whole[-len(answer):] == answer else _difference(
+            whole[len(whole) - len(answer):], answer, encoder, number, "the final answer")
     end = _answer_end(want, len(prompt), stops)
     if whole[:end] != want[:end]:
         return _difference(whole, want, encoder, number, "the final answer")

@@ -68,3 +68,48 @@ TOKENIZERS = {
     "phi3": lambda d: write_spm(d, PHI3_SPECIAL),
     "phi4": lambda d: write_bpe(d, PHI4_SPECIAL),
 }
+
+
+# The turn tokens each sentencepiece family's tokenizer.json adds after its vocabulary.
+SPM_TURN_TOKENS = {"mistral": ("[INST]", "[/INST]"),
+                   "gemma": ("<start_of_turn>", "<end_of_turn>"),
+                   "phi3": PHI3_SPECIAL}
+
+
+def write_spm_tokenizer_json(model_dir: Path, family: str) -> None:
+    """``tokenizer.json`` for the tiny sentencepiece model, as transformers' converter
+    writes it for the family (Llama-style: a "▁" before the first piece; Gemma's: none),
+    so transformers and the trainer both encode the rendered chat template with it."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_file=str(Path(model_dir) / "tokenizer.model"))
+    vocab = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+    merges = sorted(((piece[:k], piece[k:], rank) for piece, rank in vocab.items()
+                     for k in range(1, len(piece))
+                     if piece[:k] in vocab and piece[k:] in vocab and len(piece) > 1),
+                    key=lambda m: (m[2], vocab[m[0]], vocab[m[1]]))
+    special = {processor.id_to_piece(i): i for i in range(4)}
+    if family.startswith("gemma"):  # Gemma names its control pieces so
+        special = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+        vocab.update(special)
+        for piece in ("</s>", "<s>"):
+            vocab.pop(piece, None)
+    special.update({t: SPM_VOCAB + i for i, t in enumerate(SPM_TURN_TOKENS.get(family, ()))})
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    gemma = family.startswith("gemma")
+    decoders = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]
+    written = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": added_tokens(special),
+        "normalizer": replace if gemma else None,
+        "pre_tokenizer": None if gemma else {"type": "Metaspace", "replacement": "\u2581",
+                                              "prepend_scheme": "first", "split": False},
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": decoders if gemma else [
+            *decoders, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[a, b] for a, b, _ in merges]}}
+    (Path(model_dir) / "tokenizer.json").write_text(json.dumps(written, indent=1))

@@ -48,7 +48,7 @@ class TemplateTokenizer:
         upto = self._render(chat[:k + 1], False)
         if whole.startswith(upto):
             return len(upto)
-        text = chat[k]["content"]
+        text = chat[k]["content"].strip()
         at = whole.find(text, start) if text else start
         if at < 0:
             raise RowDropped("a conversation whose answers the chat template rewrites")
@@ -62,22 +62,56 @@ class TemplateTokenizer:
         return end
 
     def spans(self, whole: str, chat: list[dict], trained: list[bool]) -> list[tuple[int, int]]:
-        """Character spans of ``whole`` that train: each trained message's own text."""
-        out = []
+        """Character spans of ``whole`` that train: each trained message's own text, with
+        what closes its turn. A message starts where the conversation before it ends;
+        where a template renders earlier turns otherwise (Mistral's system prompt in the
+        last user turn), at its text, found after the message before it."""
+        out, cursor = [], 0
         for k, message in enumerate(chat):
-            if not trained[k]:
-                continue
+            if message["role"] == "system" and not trained[k]:
+                continue  # where the template puts it (Mistral: in the last user turn)
+            text = message["content"].strip()
             before = self._render(chat[:k], message["role"] == "assistant") if k else ""
-            if not whole.startswith(before):
-                raise RowDropped("a conversation the chat template renders otherwise than "
-                                 "its own prompts (turn boundaries not found)")
-            out.append((len(before), self._answer_end(whole, chat, k, len(before))))
+            if whole.startswith(before) and len(before) >= cursor:
+                start = len(before)
+            elif message["role"] == "system":
+                continue  # placed where the template places it; never an answer
+            else:
+                start = whole.find(text, cursor)
+                if start < 0:
+                    raise RowDropped("a conversation whose turns the chat template rewrites "
+                                     "(turn boundaries not found)")
+            if trained[k]:
+                cursor = self._answer_end(whole, chat, k, start)
+                out.append((start, cursor))
+            else:
+                at = whole.find(text, start) if text else -1
+                cursor = at + len(text) if at >= 0 else start
         return out
+
+    def training_text(self, chat: list[dict]) -> str:
+        """The conversation as rendered, its final answer after exactly the prompt the
+        template gives it with ``add_generation_prompt``: a template that renders a complete
+        conversation otherwise (Mistral's drops the system prompt, which it puts in the last
+        user turn) trains on what the model is prompted with."""
+        whole = self._render(chat, False)
+        if len(chat) < 2 or chat[-1]["role"] != "assistant":
+            return whole
+        prompt = self._render(chat[:-1], True)
+        if whole.startswith(prompt):
+            return whole
+        asked = chat[-2]["content"].strip()
+        ends = whole.rfind(asked) + len(asked), prompt.rfind(asked) + len(asked)
+        header = prompt[ends[1]:]
+        if not asked or min(ends) < len(asked) or whole[ends[0]:ends[0] + len(header)] != header:
+            raise RowDropped("a conversation the chat template prompts otherwise than it "
+                             "renders it (its final answer's prompt not found)")
+        return prompt + whole[ends[0] + len(header):]
 
     def tokenize(self, messages: list) -> tuple[list[int], list[bool]]:
         """torchtune Messages -> ids and mask (True: not trained), as torchtune returns them."""
         chat = [as_chat(m) for m in messages]
-        whole = self._render(chat, False)
+        whole = self.training_text(chat)
         spans = self.spans(whole, chat, [not m.masked for m in messages])
         encoding = self.encoder.encoding(whole)
         tokens, mask = list(encoding.ids), []
