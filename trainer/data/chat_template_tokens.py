@@ -53,6 +53,8 @@ class TemplateTokenizer:
         if at < 0:
             raise RowDropped("a conversation whose answers the chat template rewrites")
         end = at + len(text)
+        if chat[k]["role"] != "assistant":
+            return end  # a prompt trained with train_on_input: its text
         closes = [(whole.find(t, end), t) for t in self.special + ["<|im_end|>", "<|eot_id|>",
                                                                    "<end_of_turn>", "<|end|>"]]
         found = [(i, t) for i, t in closes if i >= 0]
@@ -68,7 +70,8 @@ class TemplateTokenizer:
         last user turn), at its text, found after the message before it."""
         out, cursor = [], 0
         for k, message in enumerate(chat):
-            if message["role"] == "system" and not trained[k]:
+            if message["role"] == "system" and (not trained[k] or message["content"].strip()
+                                                not in self._render(chat[:k + 1], False)):
                 continue  # where the template puts it (Mistral: in the last user turn)
             text = message["content"].strip()
             before = self._render(chat[:k], message["role"] == "assistant") if k else ""
