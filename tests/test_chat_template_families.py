@@ -188,3 +188,15 @@ def test_base_asked_for_without_a_template_is_one_line(tmp_path):
                                     None)
     assert notes == ["chat template: torchtune's format for qwen2_5_tokenizer (the base model "
                      "has no chat template)"]
+
+
+def test_torchtunes_mistral_format_refusing_a_system_prompt_is_a_counted_reason():
+    from torchtune.data import Message
+    from torchtune.models.mistral import MistralChatTemplate
+
+    from kubetune.trainer.data.token_cache.dropped import reason_of
+
+    with pytest.raises(ValueError) as raised:
+        MistralChatTemplate()([Message("system", "You add."), Message("user", "2+3?")])
+    assert reason_of(raised.value).startswith("a system prompt, which torchtune's Mistral "
+                                              "format has no place for")

@@ -27,7 +27,11 @@ _KNOWN = ((re.compile(r"Assistant message before expected user message"),
           (re.compile(r"Messages must be at least length 2"), "fewer than two turns"),
           (re.compile(r"content must be of type|NoneType|got None"),
            "a null or non-text value where text belongs"),
-          (re.compile(r"Unsupported message content type"), "content that is not text"))
+          (re.compile(r"Unsupported message content type"), "content that is not text"),
+          # torchtune's MistralChatTemplate (mistral_tokenizer's default prompt template).
+          (re.compile(r"System prompts are not supported in MistralChatTemplate"),
+           "a system prompt, which torchtune's Mistral format has no place for "
+           "(KUBETUNE_CHAT_TEMPLATE=base trains in the base model's template)"))
 
 
 def reason_of(exc: BaseException, dropped_type: type | None = None) -> str | None:
