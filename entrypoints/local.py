@@ -256,6 +256,10 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               help="Stop after N evaluations without a lower validation loss")
 @click.option("--val-prompts", envvar=env.VAL_PROMPTS, type=int, default=None,
               show_envvar=True, help="Held-out prompts answered side by side (default 3)")
+@click.option("--chat-template", envvar=env.CHAT_TEMPLATE, default=None, show_envvar=True,
+              type=click.Choice(["base", "torchtune"]),
+              help="Chat data's format: base (the base model's own chat template) or "
+                   "torchtune (torchtune's); default base where the base has one")
 @click.option("--configmap", "configmaps", multiple=True, envvar=env.LOCAL_CONFIGMAPS,
               metavar="NAME=DIR", show_envvar=True,
               help="With --runtime: DIR's files stand for ConfigMap NAME wherever a volume "

@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("local")
 
 
-# `kubetune train`'s options that `kubetune local` takes too (the held-out data's).
+# `kubetune train`'s options that `kubetune local` takes too (the held-out data's, the
+# chat format's).
 TRAINER_OPTIONS = frozenset({"val_fraction", "val_every_n_steps", "early_stop_patience",
-                             "val_prompts"})
+                             "val_prompts", "chat_template"})
 
 
 @dataclass(frozen=True)

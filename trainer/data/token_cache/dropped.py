@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kubetune import env
+
 FIRST_ROWS = 5  # row numbers kept per reason
 NO_TOKEN = "no token to train on"
 
@@ -31,7 +33,7 @@ _KNOWN = ((re.compile(r"Assistant message before expected user message"),
           # torchtune's MistralChatTemplate (mistral_tokenizer's default prompt template).
           (re.compile(r"System prompts are not supported in MistralChatTemplate"),
            "a system prompt, which torchtune's Mistral format has no place for "
-           "(KUBETUNE_CHAT_TEMPLATE=base trains in the base model's template)"))
+           f"({env.CHAT_TEMPLATE}=base trains in the base model's template)"))
 
 
 def reason_of(exc: BaseException, dropped_type: type | None = None) -> str | None:
