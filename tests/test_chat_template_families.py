@@ -200,3 +200,19 @@ def test_torchtunes_mistral_format_refusing_a_system_prompt_is_a_counted_reason(
         MistralChatTemplate()([Message("system", "You add."), Message("user", "2+3?")])
     assert reason_of(raised.value).startswith("a system prompt, which torchtune's Mistral "
                                               "format has no place for")
+
+
+def test_torchtune_asked_for_on_a_base_that_prompts_otherwise_is_one_65_before_launch(
+        tokenizer_dirs):
+    from kubetune.errors import BadInputError
+    from kubetune.trainer.planning import chat_template_plan
+
+    qwen = tokenizer_dirs["qwen2.5"]
+    cfg = _cfg(qwen, "torchtune", tokenizer="torchtune.models.qwen2_5.qwen2_5_tokenizer")
+    with pytest.raises(BadInputError) as raised:
+        chat_template_plan.plan(cfg, qwen, _Found([NO_SYSTEM]))
+    line = str(raised.value)
+    assert "You are Qwen" in line and line.endswith("set KUBETUNE_CHAT_TEMPLATE=base"), line
+    # With a system prompt Qwen2.5's template prompts as torchtune's ChatML does.
+    notes = chat_template_plan.plan(cfg, qwen, _Found([CONVERSATION]))
+    assert "KUBETUNE_CHAT_TEMPLATE=torchtune" in notes[0] and len(notes) == 1

@@ -30,8 +30,11 @@ from kubetune.trainer.data import dataset_shape
 
 MODES = ("base", "torchtune")
 CHECKED_ROWS = 8  # sampled rows rendered before the first step
-# torchtune's tokenizers whose format the exporter can write as a chat template.
-_EXPORTABLE = ("llama3_tokenizer", "qwen2_tokenizer", "qwen2_5_tokenizer")
+# torchtune's tokenizer builders whose format the exporter can write as a chat template,
+# and their tokenizer classes.
+_EXPORTABLE = {"llama3_tokenizer": "torchtune.models.llama3._tokenizer.Llama3Tokenizer",
+               "qwen2_tokenizer": "torchtune.models.qwen2._tokenizer.Qwen2Tokenizer",
+               "qwen2_5_tokenizer": "torchtune.models.qwen2_5._tokenizer.Qwen2_5Tokenizer"}
 
 
 def _mode(cfg: DictConfig) -> str | None:
@@ -73,6 +76,8 @@ def plan(cfg: DictConfig, model_dir: Path, found: Any) -> list[str]:
     mode, model_dir = _mode(cfg), Path(model_dir)
     base = rendering.find_template(model_dir)
     if mode == "torchtune":
+        if base is not None:
+            _check_torchtune_prompts(cfg, base.text, model_dir, found)
         return _torchtune_note(cfg, f"{env.CHAT_TEMPLATE}=torchtune")
     if base is None:
         if mode == "base":
@@ -144,3 +149,41 @@ class _Sample:
 
     def __init__(self, messages: list[dict], tokens: list[int]) -> None:
         self.messages, self.tokens = messages, tokens
+
+
+def _check_torchtune_prompts(cfg: DictConfig, template: str, model_dir: Path, found: Any) -> None:
+    """torchtune's format asked for on a base with its own template: the export keeps the
+    base's only where it prompts as torchtune's format does. Compared on the sampled rows'
+    prompts, as text, where torchtune's format is known as a template."""
+    import jinja2
+
+    from kubetune.chat_template.torchtune_formats import trained_template
+
+    builder = str(OmegaConf.select(cfg, "tokenizer._component_") or "").rsplit(".", 1)[-1]
+    named = rendering.named_tokens(model_dir)
+    ours = trained_template(_EXPORTABLE.get(builder, ""), None, named.get("bos_token"),
+                            named.get("eos_token") or "")
+    rows = list(getattr(found, "rows", None) or [])[:CHECKED_ROWS]
+    column = str(cfg.dataset.get("conversation_column") or "messages")
+    if ours is None or cfg.dataset.get("conversation_style", "openai") != "openai":
+        return
+    for number, row in enumerate(rows, start=1):
+        chat = row.get(column) if isinstance(row, dict) else None
+        if not isinstance(chat, list) or not chat or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) for m in chat):
+            continue
+        prompt = chat[:-1] if chat[-1].get("role") == "assistant" else chat
+        try:
+            theirs = rendering.render(template, prompt, True, named)
+            mine = rendering.render(ours, prompt, True, named)
+        except jinja2.TemplateError:
+            continue
+        if theirs != mine:
+            at = next((i for i, (a, b) in enumerate(zip(theirs, mine)) if a != b),
+                      min(len(theirs), len(mine)))
+            raise BadInputError(
+                f"{env.CHAT_TEMPLATE}=torchtune: the base model's chat template prompts "
+                f"sampled row {number} otherwise than torchtune's {builder} format (at "
+                f"character {at}: {theirs[at:at + 40]!r} where training would have "
+                f"{mine[at:at + 40]!r}), so its export would not answer as trained: set "
+                f"{env.CHAT_TEMPLATE}=base")
