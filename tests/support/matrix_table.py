@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support.support_matrix import (BYO, GANG, METHOD_NAMES, METHODS, MODELS,
-                                          TOPOLOGIES, Cell)
+from tests.support.support_matrix import (BYO, CHAT_TEMPLATE, GANG, METHOD_NAMES, METHODS,
+                                          MODELS, TOPOLOGIES, Cell)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "support-matrix.json"
@@ -53,25 +53,33 @@ def _cell_text(cell: Cell, result: dict, own_runtime: str, notes: _Notes) -> str
     return "✓" if runtime == own_runtime else f"✓ {RUNTIME_MARK.get(runtime, runtime)}"
 
 
+def _chat_text(model: str) -> str:
+    _, proof = CHAT_TEMPLATE[model]
+    return f"base's ✓ {proof}"
+
+
 def render(results: dict[str, dict]) -> str:
     """The markdown between BEGIN and END."""
     notes = _Notes()
     columns = [(m, t) for m in METHODS for t in TOPOLOGIES]
     head = "| model, its runtime | " + " | ".join(
-        f"{METHOD_NAMES[m]} {SHORT[t]}" for m, t in columns) + " |"
-    lines = [head, "|" + "---|" * (len(columns) + 1)]
+        f"{METHOD_NAMES[m]} {SHORT[t]}" for m, t in columns) + " | chat template |"
+    lines = [head, "|" + "---|" * (len(columns) + 2)]
     for model in MODELS:
         cells = [_cell_text(c, results[c.key], model.runtime, notes)
                  for c in (Cell(model.name, m, t) for m, t in columns)]
         lines.append(f"| **{model.name}**: {model.shape}<br>`{model.runtime}` | "
-                     + " | ".join(cells) + " |")
+                     + " | ".join(cells) + f" | {_chat_text(model.name)} |")
     legend = ("1p: one process; 2p: two processes on one node; 2n: two nodes of one "
               "process each. ✓: trained 2 steps through `kubetune local --runtime` on the "
               "model's runtime, exported, and loaded by transformers / PEFT with finite "
               "logits that moved from the base model's; ✓ byo / ✓ gang: the same on "
               f"`{BYO}` (the model's own runtime does not admit the cell) / `{GANG}`. "
               "65: refused with exit 65 and this one line before any step. "
-              "= X: not run; covered by cell X, for the reason noted.")
+              "= X: not run; covered by cell X, for the reason noted. Chat template: chat "
+              "data trains in the base's own template and the export carries it (✓ run: a "
+              "real run's merged export renders the training ids; ✓ in-process: the "
+              "trainer's ids equal transformers' apply_chat_template's; docs/trainer.md).")
     footnotes = [f"{i}. {text}" for i, text in enumerate(notes.texts, 1)]
     return "\n".join([BEGIN, "", *lines, "", legend, "", *footnotes, "", END])
 

@@ -59,6 +59,17 @@ MODELS = (
     Model("Phi-4", "phi3", "phi4", BYO, "Phi-3's architecture, byte-level BPE"),
 )
 MODEL = {m.name: m for m in MODELS}
+# Chat data on each model: tests/support/family_chat_templates.py's family whose instruct
+# template it trains in, and whether a real run proves it (tests/test_chat_template_training.py)
+# or the in-process comparison with transformers (tests/test_chat_template_families.py).
+CHAT_TEMPLATE = {
+    "Llama 3": ("llama3", "run"), "Llama 3.1": ("llama3", "run"), "Llama 3.2": ("llama3", "run"),
+    "Llama 3.3": ("llama3", "run"), "Mistral": ("mistral", "in-process"),
+    "Qwen2 / Qwen2.5 (7B+)": ("qwen2.5", "run"), "Qwen2 / Qwen2.5 (0.5B-3B)": ("qwen2.5", "run"),
+    "Qwen3 (8B+)": ("qwen3", "in-process"), "Qwen3 (0.6B-4B)": ("qwen3", "in-process"),
+    "Gemma": ("gemma", "in-process"), "Gemma 2": ("gemma2", "in-process"),
+    "Phi-3": ("phi3", "in-process"), "Phi-4": ("phi4", "in-process"),
+}
 
 
 @dataclass(frozen=True)
