@@ -335,24 +335,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
                              checkpoint_bytes)
 
-    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
-        base, "tokenizer.max_seq_len", default=None) is not None
-    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
-        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
-        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
-    notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, workspace)
-    cfg.kubetune.count_cut_samples = not limit_chosen
-    # A warm-up the user chose stays; the config's is capped to the run's length in the
-    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
-    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
-                                   or _user_config_file(request.config))
-    # Compile switched on by our speed default, not asked for: its fallback's line says so.
-    cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
-    # The sizes as the config and arguments gave them, where a speed rule runs them as
-    # others (the same effective batch): a line about them then speaks in the user's.
-    changed = speed.batch_sizes(cfg) != sizes_before
-    cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
+    notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
+                           compile_before, sizes_before)
     check_values(cfg)
     if found is not None:
         no_step = step_count.check_makes_a_step(cfg, found.total_rows, found.rows_exact,
@@ -365,6 +349,32 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
                    notes=notes)
+
+
+def _our_sections(cfg: DictConfig, base: DictConfig, request: TuneRunRequest,
+                  user_keys: set[str], workspace: Workspace, checkpoint: CheckpointModel,
+                  compile_before: bool, sizes_before: tuple) -> list[str]:
+    """The context limit, the metric logger and the ``kubetune`` section: what the recipe
+    process reads about how the user's request became this config."""
+    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
+        base, "tokenizer.max_seq_len", default=None) is not None
+    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
+        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
+        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
+    notes = _metric_logger_section(cfg, user_keys, request.config)
+    _kubetune_section(cfg, workspace)
+    cfg.kubetune.count_cut_samples = not limit_chosen
+    # A warm-up the user chose stays; the config's is capped to the run's length in the
+    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
+    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
+                                   or _user_config_file(request.config))
+    # Compile switched on by our speed default, not asked for: its fallback's line says so.
+    cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
+    # The sizes as the config and arguments gave them, where a speed rule runs them as
+    # others (the same effective batch): a line about them then speaks in the user's.
+    changed = speed.batch_sizes(cfg) != sizes_before
+    cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
+    return notes
 
 
 def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distributed: bool,
