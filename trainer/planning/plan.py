@@ -477,6 +477,7 @@ def _resume(cfg: DictConfig, notes: list[str], inputs: str):
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg, inputs)
     cfg.kubetune.fingerprint = fingerprint
+    cfg.kubetune.inputs = inputs  # the next run in this output_dir says which changed
     earlier = resume.read_record(Path(cfg.output_dir))
     resumed = resume.apply(cfg, Path(cfg.output_dir), fingerprint)
     if resumed is None and earlier is not None and earlier.fingerprint != fingerprint:

@@ -1,0 +1,84 @@
+"""A second run in the same place (issue 43 §4): another dataset, model, method or fewer
+epochs is said in one line ("a new run: …") and the earlier run's output is moved aside
+whole, so no stale epoch_N/ stands beside the new run's output for the exporter or a
+reader to take."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kubetune.tools.demo import write_tiny_dataset
+from tests.support.cli import clean_env, kubetune
+from tests.support.trainer import make_pvc, tune_run
+
+pytestmark = pytest.mark.slow
+
+QUICK = ["max_steps_per_epoch=2", "batch_size=4", "gradient_accumulation_steps=1"]
+
+
+def _new_run_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "a new run: " in line]
+
+
+def _previous(output: Path) -> list[Path]:
+    return sorted(output.parent.glob(f"{output.name}.previous-*"))
+
+
+def test_tune_run_with_another_method_and_fewer_epochs_sets_the_earlier_run_aside(
+        tmp_path, tiny_model_dir):
+    dataset = write_tiny_dataset(tmp_path / "data", rows=16)
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, dataset)
+    data = ["dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
+            f"dataset.data_dir={pvc.dataset / 'data'}", *QUICK]
+    first = tune_run(pvc, "lora_finetune_single_device", "--config", "llama3_2/1B_lora",
+                     *pvc.runtime_args(), *data, "epochs=2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert _new_run_lines(first.stderr) == [] and _previous(pvc.output) == []
+    second = tune_run(pvc, "full_finetune_single_device", "--config", "llama3_2/1B_full",
+                      *pvc.runtime_args(), *data, "epochs=1")
+    assert second.returncode == 0, second.stderr[-3000:]
+    said = _new_run_lines(second.stderr)
+    assert len(said) == 1, second.stderr[-3000:]
+    assert "method lora -> full" in said[0] and "epochs: 2 -> 1" in said[0], said
+    [previous] = _previous(pvc.output)
+    assert str(previous) in said[0]
+    # The earlier run, whole, under a name that says so; nothing of it beside the new one.
+    assert sorted(p.name for p in previous.glob("epoch_*")) == ["epoch_0", "epoch_1"]
+    assert json.loads((previous / "kubetune-complete.json").read_text())["method"] == "lora"
+    assert sorted(p.name for p in pvc.output.glob("epoch_*")) == ["epoch_0"]
+    assert not (pvc.output / "epoch_0" / "adapter_model.safetensors").exists()
+    marker = json.loads((pvc.output / "kubetune-complete.json").read_text())
+    assert marker["method"] == "full" and marker["checkpoint"] == "epoch_0"
+    # The same command again: complete, nothing moved.
+    again = tune_run(pvc, "full_finetune_single_device", "--config", "llama3_2/1B_full",
+                     *pvc.runtime_args(), *data, "epochs=1")
+    assert again.returncode == 0 and "already holds this run's completed training" in \
+        again.stderr, again.stderr[-3000:]
+    assert len(_previous(pvc.output)) == 1
+
+
+def test_kubetune_local_with_other_data_and_fewer_epochs_is_a_new_run(tmp_path):
+    first_data = write_tiny_dataset(tmp_path / "a", rows=16)
+    other_data = write_tiny_dataset(tmp_path / "b", rows=24)
+    workdir = tmp_path / "run"
+    output = workdir / "workspace" / "output"
+    env = clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "term"))
+    first = kubetune("local", "--workdir", str(workdir), "--dataset", f"file://{first_data}",
+                     "epochs=2", *QUICK, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    second = kubetune("local", "--workdir", str(workdir), "--dataset",
+                      f"file://{other_data}", "epochs=1", *QUICK, env=env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    said = _new_run_lines(second.stdout)
+    assert len(said) == 1, second.stdout[-3000:]
+    assert "the dataset's files changed" in said[0] and "epochs: 2 -> 1" in said[0], said
+    [previous] = _previous(output)
+    assert sorted(p.name for p in previous.glob("epoch_*")) == ["epoch_0", "epoch_1"]
+    assert sorted(p.name for p in output.glob("epoch_*")) == ["epoch_0"]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["checkpoint"] == "epoch_0" and summary["steps"] == 2
+    # The export is the new run's: its manifest names the new run's checkpoint.
+    assert "checkpoint: " + str(output / "epoch_0") in second.stdout
