@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from kubetune.tools.demo import write_tiny_dataset
-from tests.support.cli import clean_env, kubetune
+from tests.support.cli import clean_env, error_lines, kubetune
 from tests.support.trainer import make_pvc, tune_run
 
-pytestmark = pytest.mark.slow
+
+
 
 QUICK = ["max_steps_per_epoch=2", "batch_size=4", "gradient_accumulation_steps=1"]
 
@@ -27,6 +28,7 @@ def _previous(output: Path) -> list[Path]:
     return sorted(output.parent.glob(f"{output.name}.previous-*"))
 
 
+@pytest.mark.slow
 def test_tune_run_with_another_method_and_fewer_epochs_sets_the_earlier_run_aside(
         tmp_path, tiny_model_dir):
     dataset = write_tiny_dataset(tmp_path / "data", rows=16)
@@ -60,6 +62,7 @@ def test_tune_run_with_another_method_and_fewer_epochs_sets_the_earlier_run_asid
     assert len(_previous(pvc.output)) == 1
 
 
+@pytest.mark.slow
 def test_kubetune_local_with_other_data_and_fewer_epochs_is_a_new_run(tmp_path):
     first_data = write_tiny_dataset(tmp_path / "a", rows=16)
     other_data = write_tiny_dataset(tmp_path / "b", rows=24)
@@ -82,3 +85,38 @@ def test_kubetune_local_with_other_data_and_fewer_epochs_is_a_new_run(tmp_path):
     assert summary["checkpoint"] == "epoch_0" and summary["steps"] == 2
     # The export is the new run's: its manifest names the new run's checkpoint.
     assert "checkpoint: " + str(output / "epoch_0") in second.stdout
+
+
+def _adapter_export(root: Path) -> Path:
+    """An adapter export as ours are laid out: PEFT files and the manifest naming the base."""
+    root.mkdir(parents=True)
+    (root / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 8, "base_model_name_or_path": "/models/tiny-base"}))
+    (root / "adapter_model.safetensors").write_bytes(b"")
+    (root / "manifest.json").write_text(json.dumps(
+        {"version": 1, "format": "adapter", "files": [],
+         "base_model": {"name": "tiny-base", "source": "hf://acme/tiny-base"}}))
+    return root
+
+
+def test_an_adapter_export_as_the_model_says_how_to_continue(tmp_path):
+    export = _adapter_export(tmp_path / "export")
+    workdir = tmp_path / "run"
+    term = tmp_path / "term"
+    result = kubetune("local", "--workdir", str(workdir), "--model", f"file://{export}",
+                      env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)))
+    assert result.returncode == 65, result.stderr[-2000:]
+    [line] = error_lines(result)
+    assert line.startswith(f"error: local: --model {export}: this is an adapter export "
+                           "(a LoRA adapter trained on hf://acme/tiny-base)"), line
+    assert "EXPORT_FORMAT=merged" in line and "--model file://" in line, line
+    assert not (workdir / "workspace").exists() and not (workdir / "sources").exists()
+    # The model initializer (a TrainJob's storageUri) says the same, the base from
+    # adapter_config.json where the export has no manifest of ours.
+    (export / "manifest.json").unlink()
+    init = kubetune("init-model", env=clean_env(
+        STORAGE_URI=f"file://{export}", OUTPUT_PATH=str(tmp_path / "model"),
+        KUBETUNE_TERMINATION_LOG=str(term)))
+    assert init.returncode == 65, init.stderr[-2000:]
+    assert "adapter export (a LoRA adapter trained on /models/tiny-base)" in \
+        term.read_text(), term.read_text()

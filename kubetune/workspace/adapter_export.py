@@ -14,10 +14,10 @@ from pathlib import Path
 
 from kubetune.workspace import ADAPTER_CONFIG_NAME, EXPORT_MANIFEST_NAME, MODEL_CONFIG_NAME
 
-HOW = ("training goes on from a whole model: export the run merged (EXPORT_FORMAT=merged, "
-       "e.g. `EXPORT_FORMAT=merged kubetune local` with the same arguments, which trains "
-       "nothing again) and give that export as the model (--model file://<merged export>, "
-       "or the model initializer's storageUri)")
+HOW = ("training goes on from a whole model: run it again with EXPORT_FORMAT=merged and "
+       "an --export-uri (the same arguments train nothing again: `EXPORT_FORMAT=merged "
+       "kubetune local ... --export-uri ./merged`), then give that export as the model "
+       "(--model file://./merged, or the model initializer's storageUri)")
 
 
 def _json(path: Path) -> dict:
