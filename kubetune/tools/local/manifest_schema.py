@@ -69,10 +69,13 @@ def _type_problem(value: Any, schema: dict, path: str) -> str | None:
 
 
 def _nearest(name: str, known: set[str]) -> str:
+    """The field meant: the same name in other case (`storageURI`), else a near one; with
+    none, the fields there are, when they are few."""
     same = [k for k in known if k.lower() == name.lower()]
     guess = same[0] if same else closest(name, known)
-    return f" (did you mean {guess}?)" if guess else f" (known here: {', '.join(sorted(known))})" \
-        if len(known) <= 8 else ""
+    if guess:
+        return f" (did you mean {guess}?)"
+    return f" (known here: {', '.join(sorted(known))})" if len(known) <= 8 else ""
 
 
 def _object_problems(value: dict, schema: dict, path: str) -> Iterator[str]:
