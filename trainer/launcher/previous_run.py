@@ -10,6 +10,7 @@ is not ours to write or is another filesystem: an output_dir that is a mount).""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from kubetune.workspace import COMPLETION_MARKER_NAME, TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.checkpointing import resume
+from kubetune.trainer.config.saved_config import without_credentials
 from kubetune.trainer.planning.plan import RunPlan
 
 log = logging.getLogger("trainer")
@@ -33,8 +35,6 @@ def _earlier_output(output_dir: Path) -> bool:
 
 
 def _method_before(output_dir: Path) -> str | None:
-    import json
-
     try:
         return json.loads((output_dir / COMPLETION_MARKER_NAME).read_text()).get("method")
     except (OSError, ValueError, AttributeError):
@@ -57,7 +57,8 @@ def what_changed(plan_: RunPlan) -> str:
     now = _inputs(plan_.cfg.kubetune.get("inputs"))
     changes += [f"the {name}'s files changed" for name in ("model", "dataset")
                 if before.get(name) and now.get(name) and before[name] != now[name]]
-    settings = resume.config_changes(saved, plan_.cfg) if saved else ""
+    # Against the config as saved (URL credentials masked): this line goes to the log.
+    settings = resume.config_changes(saved, without_credentials(plan_.cfg)) if saved else ""
     changes += [settings] if settings else []
     return "; ".join(changes) or "another config or inputs"
 
