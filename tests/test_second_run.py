@@ -120,3 +120,27 @@ def test_an_adapter_export_as_the_model_says_how_to_continue(tmp_path):
     assert init.returncode == 65, init.stderr[-2000:]
     assert "adapter export (a LoRA adapter trained on /models/tiny-base)" in \
         term.read_text(), term.read_text()
+
+
+@pytest.mark.slow
+def test_continuing_a_finished_run_from_its_merged_export(tmp_path):
+    """docs/cli.md's way: the same arguments again with EXPORT_FORMAT=merged (nothing is
+    trained again), then that export as --model: training starts where the first run's
+    weights ended, not from the base."""
+    data = write_tiny_dataset(tmp_path / "data", rows=16)
+    env = clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "term"))
+    args = ["--dataset", f"file://{data}", "epochs=1", *QUICK]
+    first = kubetune("local", "--workdir", str(tmp_path / "round1"), *args, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    merged = tmp_path / "round1-merged"
+    again = kubetune("local", "--workdir", str(tmp_path / "round1"), *args, "--export-uri",
+                     str(merged), env={**env, "EXPORT_FORMAT": "merged"})
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "already holds this run's completed training" in again.stdout
+    assert (merged / "config.json").is_file()
+    second = kubetune("local", "--workdir", str(tmp_path / "round2"), "--model",
+                      f"file://{merged}", *args, env=env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    losses = [json.loads((tmp_path / run / "workspace" / "output" / "summary.json")
+                         .read_text())["first_loss"] for run in ("round1", "round2")]
+    assert losses[1] < losses[0], losses
