@@ -144,3 +144,20 @@ def test_continuing_a_finished_run_from_its_merged_export(tmp_path):
     losses = [json.loads((tmp_path / run / "workspace" / "output" / "summary.json")
                          .read_text())["first_loss"] for run in ("round1", "round2")]
     assert losses[1] < losses[0], losses
+
+
+@pytest.mark.slow
+def test_the_same_run_restarted_is_not_a_new_run(tmp_path, tiny_model_dir):
+    """A restart of the same run with nothing vouched to resume from (killed after its
+    epoch_0/ was published, before the record named it): its own output, not set aside."""
+    dataset = write_tiny_dataset(tmp_path / "data", rows=16)
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, dataset)
+    args = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora", *pvc.runtime_args(),
+            "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
+            f"dataset.data_dir={pvc.dataset / 'data'}", *QUICK, "epochs=1"]
+    assert tune_run(pvc, *args).returncode == 0
+    (pvc.output / "kubetune-complete.json").unlink()
+    again = tune_run(pvc, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _new_run_lines(again.stderr) == [] and _previous(pvc.output) == []
+    assert (pvc.output / "kubetune-complete.json").is_file()

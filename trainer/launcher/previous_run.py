@@ -4,7 +4,9 @@ the new run's output (an earlier, longer run's ``epoch_2/`` beside this run's ``
 is where the exporter or a reader would take the wrong weights).
 
 Called only for a run that neither resumes nor finds itself complete: the same config and
-inputs resume (or are done) instead. The earlier output is kept, not deleted, beside the
+inputs resume (or are done) instead. Output of this same run (its fingerprint in the
+marker, the resume record or the saved config: a restart after a kill before any save was
+vouched for) is not another run's and stays. The earlier output is kept, not deleted, beside the
 output_dir as ``<output_dir>.previous-<UTC time>/`` (inside it, hidden, where the parent
 is not ours to write or is another filesystem: an output_dir that is a mount)."""
 
@@ -17,7 +19,8 @@ import time
 from pathlib import Path
 
 from kubetune.workspace import COMPLETION_MARKER_NAME, TRAINER_CONFIG_NAME, TRAINER_LOCK_NAME
-from kubetune.workspace.trainer_output import parse_config, read_config_text
+from kubetune.workspace.trainer_output import (completed_fingerprint, parse_config,
+                                               read_config_text)
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.config.saved_config import without_credentials
 from kubetune.trainer.planning.plan import RunPlan
@@ -32,6 +35,15 @@ def _earlier_output(output_dir: Path) -> bool:
     return any((output_dir / name).exists() for name in (
         COMPLETION_MARKER_NAME, resume.RESUME_RECORD_NAME, resume.CHECKPOINTS_DIR)) or any(
         p.is_dir() for p in output_dir.glob("epoch_*"))
+
+
+def _earlier_fingerprint(output_dir: Path) -> str | None:
+    """Whose output it is: the completion marker's run, else the resume record's, else
+    the saved config's (None: no record of ours says)."""
+    record = resume.read_record(output_dir)
+    saved = parse_config(read_config_text(output_dir, TRAINER_CONFIG_NAME))
+    return (completed_fingerprint(output_dir) or (record.fingerprint if record else None)
+            or (saved.get("kubetune") or {}).get("fingerprint"))
 
 
 def _method_before(output_dir: Path) -> str | None:
@@ -82,6 +94,8 @@ def set_aside(plan_: RunPlan) -> Path | None:
     output_dir = plan_.output_dir
     if not output_dir.is_dir() or not _earlier_output(output_dir):
         return None
+    if _earlier_fingerprint(output_dir) == plan_.fingerprint:
+        return None  # this run's own, cut short before its checkpoint was vouched for
     changed = what_changed(plan_)
     dest = _destination(output_dir)
     dest.mkdir()
