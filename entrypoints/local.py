@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -52,6 +54,33 @@ def demo_sources(sources_dir: Path) -> tuple[str, str]:
     if not (dataset_dir / "data" / "train.parquet").is_file():
         write_tiny_dataset(dataset_dir)
     return f"file://{model_dir.resolve()}", f"file://{dataset_dir.resolve()}"
+
+
+@contextlib.contextmanager
+def demo_sources_checked(sources_dir: Path, model_uri: str | None, dataset_uri: str | None
+                         ) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """The (model, dataset) URIs to check and the ones the steps read, the demo's standing
+    in for those not given. A demo source not yet in ``sources_dir`` is made in a
+    temporary directory for the checks and moved in only once they pass: a refused run
+    leaves nothing under the workdir."""
+    if model_uri is not None and dataset_uri is not None:
+        yield (model_uri, dataset_uri), (model_uri, dataset_uri)
+        return
+    if (sources_dir / "tiny-llama3").is_dir() and (sources_dir / "tiny-addition").is_dir():
+        demo = demo_sources(sources_dir)
+        given = (model_uri or demo[0], dataset_uri or demo[1])
+        yield given, given
+        return
+    with tempfile.TemporaryDirectory(prefix="kubetune-demo-sources-") as tmp:
+        demo = demo_sources(Path(tmp))
+        final = [f"file://{(sources_dir / name).resolve()}"
+                 for name in ("tiny-llama3", "tiny-addition")]
+        yield ((model_uri or demo[0], dataset_uri or demo[1]),
+               (model_uri or final[0], dataset_uri or final[1]))
+        sources_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("tiny-llama3", "tiny-addition"):
+            if not (sources_dir / name).exists():
+                shutil.move(str(Path(tmp) / name), str(sources_dir / name))
 
 
 def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
@@ -109,6 +138,17 @@ def summary_lines(workdir: Path) -> list[str]:
     return lines
 
 
+def summary_text(lines: list[str]) -> str:
+    """The summary as printed: a block of ``key: value`` lines, or with
+    KUBETUNE_LOG_FORMAT=json one JSON object holding them (``summary``: key -> value)."""
+    from kubetune import logs
+
+    if not logs.json_mode():
+        return "\nsummary\n" + "".join(f"  {line}\n" for line in lines)
+    fields = dict(line.split(": ", 1) for line in lines if ": " in line)
+    return logs.json_line("local", "INFO", "summary", {"summary": fields}) + "\n"
+
+
 def _tune_run_args(stages: list[list[Step]]) -> list[str]:
     """The trainer step's arguments after `tune run`."""
     command = stages[1][0].command
@@ -137,15 +177,13 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
         setting_args=train_args_rules.merge(
             environment_settings(method)[0],
             train_overrides(TrainOptions(method=method, **(options or {})))))
-    if model_uri is None or dataset_uri is None:
-        demo_model, demo_dataset = demo_sources(workdir / "sources")
-        model_uri, dataset_uri = model_uri or demo_model, dataset_uri or demo_dataset
-    stages = pipeline(workdir, model_uri, dataset_uri, method, args, export_uri)
-    # What was checked and will run: the demo defaults kept, then the user's.
-    logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
-    preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
-                            (workdir / "workspace").resolve(), model_uri, dataset_uri)
-    preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
+    with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
+        stages = pipeline(workdir, *final, method, args, export_uri)
+        # What was checked and will run: the demo defaults kept, then the user's.
+        logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
+        preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
+                                (workdir / "workspace").resolve(), *checked)
+        preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
     # A completed run of the same config and inputs stays: its trainer says so and the
     # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
     run_stages(stages, workdir / "logs")
@@ -306,7 +344,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
         else:
             try:
                 if print_jobset:
-                    emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))
+                    emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), raw=True)
                     return 0
                 options = None if engine == "process" else EngineOptions(
                     engine, gpus, parse_image_overrides(images))
@@ -316,7 +354,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
             except ContractError as exc:
                 return report(exc, "local")  # each violation a line, not only the last
         # Through emit: a reader that went away (`| head -1`) costs the lines, not the run.
-        emit("\nsummary\n" + "".join(f"  {line}\n" for line in lines))
+        emit(summary_text(lines))
         return 0
 
     with forwarding_signals():

@@ -25,6 +25,48 @@ from kubetune.trainer.metric_logging.validation_progress import ValidationProgre
 from kubetune.trainer.request import passed_env
 
 COMPONENT = "trainer"
+_drawn: "TrainProgress | None" = None  # the bar on the terminal, in this process
+
+
+def end_bar_line() -> None:
+    """End the bar's line on the terminal before other output reaches it: the bar is
+    drawn with a carriage return and no newline, so a line the recipe prints ("Starting
+    checkpoint save...") would land glued to its end. The next step draws the bar anew
+    on the line below."""
+    bar = getattr(_drawn, "_bar", None)
+    if bar is None or not _drawn._mid_line:
+        return
+    _drawn._mid_line = False
+    try:
+        bar.fp.write("\n")
+        bar.fp.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # the terminal went away: nobody is watching
+
+
+class _EndsBarLine:
+    """A stream (the recipe's stdout or stderr) that ends the bar's line before a write."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text:
+            end_bar_line()
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def keep_output_off_the_bar(environ: Mapping[str, str] | None = None) -> None:
+    """In the recipe process, before the recipe makes its loggers (their handlers keep
+    the stream they were made with): where a bar may be drawn, stdout and stderr end the
+    bar's line before they write."""
+    if passed_env.progress_tty(environ) and not logs.json_mode(environ) \
+            and not isinstance(sys.stderr, _EndsBarLine):
+        sys.stdout = _EndsBarLine(sys.stdout)
+        sys.stderr = _EndsBarLine(sys.stderr)
 
 
 def recipe_plan(recipe: Any) -> tuple[int | None, int | None]:
@@ -66,6 +108,7 @@ class TrainProgress:
         self._val_status: dict[str, object] = {}
         self._percent: int | None = None
         self._eta: float | None = None
+        self._mid_line = False  # the bar is the terminal's last output, with no newline
 
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self.total_steps, self.total_epochs = total_steps, total_epochs
@@ -170,6 +213,8 @@ class TrainProgress:
                              mininterval=0, miniters=1)
         self._bar.set_postfix_str(self.postfix(record), refresh=False)
         self._bar.update(step - self._bar.n)
+        global _drawn
+        _drawn, self._mid_line = self, True
 
     def postfix(self, record: Mapping[str, Any]) -> str:
         parts = [f"loss {float(record['loss']):.4f}"]
@@ -225,6 +270,7 @@ class TrainProgress:
 
     def close(self) -> None:
         """The recipe is done: whatever is pending goes with the launcher's final report."""
+        self._mid_line = False  # tqdm's close ends the line
         if self._bar is not None:
             try:
                 self._bar.close()

@@ -354,25 +354,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
                              checkpoint_bytes)
 
-    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
-        base, "tokenizer.max_seq_len", default=None) is not None
-    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
-        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
-        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
-    notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, workspace)
+    notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
+                           compile_before, sizes_before)
     notes += heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
-    cfg.kubetune.count_cut_samples = not limit_chosen
-    # A warm-up the user chose stays; the config's is capped to the run's length in the
-    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
-    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
-                                   or _user_config_file(request.config))
-    # Compile switched on by our speed default, not asked for: its fallback's line says so.
-    cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
-    # The sizes as the config and arguments gave them, where a speed rule runs them as
-    # others (the same effective batch): a line about them then speaks in the user's.
-    changed = speed.batch_sizes(cfg) != sizes_before
-    cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
     check_values(cfg)
     if found is not None:
         # The rows trained on: a held-out fraction's are not.
@@ -387,6 +371,32 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
                    notes=notes)
+
+
+def _our_sections(cfg: DictConfig, base: DictConfig, request: TuneRunRequest,
+                  user_keys: set[str], workspace: Workspace, checkpoint: CheckpointModel,
+                  compile_before: bool, sizes_before: tuple) -> list[str]:
+    """The context limit, the metric logger and the ``kubetune`` section: what the recipe
+    process reads about how the user's request became this config."""
+    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
+        base, "tokenizer.max_seq_len", default=None) is not None
+    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
+        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
+        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
+    notes = _metric_logger_section(cfg, user_keys, request.config)
+    _kubetune_section(cfg, workspace)
+    cfg.kubetune.count_cut_samples = not limit_chosen
+    # A warm-up the user chose stays; the config's is capped to the run's length in the
+    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
+    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
+                                   or _user_config_file(request.config))
+    # Compile switched on by our speed default, not asked for: its fallback's line says so.
+    cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
+    # The sizes as the config and arguments gave them, where a speed rule runs them as
+    # others (the same effective batch): a line about them then speaks in the user's.
+    changed = speed.batch_sizes(cfg) != sizes_before
+    cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
+    return notes
 
 
 def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distributed: bool,
@@ -492,6 +502,7 @@ def _resume(cfg: DictConfig, notes: list[str], inputs: str):
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg, inputs)
     cfg.kubetune.fingerprint = fingerprint
+    cfg.kubetune.inputs = inputs  # the next run in this output_dir says which changed
     earlier = resume.read_record(Path(cfg.output_dir))
     resumed = resume.apply(cfg, Path(cfg.output_dir), fingerprint)
     if resumed is None and earlier is not None and earlier.fingerprint != fingerprint:
