@@ -17,7 +17,6 @@ from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.objectives import preference_rows
 from kubetune.trainer.request.topology import Topology
 
-NAME = "dpo"
 PREFERENCE_BUILDER = "kubetune.trainer.objectives.preference_data.preference_dataset"
 # (method is full, one process?) -> (recipe, base config).
 _RECIPES = {
