@@ -1,10 +1,13 @@
 """DPO (direct preference optimization): torchtune's DPO recipe and base config for a
 method on a topology, and what the launcher adapts in those recipes.
 
-torchtune 0.6.1 ships ``lora_dpo_single_device`` and ``lora_dpo_distributed`` (LoRA and
-DoRA; QLoRA through the LoRA model's ``quantize_base``) and ``full_dpo_distributed``
-(every weight, a frozen reference copy from ``ref_checkpointer``). Full DPO on one
-process has no recipe.
+torchtune 0.6.1 ships ``lora_dpo_single_device`` and ``lora_dpo_distributed`` and
+``full_dpo_distributed`` (every weight, a frozen reference copy from
+``ref_checkpointer``). What they cannot run is refused before launch, naming what can:
+full DPO on one process (no recipe); DoRA on one process (``lora_dpo_single_device`` never
+initialises DoRA's magnitudes: they would train from uninitialised memory; the
+distributed recipe does); QLoRA (neither LoRA DPO recipe handles an NF4 base: no
+state-dict hooks to save it in the checkpoint's dtype, as the SFT recipes have).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from kubetune.errors import BadInputError
 from kubetune.trainer.data import column_map
 from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.objectives import preference_rows
+from kubetune.trainer.request.spelling import spelling
 from kubetune.trainer.request.topology import Topology
 
 PREFERENCE_BUILDER = "kubetune.trainer.objectives.preference_data.preference_dataset"
@@ -25,7 +29,9 @@ _RECIPES = {
     (True, False): ("full_dpo_distributed", "llama3_1/8B_full_dpo"),
 }
 RECIPES = tuple(recipe for recipe, _ in _RECIPES.values())
-_IMPLIED = {"dora": ["model.use_dora=True"], "qlora": ["model.quantize_base=True"]}
+_IMPLIED = {"dora": ["model.use_dora=True"]}
+AVAILABLE = ("lora on 1 process or more, dora on 2+ processes (PET_NPROC_PER_NODE=2), "
+             "full on 2+ processes")
 # lora_dpo_distributed all-reduces its logged loss with a sum (its reward metrics with a
 # mean; full_dpo_distributed averages both): the loss a user reads is divided by the
 # processes so that it means on N what it means on 1.
@@ -40,15 +46,23 @@ def is_dpo(recipe: str) -> bool:
 
 def recipe_for(method: str, topology: Topology | None = None) -> tuple[str, str, list[str]]:
     """The DPO recipe, base config and implied overrides for ``method`` on ``topology``."""
+    check_method(method, topology)
     one = topology is None or topology.world_size == 1
-    full = method == "full"
-    if (full, one) not in _RECIPES:
-        raise BadInputError(
-            "full DPO needs several processes (torchtune has full_dpo_distributed only): "
-            "use --method lora, qlora or dora on one process, or 2+ processes "
-            "(PET_NPROC_PER_NODE=2) for full")
-    recipe, config = _RECIPES[(full, one)]
+    recipe, config = _RECIPES[(method == "full", one)]
     return recipe, config, list(_IMPLIED.get(method, []))
+
+
+def check_method(method: str, topology: Topology | None) -> None:
+    """Refuse a method torchtune's DPO recipes cannot train on ``topology`` (a `tune run`
+    of a DPO recipe with ``model.use_dora=True`` on one process, ...)."""
+    one = topology is None or topology.world_size == 1
+    why = {"qlora": "torchtune's LoRA DPO recipes do not handle an NF4-quantized base",
+           "dora": "lora_dpo_single_device does not initialise DoRA's magnitudes" if one
+           else None,
+           "full": "torchtune has full_dpo_distributed only" if one else None}.get(method)
+    if why:
+        raise BadInputError(f"DPO with method {method}{' on 1 process' if one else ''}: "
+                            f"{why}; available: {AVAILABLE}")
 
 
 # Builders the plan replaces with ours where data is preference-shaped: a DPO config's
@@ -57,8 +71,8 @@ def recipe_for(method: str, topology: Topology | None = None) -> tuple[str, str,
 _REPLACEABLE = ("torchtune.datasets.preference_dataset",)
 
 
-def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named: bool
-                   ) -> str | None:
+def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named: bool,
+                   spellings: dict[str, str] | None = None) -> str | None:
     """Point a DPO run's dataset section at our preference builder where the user named
     no builder of their own; the line saying so. Data that is not preference-shaped is
     refused naming the columns DPO needs."""
@@ -75,7 +89,8 @@ def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named:
             f"dataset {found.files[0].name} has columns {', '.join(found.columns)}: DPO "
             "needs preference data, columns chosen and rejected (with prompt, or as whole "
             "conversations sharing their start), as text or lists of messages; or map "
-            "yours with KUBETUNE_COLUMN_MAP=chosen=<column>,rejected=<column>")
+            "yours: set " + column_map.write(spelling(spellings or {}, column_map.KEY),
+                                             {"chosen": "<column>", "rejected": "<column>"}))
     dataset_cfg._component_ = PREFERENCE_BUILDER
     taken = {"_component_", "source", "column_map", "train_on_input", "new_system_prompt",
              "filter_fn", "split", "data_files", "data_dir", "name", "field"}

@@ -424,6 +424,8 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
     notes += methods.check_recipe(request.recipe, method, topo)
     if not distributed:
         topo = topology.Topology(1, 1, 0, None)
+    if dpo.is_dpo(Path(recipe_path).stem):
+        dpo.check_method(method, topo)
     return hw, distributed, topo
 
 
@@ -464,7 +466,7 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builde
     found = dataset_check.sample(cfg.dataset)  # the training split's rows only
     if found is not None:
         if preference and isinstance(cfg.dataset, DictConfig):
-            chosen = dpo.choose_builder(cfg.dataset, found, builder_named)
+            chosen = dpo.choose_builder(cfg.dataset, found, builder_named, spellings)
             notes += [chosen] if chosen else []
         elif dataset_shape.may_detect(cfg.dataset, builder_named):
             notes.append(dataset_shape.choose(cfg.dataset, found, spellings))
