@@ -51,8 +51,8 @@ def is_hh(text: str) -> bool:
 def turns(value: object, default_role: str) -> list[Turn]:
     """One column's value as messages: a string is one ``default_role`` message (an
     HH-RLHF string its turns), a list of messages each of its messages."""
-    if value is None:
-        return []
+    if value is None or (isinstance(value, list) and not value):
+        return []  # an empty answer: a pair dropped and counted
     if isinstance(value, str):
         if is_hh(value):
             parts = _HH_TURN.split(value)
