@@ -18,51 +18,12 @@ from kubetune.trainer.objectives import dpo, preference_rows
 from kubetune.trainer.objectives.choice import recipe_for
 from kubetune.trainer.request.topology import Topology
 from tests.support.cli import REPO, clean_env, kubetune
+from tests.support.preference_data import (REFUSAL, SHAPES, hh_rlhf, pairs, trl_conversational,
+                                           trl_standard, whole_conversations, write_rows)
 from tests.support.trainer import make_pvc, tune_run
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
 
 LN2 = math.log(2)
-REFUSAL = "I cannot answer that."
-
-
-def _question(a: int, b: int) -> str:
-    return f"What is {a}+{b}?"
-
-
-def trl_standard(a: int, b: int) -> dict:
-    return {"prompt": _question(a, b), "chosen": str(a + b), "rejected": REFUSAL}
-
-
-def trl_conversational(a: int, b: int) -> dict:
-    return {"prompt": [{"role": "user", "content": _question(a, b)}],
-            "chosen": [{"role": "assistant", "content": str(a + b)}],
-            "rejected": [{"role": "assistant", "content": REFUSAL}]}
-
-
-def whole_conversations(a: int, b: int) -> dict:
-    # torchtune's preference_dataset shape, and TRL's conversational with an implicit prompt.
-    user = {"role": "user", "content": _question(a, b)}
-    return {"chosen": [user, {"role": "assistant", "content": str(a + b)}],
-            "rejected": [user, {"role": "assistant", "content": REFUSAL}]}
-
-
-def hh_rlhf(a: int, b: int) -> dict:
-    head = f"\n\nHuman: {_question(a, b)}\n\nAssistant:"
-    return {"chosen": f"{head} {a + b}", "rejected": f"{head} {REFUSAL}"}
-
-
-SHAPES = {"trl_standard": trl_standard, "trl_conversational": trl_conversational,
-          "whole_conversations": whole_conversations, "hh_rlhf": hh_rlhf}
-
-
-def write_rows(directory: Path, rows: list[dict]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return directory
-
-
-def pairs(shape, n: int = 32) -> list[dict]:
-    return [shape(a, b) for a in range(8) for b in range(8)][:n]
 
 
 def free_port() -> int:
