@@ -232,3 +232,24 @@ def test_a_dpo_tuned_export_prefers_the_chosen_answers_more_than_its_base(
     margins = json.loads(measured.stdout.strip().splitlines()[-1])
     # log p(chosen) - log p(rejected), in nats, averaged over the held-out pairs.
     assert margins["tuned"] > margins["base"] + 1.0, margins
+
+
+@pytest.mark.slow
+def test_lora_dpo_stopped_mid_epoch_resumes_exactly(tmp_path, tiny_model_dir):
+    from tests.test_trainer_resume import (assert_same_training, deterministic_env,
+                                           reference_run, stop_after, trained_steps)
+
+    data = write_rows(tmp_path / "data", pairs(trl_standard, 24))  # 6 steps of 4
+
+    def args(pvc):
+        return ["lora_dpo_single_device", "--config", "llama3_1/8B_lora_dpo_single_device",
+                *pvc.runtime_args(), "epochs=1", "batch_size=4", "gradient_accumulation_steps=1",
+                "dtype=fp32", "seed=1", "optimizer.lr=3e-3", "lr_scheduler.num_warmup_steps=1"]
+
+    reference = reference_run(tmp_path, tiny_model_dir, data, args, {})
+    assert len(trained_steps(reference)) == 6
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, data)
+    assert stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc), 2, "first") < 6
+    result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_training(pvc, reference, "epoch_0", adapter=True)
