@@ -253,3 +253,19 @@ def test_lora_dpo_stopped_mid_epoch_resumes_exactly(tmp_path, tiny_model_dir):
     result = tune_run(pvc, *args(pvc), env=deterministic_env(pvc))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training(pvc, reference, "epoch_0", adapter=True)
+
+
+def test_kubetune_size_counts_the_pairs_and_full_dpos_reference(tmp_path):
+    from tests.test_size import LLAMA_3_1_8B, config_file, size
+
+    model = str(config_file(tmp_path, LLAMA_3_1_8B))
+    common = ["--model", model, "--gpu-memory", "80Gi", "--gpus-per-node", "8"]
+    sft_full = size(*common, "--method", "full")
+    dpo_full = size(*common, "--method", "full", "--objective", "dpo")
+    # The frozen reference copy: more memory for the same GPUs, or more GPUs.
+    assert dpo_full["gpus_per_node"] >= max(2, sft_full["gpus_per_node"])
+    sft_lora = size(*common, "--method", "lora", "--max-seq-len", "2048")
+    dpo_lora = size(*common, "--method", "lora", "--max-seq-len", "2048",
+                    "--objective", "dpo")
+    # Chosen and rejected answers run through the model together: twice the activations.
+    assert dpo_lora["gpu_memory_gib_per_device"] > sft_lora["gpu_memory_gib_per_device"]

@@ -155,6 +155,13 @@ def _one_pack_per_forward(cfg: DictConfig) -> list[str]:
             f"holds one pack's activations, not {batch})"]
 
 
+def objective_of_loss(cfg: DictConfig) -> str:
+    """dpo where the config's loss is one of torchtune's preference losses (its DPO
+    recipes'), else sft."""
+    loss = str(OmegaConf.select(cfg, "loss._component_", default="") or "")
+    return "dpo" if loss.startswith("torchtune.rlhf.loss.") else "sft"
+
+
 def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,
                 method: str, dims: dict, gpu_memory_bytes: int, nodes: int,
                 checkpoint_bytes: int | None) -> list[str]:
@@ -171,7 +178,8 @@ def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_l
         # Unpacked batches pad to their longest sample: plan for a full-length one (the
         # tokenizer's max_seq_len; without one, the pack length the plan defaults to).
         seq_len=int(cfg.tokenizer.get("max_seq_len") or max_seq_len), world_size=world_size,
-        n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward)
+        n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward,
+        objective=objective_of_loss(cfg))
     batch, accumulation = batch_sizes(cfg)
     fit = sizing.fit(
         workload, gpu_memory_bytes, batch, accumulation,
