@@ -114,6 +114,11 @@ def test_the_logger_reads_a_summed_loss_as_the_mean_and_keeps_the_rewards(tmp_pa
     [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     assert record["loss"] == pytest.approx(LN2)
     assert "loss 0.6931 | reward acc 0.75 | margin 0.1250" in capsys.readouterr().out
+    # The TrainJob status carries them beside the loss.
+    from kubetune.trainer.metric_logging.train_progress import TrainProgress
+
+    status = TrainProgress(environ={}).status_metrics(record)
+    assert (status["reward_accuracy"], status["reward_margin"]) == ("0.75", "0.125")
 
 
 def test_sft_data_for_dpo_is_refused_naming_the_columns(tmp_path, tiny_model_dir,
