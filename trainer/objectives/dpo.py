@@ -91,10 +91,10 @@ def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named:
             "conversations sharing their start), as text or lists of messages; or map "
             "yours: set " + column_map.write(spelling(spellings or {}, column_map.KEY),
                                              {"chosen": "<column>", "rejected": "<column>"}))
+    if str(dataset_cfg.get("packed", False)).lower() == "true":
+        raise BadInputError("dataset.packed=True: torchtune's DPO recipes do not pack "
+                            "preference pairs; remove it (or --no-packing)")
     dataset_cfg._component_ = PREFERENCE_BUILDER
-    taken = {"_component_", "source", "column_map", "train_on_input", "new_system_prompt",
-             "filter_fn", "split", "data_files", "data_dir", "name", "field"}
-    for key in [k for k in dataset_cfg.keys() if k not in taken]:
-        dataset_cfg.pop(key)
+    dataset_cfg.pop("packed", None)
     return (f"dataset: preference data, {shapes[0]} -> {PREFERENCE_BUILDER}; "
             "trains on the answers (the shared prompt masked)")

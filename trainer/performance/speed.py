@@ -106,8 +106,10 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
                          "(compile=False to turn off)")
 
     dataset = cfg.get("dataset")
+    # torchtune's preference datasets refuse to pack ("Packed is currently not supported").
     if (isinstance(dataset, DictConfig) and not _user_set(user_keys, "dataset.packed")
-            and not dataset.get("packed") and mean_chars and rows):
+            and not dataset.get("packed") and mean_chars and rows
+            and objective_of_loss(cfg) != "dpo"):
         tokens_per_sample = mean_chars / CHARS_PER_TOKEN
         packs = rows * tokens_per_sample / max_seq_len
         steps = packs / max(1, int(cfg.get("batch_size") or 1) * world_size)
