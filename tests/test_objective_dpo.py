@@ -274,3 +274,28 @@ def test_kubetune_size_counts_the_pairs_and_full_dpos_reference(tmp_path):
                     "--objective", "dpo")
     # Chosen and rejected answers run through the model together: twice the activations.
     assert dpo_lora["gpu_memory_gib_per_device"] > sft_lora["gpu_memory_gib_per_device"]
+
+
+def test_packing_preference_pairs_is_one_line():
+    from omegaconf import OmegaConf
+
+    from kubetune.trainer.data.dataset_check import DatasetSample
+
+    section = OmegaConf.create({"_component_": "torchtune.datasets.stack_exchange_paired_dataset",
+                                "packed": True})
+    found = DatasetSample(files=[Path("train.jsonl")], columns=["prompt", "chosen", "rejected"],
+                          rows=[trl_standard(1, 2)], total_rows=1)
+    with pytest.raises(BadInputError, match="do not pack preference pairs"):
+        dpo.choose_builder(section, found, builder_named=False)
+
+
+def test_an_objective_the_tune_run_recipe_does_not_train_is_refused(tmp_path, tiny_model_dir,
+                                                                    tiny_dataset_dir):
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    result = tune_run(pvc, "lora_finetune_single_device", "--config",
+                      "llama3_2/1B_lora_single_device", *pvc.runtime_args(),
+                      "dataset=torchtune.datasets.instruct_dataset", "--kubetune-dry-run",
+                      env=pvc.env(KUBETUNE_OBJECTIVE="dpo"))
+    assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
+    assert "KUBETUNE_OBJECTIVE=dpo, but the command runs lora_finetune_single_device (sft)" \
+        in result.stderr
