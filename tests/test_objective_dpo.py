@@ -211,6 +211,12 @@ def test_full_dpo_distributed_gets_the_given_checkpoint_as_its_reference(tmp_pat
         config["checkpointer"]["checkpoint_files"]
     assert _first_losses(pvc)[0] == pytest.approx(LN2, abs=1e-4)
     assert pvc.complete()
+    # The exporter takes a full DPO run as a full SFT one: a merged model, its chat
+    # template checked against the pairs the trainer recorded.
+    exported = kubetune("export", env=pvc.env())
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "reproduces the" in exported.stderr and "exported merged" in exported.stderr
+    assert (pvc.root / "export" / "model.safetensors.index.json").is_file()
 
 
 @pytest.mark.slow
