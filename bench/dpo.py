@@ -17,6 +17,7 @@ the tiny checkpoint (bench/trainer.py's ``loading_overrides``), ours the user's 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -25,9 +26,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from trainer import aggregate, measure_child, measured, median_tps, plain_metrics  # noqa: E402
+
+def _sft_bench():
+    """bench/trainer.py's measurement, loaded by path (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location("bench_trainer", REPO / "bench" / "trainer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SFT = _sft_bench()
+aggregate, measure_child, measured, median_tps, plain_metrics = (
+    _SFT.aggregate, _SFT.measure_child, _SFT.measured, _SFT.median_tps, _SFT.plain_metrics)
 
 from kubetune.tools.demo import write_tiny_model  # noqa: E402
 from kubetune.tools.plain_torchtune import loading_overrides  # noqa: E402

@@ -305,3 +305,21 @@ def test_an_objective_the_tune_run_recipe_does_not_train_is_refused(tmp_path, ti
     assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
     assert "KUBETUNE_OBJECTIVE=dpo, but the command runs lora_finetune_single_device (sft)" \
         in result.stderr
+
+
+def test_data_with_no_pair_to_learn_from_is_the_users_line(tmp_path, tiny_model_dir):
+    from torchtune.models.llama3 import llama3_tokenizer
+
+    from kubetune.errors import EXIT_BAD_INPUT
+    from kubetune.trainer.objectives.preference_data import preference_dataset
+    from kubetune.trainer.recipe_process import failure_report
+
+    data = write_rows(tmp_path / "data", [trl_standard(1, 1) | {"rejected": "2"}
+                                          | {"chosen": "2"}, trl_standard(2, 2) | {"chosen": ""}])
+    tokenizer = llama3_tokenizer(str(tiny_model_dir / "original" / "tokenizer.model"))
+    with pytest.raises(BadInputError) as refused:
+        preference_dataset(tokenizer, source="json", data_files=str(data / "train.jsonl"))
+    assert "all 2 rows dropped (1 chosen == rejected, 1 empty)" in str(refused.value)
+    # Raised in the recipe process, it is the failure record's one line, exit 65.
+    record = failure_report.classify(refused.value)
+    assert record.exit_code == EXIT_BAD_INPUT and "no preference pair" in record.message

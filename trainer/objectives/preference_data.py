@@ -14,14 +14,15 @@ import logging
 from collections import Counter
 from typing import Any, Callable, Mapping
 
+from kubetune.errors import BadInputError
 from kubetune.trainer.objectives import preference_rows
-from kubetune.trainer.recipe_process.run_sanity import RunRefused
 
 log = logging.getLogger("trainer")
 
 
-class NoPreferencePairsError(RunRefused):
-    """No row of the data is a pair DPO can learn from (exit 65)."""
+class NoPreferencePairsError(BadInputError):
+    """No row of the data is a pair DPO can learn from (exit 65: the recipe process's
+    failure record reports a BadInputError as the user's line)."""
 
 
 class PreferenceToMessages:
