@@ -323,3 +323,28 @@ def test_data_with_no_pair_to_learn_from_is_the_users_line(tmp_path, tiny_model_
     # Raised in the recipe process, it is the failure record's one line, exit 65.
     record = failure_report.classify(refused.value)
     assert record.exit_code == EXIT_BAD_INPUT and "no preference pair" in record.message
+
+
+def test_an_over_long_pair_is_cut_to_the_context_and_its_loss_stays_finite(tmp_path,
+                                                                          tiny_model_dir):
+    import torch
+    from torchtune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_dpo
+    from torchtune.models.llama3 import llama3_tokenizer
+    from torchtune.rlhf import get_batch_log_probs
+    from torchtune.rlhf.loss import DPOLoss
+
+    from kubetune.trainer.objectives.preference_data import preference_dataset
+
+    long_prompt = "What is " + " + ".join(["1"] * 200) + "?"
+    data = write_rows(tmp_path / "data", [{"prompt": long_prompt, "chosen": "200",
+                                           "rejected": REFUSAL}])
+    tokenizer = llama3_tokenizer(str(tiny_model_dir / "original" / "tokenizer.model"),
+                                 max_seq_len=64)
+    row = preference_dataset(tokenizer, source="json", data_files=str(data / "train.jsonl"))[0]
+    assert len(row["chosen_input_ids"]) <= 64 and len(row["rejected_input_ids"]) <= 64
+    # The answers were cut away: nothing to train on, and a finite loss (ln 2), never NaN.
+    assert set(row["chosen_labels"]) == {CROSS_ENTROPY_IGNORE_IDX}
+    ids, labels = padded_collate_dpo([row])
+    log_probs = get_batch_log_probs(torch.randn(*ids.shape, 300), labels)
+    loss, _, _ = DPOLoss()(log_probs[:1], log_probs[1:], log_probs[:1], log_probs[1:])
+    assert torch.isfinite(loss).all() and float(loss) == pytest.approx(0.6931, abs=1e-4)
