@@ -100,6 +100,11 @@ def summary_lines(workdir: Path) -> list[str]:
         f"loss: {summary['first_loss']:.4f} (first) -> {summary['last_loss']:.4f} (last)",
         f"tokens/s: {tps:.0f}" if tps else "tokens/s: n/a",
     ]
+    preference = summary.get("preference") or {}
+    if preference.get("last_reward_accuracy") is not None:
+        lines.insert(2, f"reward accuracy: {preference['first_reward_accuracy']:.2f} (first) -> "
+                        f"{preference['last_reward_accuracy']:.2f} (last), margin "
+                        f"{preference['last_reward_margin']:.4f}")
     held_out = summary.get("validation") or {}
     if held_out.get("base_val_loss") is not None and held_out.get("last_val_loss") is not None:
         lines.insert(2, f"val loss: {held_out['base_val_loss']:.4f} (base) -> "

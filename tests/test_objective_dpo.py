@@ -233,6 +233,7 @@ def test_a_dpo_tuned_export_prefers_the_chosen_answers_more_than_its_base(
                       "lr_scheduler.num_warmup_steps=0", "seed=0", "dtype=fp32",
                       timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "reward accuracy: 0.00 (first) -> " in result.stdout
     pairs_file = tmp_path / "held-out.json"
     pairs_file.write_text(json.dumps(held_out))
     measured = subprocess.run(
