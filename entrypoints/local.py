@@ -19,7 +19,8 @@ from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
 from kubetune.workspace import SUMMARY_NAME
-from kubetune.trainer.request.methods import METHODS, recipe_for
+from kubetune.trainer.objectives.choice import OBJECTIVES, recipe_for
+from kubetune.trainer.request.methods import METHODS
 
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
@@ -84,15 +85,16 @@ def demo_sources_checked(sources_dir: Path, model_uri: str | None, dataset_uri: 
 
 
 def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
-             train_args: list[str], export_uri: str | None) -> list[list[Step]]:
+             train_args: list[str], export_uri: str | None,
+             objective: str = "sft") -> list[list[Step]]:
     """The four steps over ``workdir/workspace``, as a ClusterTrainingRuntime wires them."""
     pvc = (workdir / "workspace").resolve()
     py = sys.executable
     pod_env = {env.WORKSPACE: str(pvc)}
     # As the byo-model runtime's pod says it: the trainer reads the method it runs (a
     # different KUBETUNE_METHOD inherited from this shell would be refused there).
-    trainer_env = {**pod_env, env.METHOD: method}
-    recipe, config, implied = recipe_for(method)
+    trainer_env = {**pod_env, env.METHOD: method, env.OBJECTIVE: objective}
+    recipe, config, implied = recipe_for(objective, method)
     tune_run = [
         py, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config", config,
         f"output_dir={pvc / 'output'}",
@@ -127,6 +129,11 @@ def summary_lines(workdir: Path) -> list[str]:
         f"loss: {summary['first_loss']:.4f} (first) -> {summary['last_loss']:.4f} (last)",
         f"tokens/s: {tps:.0f}" if tps else "tokens/s: n/a",
     ]
+    preference = summary.get("preference") or {}
+    if preference.get("last_reward_accuracy") is not None:
+        lines.insert(2, f"reward accuracy: {preference['first_reward_accuracy']:.2f} (first) -> "
+                        f"{preference['last_reward_accuracy']:.2f} (last), margin "
+                        f"{preference['last_reward_margin']:.4f}")
     held_out = summary.get("validation") or {}
     if held_out.get("base_val_loss") is not None and held_out.get("last_val_loss") is not None:
         lines.insert(2, f"val loss: {held_out['base_val_loss']:.4f} (base) -> "
@@ -157,7 +164,8 @@ def _tune_run_args(stages: list[list[Step]]) -> list[str]:
 
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
-              export_uri: str | None = None, options: dict | None = None) -> list[str]:
+              export_uri: str | None = None, options: dict | None = None,
+              objective: str = "sft") -> list[str]:
     """Check, then run the pipeline; return the summary lines. The trainer settings of
     the environment (``KUBETUNE_*``), then the trainer options typed (``options``:
     `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
@@ -178,7 +186,7 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
             environment_settings(method)[0],
             train_overrides(TrainOptions(method=method, **(options or {})))))
     with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
-        stages = pipeline(workdir, *final, method, args, export_uri)
+        stages = pipeline(workdir, *final, method, args, export_uri, objective)
         # What was checked and will run: the demo defaults kept, then the user's.
         logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
         preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
@@ -260,6 +268,9 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               help="Dataset STORAGE_URI (default: the embedded addition dataset)")
 @click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
               show_envvar=True, type=click.Choice(sorted(METHODS)), help="Fine-tuning method")
+@click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
+              show_envvar=True, type=click.Choice(OBJECTIVES),
+              help="sft, or dpo: preference tuning on chosen/rejected pairs (--dataset)")
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
               help="Export destination (default: workspace/export)")
 @click.option("--runtime", "runtime_path", envvar=env.LOCAL_RUNTIME, default=None,
@@ -300,7 +311,7 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
                    "of the runtime mounts it (a builder at /opt/custom, say); repeatable "
                    "(the variable: space-separated)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
+def local(workdir: Path, model_uri, dataset_uri, method, objective, export_uri, runtime_path,
           trainjob_path, print_jobset, engine, gpus, images, configmaps, train_args,
           **validation) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
@@ -340,7 +351,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                                  if name in typed}
                 lines = run_local(workdir, model_uri, dataset_uri, method,
                                   list(train_args) if train_args else None, export_uri,
-                                  typed_options)
+                                  typed_options, objective)
         else:
             try:
                 if print_jobset:

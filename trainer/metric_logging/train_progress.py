@@ -78,6 +78,21 @@ def recipe_plan(recipe: Any) -> tuple[int | None, int | None]:
     return epochs * per_epoch, epochs
 
 
+# What a DPO recipe logs beside its loss: how often the policy prefers the chosen answer
+# more than the reference does, and by how much (its implicit reward's margin).
+REWARD_ACCURACY, REWARD_MARGIN = "rewards/accuracies", "rewards/margins"
+
+
+def reward_parts(record: Mapping[str, Any]) -> list[str]:
+    """The preference numbers a DPO step logged, as the progress line shows them."""
+    parts = []
+    if REWARD_ACCURACY in record:
+        parts.append(f"reward acc {float(record[REWARD_ACCURACY]):.2f}")
+    if REWARD_MARGIN in record:
+        parts.append(f"margin {float(record[REWARD_MARGIN]):.4f}")
+    return parts
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(round(max(0.0, seconds)))
     hours, rest = divmod(seconds, 3600)
@@ -217,7 +232,7 @@ class TrainProgress:
         _drawn, self._mid_line = self, True
 
     def postfix(self, record: Mapping[str, Any]) -> str:
-        parts = [f"loss {float(record['loss']):.4f}"]
+        parts = [f"loss {float(record['loss']):.4f}", *reward_parts(record)]
         if "epoch" in record:
             epoch = int(record["epoch"]) + 1
             parts.insert(0, f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
@@ -234,6 +249,9 @@ class TrainProgress:
             metrics["lr"] = f"{float(record['lr']):.6g}"
         if "tokens_per_second" in record:
             metrics["tokens_per_second"] = f"{float(record['tokens_per_second']):.1f}"
+        for key, name in ((REWARD_ACCURACY, "reward_accuracy"), (REWARD_MARGIN, "reward_margin")):
+            if key in record:
+                metrics[name] = f"{float(record[key]):.6g}"
         metrics["step"] = int(record["step"])
         if self.total_steps:
             metrics["total_steps"] = self.total_steps
@@ -253,6 +271,7 @@ class TrainProgress:
             parts.append(f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
                          else f"epoch {epoch}")
         parts.append(f"loss {float(record['loss']):.4f}")
+        parts += reward_parts(record)
         if "lr" in record:
             parts.append(f"lr {float(record['lr']):.2e}")
         if "tokens_per_second" in record:
@@ -265,7 +284,10 @@ class TrainProgress:
                   "epoch": int(record["epoch"]) + 1 if "epoch" in record else None,
                   "total_epochs": self.total_epochs, "loss": float(record["loss"]),
                   "lr": record.get("lr"), "tokens_per_second": record.get("tokens_per_second"),
-                  "eta_s": None if eta is None else round(eta, 1)}
+                  "eta_s": None if eta is None else round(eta, 1),
+                  **{name: record[key] for key, name in ((REWARD_ACCURACY, "reward_accuracy"),
+                                                         (REWARD_MARGIN, "reward_margin"))
+                     if key in record}}
         return logs.json_line(COMPONENT, "INFO", text, fields)
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import config_keys, lora_scale
+from kubetune.trainer.objectives import dpo
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
@@ -126,8 +127,22 @@ def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
     return notes
 
 
-def _checkpointer_section(cfg: DictConfig, checkpoint: CheckpointModel) -> None:
-    ckpt_cfg = cfg.get("checkpointer") or OmegaConf.create({})
+def _checkpointer_sections(cfg: DictConfig, checkpoint: CheckpointModel,
+                           user_keys: set[str]) -> None:
+    """Every checkpointer the config has (the policy's ``checkpointer``; DPO's
+    ``ref_checkpointer``, a teacher's...) fitted to its checkpoint on disk: the one given,
+    unless the user named another directory for that section."""
+    _checkpointer_section(cfg, "checkpointer", checkpoint)
+    for name in [k for k in cfg.keys() if str(k).endswith("_checkpointer")]:
+        if not isinstance(cfg.get(name), DictConfig):
+            continue
+        named = f"{name}.checkpoint_dir" in user_keys
+        other = read_checkpoint_model(Path(cfg[name].checkpoint_dir)) if named else checkpoint
+        _checkpointer_section(cfg, str(name), other)
+
+
+def _checkpointer_section(cfg: DictConfig, name: str, checkpoint: CheckpointModel) -> None:
+    ckpt_cfg = cfg.get(name) or OmegaConf.create({})
     ckpt_cfg._component_ = ckpt_cfg.get("_component_",
                                         "torchtune.training.FullModelHFCheckpointer")
     if checkpoint.architecture.checkpointer != HF_CHECKPOINTER:  # a family of ours
@@ -137,7 +152,7 @@ def _checkpointer_section(cfg: DictConfig, checkpoint: CheckpointModel) -> None:
     ckpt_cfg.model_type = checkpoint.architecture.model_type
     ckpt_cfg.output_dir = "${output_dir}"
     ckpt_cfg.recipe_checkpoint = None
-    cfg.checkpointer = ckpt_cfg
+    cfg[name] = ckpt_cfg
 
 
 def _given_tokenizer_fits(given: Path, ours: Path, model_dir: Path) -> bool:
@@ -348,7 +363,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         notes.append("activation offloading needs CUDA: off on cpu")
     builder_named = bool({"dataset", "dataset._component_"} & user_keys) \
         or _user_config_file(request.config)
-    found = _locate_data(cfg, workspace, notes, builder_named, request.spellings)
+    found = _locate_data(cfg, workspace, notes, builder_named, request.spellings,
+                         dpo.is_dpo(request.recipe) or dpo.is_dpo(Path(recipe_path).stem))
     compile_before = bool(cfg.get("compile"))
     sizes_before = speed.batch_sizes(cfg)
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
@@ -356,6 +372,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
 
     notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
                            compile_before, sizes_before)
+    if Path(recipe_path).stem in dpo.LOSS_SUMMED_OVER_RANKS and topo.world_size > 1:
+        cfg.metric_logger.loss_summed_over = topo.world_size  # the 1-process loss's meaning
     notes += heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
     check_values(cfg)
     if found is not None:
@@ -416,6 +434,8 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
     notes += methods.check_recipe(request.recipe, method, topo)
     if not distributed:
         topo = topology.Topology(1, 1, 0, None)
+    if dpo.is_dpo(Path(recipe_path).stem):
+        dpo.check_method(method, topo)
     return hw, distributed, topo
 
 
@@ -438,14 +458,14 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
             notes.append(f"{excess} (the rank is config {request.config}'s default)")
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
-    _checkpointer_section(cfg, checkpoint)
+    _checkpointer_sections(cfg, checkpoint, user_keys)
     taken = _tokenizer_section(cfg, checkpoint, user_keys)
     config_keys.check_rebuilt_sections([k for k in in_order if k not in taken], cfg)
     return notes
 
 
 def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builder_named: bool,
-                 spellings: dict[str, str]):
+                 spellings: dict[str, str], preference: bool = False):
     """Point the dataset at local files, choose the builder for their shape where the
     user named none, and check them; the sample found, if any."""
     if "dataset" not in cfg:
@@ -455,7 +475,10 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builde
         dataset_check.check_split(cfg.dataset)
     found = dataset_check.sample(cfg.dataset)  # the training split's rows only
     if found is not None:
-        if dataset_shape.may_detect(cfg.dataset, builder_named):
+        if preference and isinstance(cfg.dataset, DictConfig):
+            chosen = dpo.choose_builder(cfg.dataset, found, builder_named, spellings)
+            notes += [chosen] if chosen else []
+        elif dataset_shape.may_detect(cfg.dataset, builder_named):
             notes.append(dataset_shape.choose(cfg.dataset, found, spellings))
         dataset_shape.reads_chat(cfg.dataset)
         csv_text.read_as_text(cfg.dataset, found)
