@@ -15,7 +15,7 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys, lora_scale
+from kubetune.trainer.config import builder_settings, config_keys, lora_scale
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
@@ -305,7 +305,17 @@ def check_request(request: TuneRunRequest) -> list[str]:
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
+    if _builder_named(_override_keys(request.overrides), request.config):
+        notes += builder_settings.fit(cfg, _override_keys(request.overrides),
+                                      request.spellings, _user_config_file(request.config))
     return notes
+
+
+def _builder_named(user_keys: set[str], config_name: str) -> bool:
+    """The user chose the dataset builder: the plan will not replace it by the data's
+    shape (``dataset_shape``), so what it takes can be checked before the data is read."""
+    return bool({"dataset", "dataset._component_"} & user_keys) \
+        or _user_config_file(config_name)
 
 
 def plan(request: TuneRunRequest, workspace: Workspace,
@@ -346,8 +356,10 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
         notes.append("activation offloading needs CUDA: off on cpu")
-    builder_named = bool({"dataset", "dataset._component_"} & user_keys) \
-        or _user_config_file(request.config)
+    builder_named = _builder_named(user_keys, request.config)
+    users_config = _user_config_file(request.config)
+    if builder_named:  # before the data is read: a setting it cannot take is named first
+        notes += builder_settings.fit(cfg, user_keys, request.spellings, users_config)
     found = _locate_data(cfg, workspace, notes, builder_named, request.spellings)
     compile_before = bool(cfg.get("compile"))
     sizes_before = speed.batch_sizes(cfg)
@@ -357,6 +369,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
                            compile_before, sizes_before)
     notes += heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
+    notes += builder_settings.fit(cfg, user_keys, request.spellings, users_config)
     check_values(cfg)
     if found is not None:
         # The rows trained on: a held-out fraction's are not.
