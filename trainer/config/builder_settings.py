@@ -32,6 +32,15 @@ def takes(params: ComponentParams, key: str) -> bool:
     return key in params.defaults or (params.var_kwargs and key in LOAD_DATASET_KEYS)
 
 
+def builder_takes(section: object, key: str) -> bool:
+    """Whether the builder ``section`` names takes ``key``; False where that cannot be
+    read: a default of ours is then not added."""
+    if not isinstance(section, DictConfig) or "_component_" not in section:
+        return False
+    params = component_params(str(section["_component_"]))
+    return params is not None and takes(params, key)
+
+
 def _refusal(name: str, key: str, component: str, how: str) -> str:
     if name.startswith("KUBETUNE_"):
         drop = "unset it"
