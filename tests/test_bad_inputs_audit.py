@@ -9,7 +9,8 @@ that disagree, config.json sizes that are not the weights'), the same checked by
 trainer when no initializer ran, dataset files that are not UTF-8 or mix formats, bad
 endpoint / region / role values, S3 keys given by halves, URIs carrying credentials, and
 a refused connection that names the endpoint, and TrainJobs and runtimes that `kubectl
-apply` would refuse (a misspelt field, a value of the wrong type: issue 43).
+apply` would refuse (a misspelt field, a value of the wrong type: issue 43), and dataset
+settings a builder of the user's own does not take (issue 47).
 """
 
 from __future__ import annotations
@@ -374,6 +375,9 @@ def test_a_read_only_install_directory_is_one_line(tmp_path):
 
 
 # The trainer's config: components, splits, column maps, list values, override keys.
+_REPO = Path(__file__).resolve().parents[1]
+_CUSTOM_PATH = f"{_REPO / 'examples' / 'custom-dataset'}:{_REPO}"
+_BUILDER = "my_datasets.arithmetic_chat_dataset"
 TRAINER_ROWS = [
     TrainerRow("optimizer class misspelled", ["optimizer._component_=torch.optim.AdamWW"],
                "torch.optim defines no AdamWW (did you mean torch.optim.AdamW?)"),
@@ -418,6 +422,13 @@ TRAINER_ROWS = [
     TrainerRow("dataset_val split the data lacks",
                ["dataset_val=torchtune.datasets.instruct_dataset", "dataset_val.split=test"],
                "dataset_val.split=test: the dataset has no split 'test'"),
+    # Issue 47: a setting made for torchtune's builders, given to one of the user's own.
+    TrainerRow("system prompt for a builder without one", [f"dataset._component_={_BUILDER}"],
+               f"KUBETUNE_SYSTEM_PROMPT: {_BUILDER} takes no new_system_prompt",
+               env={"PYTHONPATH": _CUSTOM_PATH, "KUBETUNE_SYSTEM_PROMPT": "Be brief."}),
+    TrainerRow("column map for a builder without one", [f"dataset._component_={_BUILDER}"],
+               f"KUBETUNE_COLUMN_MAP: {_BUILDER} takes no column_map",
+               env={"PYTHONPATH": _CUSTOM_PATH, "KUBETUNE_COLUMN_MAP": "input=question"}),
 ]
 
 

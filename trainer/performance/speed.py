@@ -26,6 +26,7 @@ import importlib.util
 
 from omegaconf import DictConfig, OmegaConf
 
+from kubetune.trainer.config.builder_settings import builder_takes
 from kubetune.trainer.performance import memory_plan, sizing
 from kubetune.trainer.performance.model_shape import adapter_count
 
@@ -109,7 +110,7 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
     # torchtune's preference datasets refuse to pack ("Packed is currently not supported").
     if (isinstance(dataset, DictConfig) and not _user_set(user_keys, "dataset.packed")
             and not dataset.get("packed") and mean_chars and rows
-            and objective_of_loss(cfg) != "dpo"):
+            and objective_of_loss(cfg) != "dpo" and builder_takes(dataset, "packed")):
         tokens_per_sample = mean_chars / CHARS_PER_TOKEN
         packs = rows * tokens_per_sample / max_seq_len
         steps = packs / max(1, int(cfg.get("batch_size") or 1) * world_size)

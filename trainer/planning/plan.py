@@ -15,7 +15,7 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys, lora_scale
+from kubetune.trainer.config import builder_settings, config_keys, lora_scale
 from kubetune.trainer.objectives import dpo
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
@@ -320,7 +320,17 @@ def check_request(request: TuneRunRequest) -> list[str]:
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
+    if _builder_named(_override_keys(request.overrides), request.config):
+        notes += builder_settings.fit(cfg, _override_keys(request.overrides),
+                                      request.spellings, _user_config_file(request.config))
     return notes
+
+
+def _builder_named(user_keys: set[str], config_name: str) -> bool:
+    """The user chose the dataset builder: the plan will not replace it by the data's
+    shape (``dataset_shape``), so what it takes can be checked before the data is read."""
+    return bool({"dataset", "dataset._component_"} & user_keys) \
+        or _user_config_file(config_name)
 
 
 def plan(request: TuneRunRequest, workspace: Workspace,
@@ -361,8 +371,10 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
         notes.append("activation offloading needs CUDA: off on cpu")
-    builder_named = bool({"dataset", "dataset._component_"} & user_keys) \
-        or _user_config_file(request.config)
+    builder_named = _builder_named(user_keys, request.config)
+    users_config = _user_config_file(request.config)
+    if builder_named:  # before the data is read: a setting it cannot take is named first
+        notes += builder_settings.fit(cfg, user_keys, request.spellings, users_config)
     found = _locate_data(cfg, workspace, notes, builder_named, request.spellings,
                          dpo.is_dpo(request.recipe) or dpo.is_dpo(Path(recipe_path).stem))
     compile_before = bool(cfg.get("compile"))
@@ -372,9 +384,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
 
     notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
                            compile_before, sizes_before)
-    if Path(recipe_path).stem in dpo.LOSS_SUMMED_OVER_RANKS and topo.world_size > 1:
-        cfg.metric_logger.loss_summed_over = topo.world_size  # the 1-process loss's meaning
-    notes += heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
+    notes += _objective_and_held_out(cfg, request, recipe_path, topo, workspace, found,
+                                     user_keys, users_config)
     check_values(cfg)
     if found is not None:
         # The rows trained on: a held-out fraction's are not.
@@ -389,6 +400,17 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
                    notes=notes)
+
+
+def _objective_and_held_out(cfg: DictConfig, request: TuneRunRequest, recipe_path,
+                            topo: topology.Topology, workspace: Workspace, found,
+                            user_keys: set[str], users_config: bool) -> list[str]:
+    """What the objective's recipe logs, the held-out set, and the dataset keys fitted to
+    what its builders take (``dataset_val``'s too, now that it exists)."""
+    if Path(recipe_path).stem in dpo.LOSS_SUMMED_OVER_RANKS and topo.world_size > 1:
+        cfg.metric_logger.loss_summed_over = topo.world_size  # the 1-process loss's meaning
+    notes = heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
+    return notes + builder_settings.fit(cfg, user_keys, request.spellings, users_config)
 
 
 def _our_sections(cfg: DictConfig, base: DictConfig, request: TuneRunRequest,
