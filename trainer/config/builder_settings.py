@@ -29,7 +29,10 @@ SECTIONS = ("dataset", "dataset_val")
 
 def takes(params: ComponentParams, key: str) -> bool:
     """Whether a builder with ``params`` accepts ``key``."""
-    return key in params.defaults or (params.var_kwargs and key in LOAD_DATASET_KEYS)
+    # `source` is load_dataset's first argument: a builder forwarding **kwargs to
+    # torchtune's (which names it) takes it as it takes load_dataset's keywords.
+    return key in params.defaults or (params.var_kwargs and (key in LOAD_DATASET_KEYS
+                                                             or key == "source"))
 
 
 def builder_takes(section: object, key: str) -> bool:
