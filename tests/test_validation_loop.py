@@ -315,7 +315,7 @@ def test_early_stop_ends_the_run_completed_with_its_epoch_saved_and_says_why(
     as the run's final checkpoint, the run exits 0 as completed, and the summary says why."""
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, train_dir)
     args = lora(pvc, "epochs=2", "model.lora_dropout=0.1",
-                *held_out(val_dir, "kubetune.validation.early_stop_patience=1"),
+                *held_out(val_dir, "kubetune.early_stop_patience=1"),
                 "run_val_every_n_steps=2", "optimizer.lr=10", "lr_scheduler.num_warmup_steps=0")
     stderr = run_ok(pvc, args)
     record = validation_record.read(pvc.output)
