@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -17,7 +19,8 @@ from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
 from kubetune.workspace import SUMMARY_NAME
-from kubetune.trainer.request.methods import METHODS, recipe_for
+from kubetune.trainer.objectives.choice import OBJECTIVES, recipe_for
+from kubetune.trainer.request.methods import METHODS
 
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
@@ -54,16 +57,44 @@ def demo_sources(sources_dir: Path) -> tuple[str, str]:
     return f"file://{model_dir.resolve()}", f"file://{dataset_dir.resolve()}"
 
 
+@contextlib.contextmanager
+def demo_sources_checked(sources_dir: Path, model_uri: str | None, dataset_uri: str | None
+                         ) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """The (model, dataset) URIs to check and the ones the steps read, the demo's standing
+    in for those not given. A demo source not yet in ``sources_dir`` is made in a
+    temporary directory for the checks and moved in only once they pass: a refused run
+    leaves nothing under the workdir."""
+    if model_uri is not None and dataset_uri is not None:
+        yield (model_uri, dataset_uri), (model_uri, dataset_uri)
+        return
+    if (sources_dir / "tiny-llama3").is_dir() and (sources_dir / "tiny-addition").is_dir():
+        demo = demo_sources(sources_dir)
+        given = (model_uri or demo[0], dataset_uri or demo[1])
+        yield given, given
+        return
+    with tempfile.TemporaryDirectory(prefix="kubetune-demo-sources-") as tmp:
+        demo = demo_sources(Path(tmp))
+        final = [f"file://{(sources_dir / name).resolve()}"
+                 for name in ("tiny-llama3", "tiny-addition")]
+        yield ((model_uri or demo[0], dataset_uri or demo[1]),
+               (model_uri or final[0], dataset_uri or final[1]))
+        sources_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("tiny-llama3", "tiny-addition"):
+            if not (sources_dir / name).exists():
+                shutil.move(str(Path(tmp) / name), str(sources_dir / name))
+
+
 def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
-             train_args: list[str], export_uri: str | None) -> list[list[Step]]:
+             train_args: list[str], export_uri: str | None,
+             objective: str = "sft") -> list[list[Step]]:
     """The four steps over ``workdir/workspace``, as a ClusterTrainingRuntime wires them."""
     pvc = (workdir / "workspace").resolve()
     py = sys.executable
     pod_env = {env.WORKSPACE: str(pvc)}
     # As the byo-model runtime's pod says it: the trainer reads the method it runs (a
     # different KUBETUNE_METHOD inherited from this shell would be refused there).
-    trainer_env = {**pod_env, env.METHOD: method}
-    recipe, config, implied = recipe_for(method)
+    trainer_env = {**pod_env, env.METHOD: method, env.OBJECTIVE: objective}
+    recipe, config, implied = recipe_for(objective, method)
     tune_run = [
         py, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config", config,
         f"output_dir={pvc / 'output'}",
@@ -98,6 +129,11 @@ def summary_lines(workdir: Path) -> list[str]:
         f"loss: {summary['first_loss']:.4f} (first) -> {summary['last_loss']:.4f} (last)",
         f"tokens/s: {tps:.0f}" if tps else "tokens/s: n/a",
     ]
+    preference = summary.get("preference") or {}
+    if preference.get("last_reward_accuracy") is not None:
+        lines.insert(2, f"reward accuracy: {preference['first_reward_accuracy']:.2f} (first) -> "
+                        f"{preference['last_reward_accuracy']:.2f} (last), margin "
+                        f"{preference['last_reward_margin']:.4f}")
     held_out = summary.get("validation") or {}
     if held_out.get("base_val_loss") is not None and held_out.get("last_val_loss") is not None:
         lines.insert(2, f"val loss: {held_out['base_val_loss']:.4f} (base) -> "
@@ -109,6 +145,17 @@ def summary_lines(workdir: Path) -> list[str]:
     return lines
 
 
+def summary_text(lines: list[str]) -> str:
+    """The summary as printed: a block of ``key: value`` lines, or with
+    KUBETUNE_LOG_FORMAT=json one JSON object holding them (``summary``: key -> value)."""
+    from kubetune import logs
+
+    if not logs.json_mode():
+        return "\nsummary\n" + "".join(f"  {line}\n" for line in lines)
+    fields = dict(line.split(": ", 1) for line in lines if ": " in line)
+    return logs.json_line("local", "INFO", "summary", {"summary": fields}) + "\n"
+
+
 def _tune_run_args(stages: list[list[Step]]) -> list[str]:
     """The trainer step's arguments after `tune run`."""
     command = stages[1][0].command
@@ -117,7 +164,8 @@ def _tune_run_args(stages: list[list[Step]]) -> list[str]:
 
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
-              export_uri: str | None = None, options: dict | None = None) -> list[str]:
+              export_uri: str | None = None, options: dict | None = None,
+              objective: str = "sft") -> list[str]:
     """Check, then run the pipeline; return the summary lines. The trainer settings of
     the environment (``KUBETUNE_*``), then the trainer options typed (``options``:
     `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
@@ -137,15 +185,13 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
         setting_args=train_args_rules.merge(
             environment_settings(method)[0],
             train_overrides(TrainOptions(method=method, **(options or {})))))
-    if model_uri is None or dataset_uri is None:
-        demo_model, demo_dataset = demo_sources(workdir / "sources")
-        model_uri, dataset_uri = model_uri or demo_model, dataset_uri or demo_dataset
-    stages = pipeline(workdir, model_uri, dataset_uri, method, args, export_uri)
-    # What was checked and will run: the demo defaults kept, then the user's.
-    logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
-    preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
-                            (workdir / "workspace").resolve(), model_uri, dataset_uri)
-    preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
+    with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
+        stages = pipeline(workdir, *final, method, args, export_uri, objective)
+        # What was checked and will run: the demo defaults kept, then the user's.
+        logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
+        preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
+                                (workdir / "workspace").resolve(), *checked)
+        preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
     # A completed run of the same config and inputs stays: its trainer says so and the
     # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
     run_stages(stages, workdir / "logs")
@@ -222,6 +268,9 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               help="Dataset STORAGE_URI (default: the embedded addition dataset)")
 @click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
               show_envvar=True, type=click.Choice(sorted(METHODS)), help="Fine-tuning method")
+@click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
+              show_envvar=True, type=click.Choice(OBJECTIVES),
+              help="sft, or dpo: preference tuning on chosen/rejected pairs (--dataset)")
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
               help="Export destination (default: workspace/export)")
 @click.option("--runtime", "runtime_path", envvar=env.LOCAL_RUNTIME, default=None,
@@ -266,7 +315,7 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
                    "of the runtime mounts it (a builder at /opt/custom, say); repeatable "
                    "(the variable: space-separated)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_path,
+def local(workdir: Path, model_uri, dataset_uri, method, objective, export_uri, runtime_path,
           trainjob_path, print_jobset, engine, gpus, images, configmaps, train_args,
           **validation) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
@@ -306,11 +355,11 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
                                  if name in typed}
                 lines = run_local(workdir, model_uri, dataset_uri, method,
                                   list(train_args) if train_args else None, export_uri,
-                                  typed_options)
+                                  typed_options, objective)
         else:
             try:
                 if print_jobset:
-                    emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)))
+                    emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), raw=True)
                     return 0
                 options = None if engine == "process" else EngineOptions(
                     engine, gpus, parse_image_overrides(images))
@@ -320,7 +369,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, export_uri, runtime_pat
             except ContractError as exc:
                 return report(exc, "local")  # each violation a line, not only the last
         # Through emit: a reader that went away (`| head -1`) costs the lines, not the run.
-        emit("\nsummary\n" + "".join(f"  {line}\n" for line in lines))
+        emit(summary_text(lines))
         return 0
 
     with forwarding_signals():

@@ -15,6 +15,7 @@ import click
 
 from kubetune import env, quantity
 from kubetune.entrypoints.step import step_command
+from kubetune.trainer.objectives.choice import OBJECTIVES
 from kubetune.trainer.request.methods import METHOD_NAMES
 
 if TYPE_CHECKING:
@@ -90,6 +91,10 @@ def _text(result: dict, line: str) -> str:
                    "is fetched).")
 @click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
               show_envvar=True, type=click.Choice(METHOD_NAMES), help="Fine-tuning method.")
+@click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
+              show_envvar=True, type=click.Choice(OBJECTIVES),
+              help="dpo: each row a pair of answers through the model, and full DPO's "
+                   "frozen reference copy counted.")
 @click.option("--max-seq-len", envvar=env.MAX_SEQ_LEN, type=click.IntRange(min=1),
               show_envvar=True,
               help="Tokens per sequence (default: the trainer's, the model's context up to "
@@ -110,7 +115,7 @@ def _text(result: dict, line: str) -> str:
               default="text", show_default=True, show_envvar=True,
               help="text (the plan line and a TrainJob block), json or yaml.")
 @step_command("size")
-def size(model: str, method: str, max_seq_len: int | None, batch_size: int,
+def size(model: str, method: str, objective: str, max_seq_len: int | None, batch_size: int,
          gpu_memory: int, gpus_per_node: int, max_nodes: int | None, output: str) -> None:
     """The nodes, GPUs per node, GPU memory per device and host memory per node a
     fine-tuning run needs, from the memory plan the trainer runs, with the
@@ -124,7 +129,7 @@ def size(model: str, method: str, max_seq_len: int | None, batch_size: int,
         label=label, dims=arch.shape, method=method,
         seq_len=max_seq_len or min(int(arch.dims.get("max_seq_len", 2048)), 2048),
         batch_size=batch_size, gpu_memory_bytes=gpu_memory, gpus_per_node=gpus_per_node,
-        checkpoint_bytes=sized.checkpoint_bytes, max_nodes=max_nodes)
+        checkpoint_bytes=sized.checkpoint_bytes, max_nodes=max_nodes, objective=objective)
     fit = sizing.smallest(request)
     result = answer(fit, sized, request)
     if output == "json":

@@ -103,3 +103,33 @@ def write_merged(training: TrainingOutput, model_dir: Path, dest: Path,
     if not (dest / MODEL_CONFIG_NAME).is_file():
         raise BadInputError(f"{src} has merged shards but no config.json: the checkpoint is "
                             "incomplete; re-run the trainer")
+    match_torch_dtype(dest / MODEL_CONFIG_NAME, [dest / shard.name for shard in shards])
+
+
+# safetensors dtype -> config.json's torch_dtype spelling.
+_TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def match_torch_dtype(config_path: Path, shards: list[Path]) -> None:
+    """config.json's ``torch_dtype`` set to the weights' own: torchtune copies the base
+    model's config, so a run that trained in bf16 from an fp32 base would say float32, and
+    transformers (``torch_dtype="auto"``) would load the bf16 weights as fp32."""
+    counts: dict[str, int] = {}
+    for shard in shards:
+        for dtype, shape in read_header(shard).values():
+            if dtype in _TORCH_DTYPES:
+                size = 1
+                for dim in shape:
+                    size *= dim
+                counts[dtype] = counts.get(dtype, 0) + size
+    if not counts:
+        return
+    wanted = _TORCH_DTYPES[max(counts, key=counts.__getitem__)]
+    config = json.loads(config_path.read_text())
+    keys = [k for k in ("torch_dtype", "dtype") if k in config] or ["torch_dtype"]
+    if all(config.get(k) == wanted for k in keys):
+        return
+    log.info("merged: config.json torch_dtype %s -> %s, the weights' own",
+             config.get(keys[0]), wanted)
+    config.update({k: wanted for k in keys})
+    config_path.write_text(json.dumps(config, indent=2) + "\n")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path, PurePosixPath
 
 from kubetune.errors import BadInputError
+from kubetune.workspace import adapter_export
 from kubetune.workspace.weight_headers import check_model, read_header
 
 
@@ -42,6 +43,9 @@ def verify(tree: Path) -> list[str]:
     notes = []
     config_path = tree / "config.json"
     if not config_path.is_file():
+        continuing = adapter_export.advice(tree)
+        if continuing:
+            raise BadInputError(continuing)
         # The trainer reads the architecture from it: without one it cannot build a model.
         raise BadInputError("the model has no config.json: the trainer needs a Hugging Face "
                             "transformers model directory (check STORAGE_URI and "

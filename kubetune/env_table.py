@@ -93,6 +93,8 @@ ROWS: dict[str, Var] = {
     env.LOG_LEVEL: Var(YOU, "all", "info, debug, warning or error", "info"),
     # Training settings (`kubetune train`'s options; `tune run` and `kubetune local` too)
     env.METHOD: Var(YOU, "trainer, local, size", "lora, qlora, dora or full", "lora"),
+    env.OBJECTIVE: Var(YOU, "trainer, local, size", "what the run optimises: sft (imitation) "
+                       "or dpo (preference pairs)", "sft"),
     env.EPOCHS: _train("epochs"),
     env.MAX_STEPS: _train("most optimizer steps per epoch", "no cap"),
     env.BATCH_SIZE: _train("per-device batch size"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from kubetune import env
+from kubetune import env, logs
 from kubetune.redact import redact
 
 
@@ -23,11 +23,15 @@ def report_failure(message: str) -> None:
     gone falls back to the process's terminal, if it has one.
     """
     line = redact(" ".join(message.split()))
+    shown = f"error: {line}"
+    if logs.json_mode():  # every line JSON where JSON was asked for, this one too
+        shown = logs.json_line(logs.current_step() or "kubetune", "ERROR", line,
+                               {"error": True})
     try:
-        print(f"error: {line}", file=sys.stderr, flush=True)
+        print(shown, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         # stderr gone: `kubetune local 2>&1 | tee log` whose tee the same Ctrl-C ended.
-        _to_terminal(f"error: {line}")
+        _to_terminal(shown)
     write_termination_log(line)
 
 

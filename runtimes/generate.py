@@ -124,6 +124,14 @@ RUNTIMES = [
          shm="8Gi", storage="100Gi",
          node_env=_env(KUBETUNE_METHOD="lora", KUBETUNE_LORA_RANK="16",
                        KUBETUNE_LORA_ALPHA="32", KUBETUNE_EPOCHS="1")),
+    Spec("kubetune-llama3.1-8b-dpo-lora", "Llama-3.1-8B-Instruct, preference tuning (DPO) "
+         "with LoRA, one GPU (kubetune train --objective dpo; data: prompt/chosen/rejected "
+         "pairs, docs/trainer.md#preference-tuning-dpo)", "kubetune",
+         "hf://meta-llama/Llama-3.1-8B-Instruct", "hf://trl-lib/ultrafeedback_binarized",
+         TRAIN, gpus=1, memory="64Gi", cpu="8", shm="8Gi", storage="100Gi",
+         node_env=_env(KUBETUNE_METHOD="lora", KUBETUNE_OBJECTIVE="dpo",
+                       KUBETUNE_LORA_RANK="16", KUBETUNE_LORA_ALPHA="32",
+                       KUBETUNE_EPOCHS="1")),
     Spec("kubetune-byo-model", "Bring your own model: model and dataset only from the "
          "TrainJob (spec.initializer), method from KUBETUNE_METHOD (default lora)",
          "kubetune", None, None, TRAIN, gpus=1, memory="64Gi", cpu="8", shm="8Gi",

@@ -8,7 +8,9 @@ Kinds: model trees the trainer would choke on (no config.json, an unknown dtype,
 that disagree, config.json sizes that are not the weights'), the same checked by the
 trainer when no initializer ran, dataset files that are not UTF-8 or mix formats, bad
 endpoint / region / role values, S3 keys given by halves, URIs carrying credentials, and
-a refused connection that names the endpoint.
+a refused connection that names the endpoint, and TrainJobs and runtimes that `kubectl
+apply` would refuse (a misspelt field, a value of the wrong type: issue 43), and dataset
+settings a builder of the user's own does not take (issue 47).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 from tests.support import user_chat_shapes as shapes
 from tests.support.cli import clean_env, error_lines, kubetune
+from tests.support.runtimes import runtime_file
 from tests.test_bad_inputs_steps import (S3_KEYS, Ctx, Row, _index, _safetensors, export_env,
                                          model_env, uri_env)
 from tests.test_bad_inputs_trainer import Row as TrainerRow
@@ -153,6 +156,32 @@ TRAIN = ["train", "dataset=torchtune.datasets.instruct_dataset", "dataset.split=
 TRAIN_CHAT = ["train", "dataset=torchtune.datasets.chat_dataset", "dataset.split=train",
               "dataset.conversation_column=messages", "dataset.conversation_style=openai"]
 
+def _manifest(name: str, edit: Callable[[dict], None], runtime: bool = False
+              ) -> Callable[[Ctx], None]:
+    """A TrainJob (or, with ``runtime``, the byo-model runtime) written to ctx.tmp/``name``
+    with ``edit`` applied, as a user types one by hand."""
+    def setup(ctx: Ctx) -> None:
+        import yaml
+
+        doc = yaml.safe_load(runtime_file("kubetune-byo-model").read_text()) if runtime else {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "tiny"},
+            "spec": {"runtimeRef": {"name": "kubetune-byo-model"},
+                     "initializer": {"model": {"storageUri": f"file://{ctx.model}"},
+                                     "dataset": {"storageUri": f"file://{ctx.dataset}"}}}}
+        edit(doc)
+        (ctx.tmp / name).write_text(yaml.safe_dump(doc))
+    return setup
+
+
+def _local_args(runtime: str = "") -> Callable[[Ctx], list[str]]:
+    def args(ctx: Ctx) -> list[str]:
+        path = ctx.tmp / runtime if runtime else runtime_file("kubetune-byo-model")
+        job = [] if runtime else ["--trainjob", str(ctx.tmp / "job.yaml")]
+        return ["--workdir", str(ctx.out), "--runtime", str(path), *job]
+    return args
+
+
 ROWS = [
     # -- the model initializer refuses what the trainer would choke on --------------------
     Row("model-without-config-json", ["init-model"], model_env(),
@@ -256,6 +285,28 @@ ROWS = [
         lambda ctx: {}, ("a-file/bin", "not a directory"), step="install-tune",
         setup=lambda ctx: (ctx.tmp / "a-file").write_text(""),
         extra={"args": lambda ctx: [str(ctx.tmp / "a-file" / "bin")]}),
+    # -- TrainJobs and runtimes kubectl apply refuses (strict field validation) -----------
+    Row("trainjob-field-misspelt", ["local"], lambda ctx: {},
+        ("job.yaml: spec.initializer.dataset.storageURI: unknown field",
+         "did you mean storageUri?"), step="local",
+        setup=_manifest("job.yaml", lambda d: d["spec"]["initializer"]["dataset"].update(
+            storageURI=d["spec"]["initializer"]["dataset"].pop("storageUri"))),
+        extra={"args": _local_args()}),
+    Row("trainjob-section-misspelt", ["local"], lambda ctx: {},
+        ("spec.initialiser: unknown field", "did you mean initializer?"), step="local",
+        setup=_manifest("job.yaml", lambda d: d["spec"].update(
+            initialiser=d["spec"].pop("initializer"))),
+        extra={"args": _local_args()}),
+    Row("trainjob-env-value-not-a-string", ["local"], lambda ctx: {},
+        ("spec.trainer.env[0].value: expected a string, got the number 1",), step="local",
+        setup=_manifest("job.yaml", lambda d: d["spec"].update(
+            trainer={"env": [{"name": "KUBETUNE_EPOCHS", "value": 1}]})),
+        extra={"args": _local_args()}),
+    Row("runtime-field-misspelt", ["local"], lambda ctx: {},
+        ("runtime.yaml: spec.mlPolicy.numNode: unknown field", "did you mean numNodes?"),
+        step="local", setup=_manifest("runtime.yaml", lambda d: d["spec"]["mlPolicy"].update(
+            numNode=d["spec"]["mlPolicy"].pop("numNodes")), runtime=True),
+        extra={"args": _local_args("runtime.yaml")}),
     # -- a refused connection names where it went (retried: the endpoint may come up) -----
     Row("hf-connection-refused-names-the-hub", ["init-model"],
         uri_env("hf://org/name", HF_ENDPOINT="http://127.0.0.1:1"),
@@ -324,6 +375,9 @@ def test_a_read_only_install_directory_is_one_line(tmp_path):
 
 
 # The trainer's config: components, splits, column maps, list values, override keys.
+_REPO = Path(__file__).resolve().parents[1]
+_CUSTOM_PATH = f"{_REPO / 'examples' / 'custom-dataset'}:{_REPO}"
+_BUILDER = "my_datasets.arithmetic_chat_dataset"
 TRAINER_ROWS = [
     TrainerRow("optimizer class misspelled", ["optimizer._component_=torch.optim.AdamWW"],
                "torch.optim defines no AdamWW (did you mean torch.optim.AdamW?)"),
@@ -368,6 +422,13 @@ TRAINER_ROWS = [
     TrainerRow("dataset_val split the data lacks",
                ["dataset_val=torchtune.datasets.instruct_dataset", "dataset_val.split=test"],
                "dataset_val.split=test: the dataset has no split 'test'"),
+    # Issue 47: a setting made for torchtune's builders, given to one of the user's own.
+    TrainerRow("system prompt for a builder without one", [f"dataset._component_={_BUILDER}"],
+               f"KUBETUNE_SYSTEM_PROMPT: {_BUILDER} takes no new_system_prompt",
+               env={"PYTHONPATH": _CUSTOM_PATH, "KUBETUNE_SYSTEM_PROMPT": "Be brief."}),
+    TrainerRow("column map for a builder without one", [f"dataset._component_={_BUILDER}"],
+               f"KUBETUNE_COLUMN_MAP: {_BUILDER} takes no column_map",
+               env={"PYTHONPATH": _CUSTOM_PATH, "KUBETUNE_COLUMN_MAP": "input=question"}),
 ]
 
 

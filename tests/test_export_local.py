@@ -36,6 +36,41 @@ def visible(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
 
 
+def _weights_dtype(model_dir: Path) -> str:
+    """The torch dtype most of a model directory's weights are stored in."""
+    from safetensors import safe_open
+
+    counts: dict[str, int] = {}
+    for shard in model_dir.glob("*.safetensors"):
+        with safe_open(shard, "pt") as f:
+            for name in f.keys():
+                tensor = f.get_slice(name)
+                count = 1
+                for dim in tensor.get_shape():
+                    count *= dim
+                dtype = str(f.get_tensor(name).dtype).removeprefix("torch.")
+                counts[dtype] = counts.get(dtype, 0) + count
+    return max(counts, key=counts.__getitem__)
+
+
+def test_merged_config_says_the_dtype_its_weights_are_in(tmp_path):
+    """A bf16 run from an fp32 base: torchtune copies the base's config.json, whose
+    float32 would make transformers load the bf16 weights as fp32."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kubetune.exporter.artifact import match_torch_dtype
+
+    save_file({"model.embed_tokens.weight": torch.zeros(8, 4, dtype=torch.bfloat16),
+               "model.norm.weight": torch.ones(4, dtype=torch.float32)},
+              str(tmp_path / "model.safetensors"))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
+    match_torch_dtype(config, [tmp_path / "model.safetensors"])
+    assert json.loads(config.read_text())["torch_dtype"] == "bfloat16" == \
+        _weights_dtype(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def both_export(trained_run, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     dest = tmp_path_factory.mktemp("local") / "export"
@@ -57,6 +92,8 @@ def test_both_formats_land_in_hf_layout_with_a_manifest_of_every_file(trained_ru
         assert (merged / name).is_file(), name
     index = json.loads((merged / "model.safetensors.index.json").read_text())
     assert all((merged / shard).is_file() for shard in index["weight_map"].values())
+    assert json.loads((merged / "config.json").read_text())["torch_dtype"] == \
+        _weights_dtype(merged)
 
     manifest = json.loads((dest / "manifest.json").read_text())
     on_disk = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")

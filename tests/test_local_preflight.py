@@ -137,6 +137,10 @@ ROWS = [
         lambda c: ("--engine podman: `podman` is not installed or not on PATH",),
         env={"PATH": "/nonexistent"}),
     # -- a runtime and a TrainJob: merged and checked before the first container -------
+    Row("trainjob-field-misspelt", lambda c: ["--runtime", BYO, "--trainjob", _trainjob(c, """    model: {storageUri: hf://org/model}
+    dataset: {storageURI: hf://org/data}
+""")], lambda c: ("spec.initializer.dataset.storageURI: unknown field (did you mean "
+                  "storageUri?)",)),
     Row("trainjob-file-missing", lambda c: ["--runtime", BYO, "--trainjob", "no-job.yaml"],
         lambda c: ("no-job.yaml: cannot read: No such file or directory",)),
     Row("runtime-not-yaml", lambda c: ["--runtime", _bad_yaml(c)],
@@ -177,6 +181,7 @@ def _refused_before_any_step(ctx: Ctx, args: list[str], env: dict[str, str],
     assert term.read_text().strip() == lines[0].removeprefix("error: ")
     assert not (ctx.workdir / "workspace").exists(), report
     assert not (ctx.workdir / "logs").exists(), report
+    assert not (ctx.workdir / "sources").exists(), report  # the demo's, made for the checks
     assert "==> " not in result.stdout, report
     return lines[0]
 

@@ -208,8 +208,10 @@ def test_run_report_has_curves_and_a_page(reported_run):
 @pytest.mark.slow
 def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
                                                       tiny_dataset_dir):
-    """stdout on a pty, as a person's terminal: tqdm's bar (rate, ETA, loss) redrawn in
-    place with carriage returns, and none of the per-step lines a pod's log gets."""
+    """stdout and stderr on a pty, as a person's terminal: tqdm's bar (rate, ETA, loss)
+    redrawn in place with carriage returns, none of the per-step lines a pod's log gets,
+    and the recipe's own lines ("Starting checkpoint save...") each on a line of its own,
+    never glued onto the bar's."""
     import pty
     import subprocess
     import sys
@@ -227,7 +229,7 @@ def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
     child = subprocess.Popen(
         [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *TRAIN_ARGS[:3],
          *pvc.runtime_args(), *TRAIN_ARGS[3:], "lr_scheduler.num_warmup_steps=1"],
-        env=pvc.env(COLUMNS="160"), cwd=REPO, stdout=child_end, stderr=subprocess.PIPE)
+        env=pvc.env(COLUMNS="160"), cwd=REPO, stdout=child_end, stderr=child_end)
     os.close(child_end)
     screen = b""
     while True:
@@ -238,12 +240,15 @@ def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
         if not chunk:
             break
         screen += chunk
-    stderr = child.stderr.read().decode()
-    assert child.wait(timeout=600) == 0, stderr[-3000:]
     os.close(main)
     text = screen.decode("utf-8", "replace")
-    assert " train: step " not in text and " train: step " not in stderr
-    assert "warm-up" not in stderr  # one step of warm-up, three of training
+    assert child.wait(timeout=600) == 0, text[-3000:]
+    assert " train: step " not in text
+    assert "warm-up" not in text  # one step of warm-up, three of training
+    segments = re.split(r"[\r\n]", text)
+    assert any(seg.startswith("Starting checkpoint save") for seg in segments), text[-3000:]
+    assert not any("train:" in seg and "Starting checkpoint save" in seg
+                   for seg in segments), text[-3000:]
     # Each redraw starts with a carriage return; the last shows the whole run.
     frames = [f.strip() for f in text.replace("\n", "\r").split("\r") if "train:" in f]
     assert len(frames) >= 3, text

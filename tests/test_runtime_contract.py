@@ -80,7 +80,9 @@ def depends_on_typo(r: dict) -> None:
 
 
 MISTAKES = [
-    (unnamed, f"replicatedJobs[node].{POD}.containers[0].name: missing"),
+    # The CRD schema requires a container's name: reading the file refuses it first.
+    (unnamed, f"spec.template.spec.replicatedJobs[2].{POD}.containers[0].name: required "
+              "field missing; kubectl apply refuses"),
     (renamed, f"replicatedJobs[node].{POD}.containers[trainer].name: 'trainer' is not node;"),
     (unlabelled, "replicatedJobs[node].template.metadata.labels: no job labelled "
                  "trainer.kubeflow.org/trainjob-ancestor-step: trainer;"),

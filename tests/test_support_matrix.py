@@ -111,7 +111,9 @@ def sources(serving_python, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("matrix")
     checkpoints = matrix_runner.write_checkpoints(serving_python, root / "checkpoints",
                                                   sorted(MODEL))
-    return checkpoints, write_tiny_dataset(root / "data", rows=matrix_runner.ROWS), root
+    dataset = write_tiny_dataset(root / "data", rows=matrix_runner.ROWS)
+    matrix_runner.write_heldout_split(dataset)
+    return checkpoints, dataset, root
 
 
 def _workers(request) -> int:

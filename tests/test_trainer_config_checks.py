@@ -23,6 +23,7 @@ from kubetune.tools.local.runtime_merge import merge
 from kubetune.tools.local.runtime_spec import default_trainjob, load_runtime
 from kubetune.trainer.config.recipe_config import resolve_recipe
 from tests.support.cli import REPO, clean_env
+from tests.support.preference_data import pairs, trl_standard, write_rows
 from tests.support.runtimes import runtime_file as runtime_file_path, runtime_files
 from tests.support.sdk_trainjob import sdk_trainjob_spec
 from tests.support.trainer import SHORT, make_pvc, tune_run
@@ -45,7 +46,9 @@ def sources(tmp_path_factory, tiny_model_dir, tiny_dataset_dir) -> dict[str, Pat
     return {"llama": tiny_model_dir, "qwen": write_tiny_qwen2(root / "tiny-qwen2", nf4_qwen),
             "addition": tiny_dataset_dir,
             "alpaca": write_tiny_alpaca_dataset(root / "tiny-alpaca", rows=256),
-            "qa": write_tiny_dataset(root / "tiny-qa", rows=256, columns=("question", "answer"))}
+            "qa": write_tiny_dataset(root / "tiny-qa", rows=256, columns=("question", "answer")),
+            # The DPO runtime's data: preference pairs (TRL's standard shape).
+            "preference": write_rows(root / "tiny-preference", pairs(trl_standard, 64))}
 
 
 def _instruct(**kwargs):
@@ -98,7 +101,8 @@ def test_no_key_a_runtime_sends_is_flagged(runtime_file, tmp_path, sources):
     if runtime_file.startswith("torchtune-"):
         spec = sdk_trainjob_spec(runtime_file_path(runtime_file))
     model = sources["qwen" if "qwen" in runtime_file else "llama"]
-    result = _dry_run_trainer(runtime_file, spec, model, sources["addition"], tmp_path)
+    data = sources["preference" if "-dpo-" in runtime_file else "addition"]
+    result = _dry_run_trainer(runtime_file, spec, model, data, tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert not FLAGGED.search(result.stdout + result.stderr)
 

@@ -315,7 +315,7 @@ def test_early_stop_ends_the_run_completed_with_its_epoch_saved_and_says_why(
     as the run's final checkpoint, the run exits 0 as completed, and the summary says why."""
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, train_dir)
     args = lora(pvc, "epochs=2", "model.lora_dropout=0.1",
-                *held_out(val_dir, "kubetune.validation.early_stop_patience=1"),
+                *held_out(val_dir, "kubetune.early_stop_patience=1"),
                 "run_val_every_n_steps=2", "optimizer.lr=10", "lr_scheduler.num_warmup_steps=0")
     stderr = run_ok(pvc, args)
     record = validation_record.read(pvc.output)
@@ -342,3 +342,70 @@ def test_early_stop_ends_the_run_completed_with_its_epoch_saved_and_says_why(
     assert (pvc.output / "epoch_0" / "adapter_model.safetensors").is_file()
     assert not (pvc.output / "epoch_1").exists() and not (pvc.output / "checkpoints").exists()
     assert f"early stop at step {stop}" in stderr
+
+
+@pytest.fixture(scope="module")
+def hub_dir(tmp_path_factory) -> Path:
+    """A hub dataset's layout: data/train-*.parquet beside data/test-*.parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kubetune.tools.demo.tiny_dataset import tiny_rows
+
+    root = tmp_path_factory.mktemp("sources") / "hub"
+    (root / "data").mkdir(parents=True)
+    rows = tiny_rows(ROWS + VAL_ROWS, seed=3)
+    pq.write_table(pa.Table.from_pylist(rows[:ROWS]), root / "data/train-00000-of-00001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[ROWS:]), root / "data/test-00000-of-00001.parquet")
+    return root
+
+
+@pytest.mark.slow
+def test_packed_and_unpacked_runs_measure_the_same_held_out_set(tmp_path, tiny_model_dir,
+                                                                hub_dir):
+    """The test split is held out whether the training rows are packed or not, on 1 and 2
+    processes, and a fraction held out of packed rows too: validation is never packed, so
+    the base model's held-out loss is the same number on every path."""
+    def packed_args(pvc: Pvc, recipe: str, config: str, *extra: str) -> list[str]:
+        return [recipe, "--config", config, *pvc.runtime_args(),
+                "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
+                f"dataset.data_dir={pvc.dataset / 'data'}", "tokenizer.max_seq_len=64",
+                "epochs=1", "gradient_accumulation_steps=1", "seed=1", "dtype=fp32", *extra]
+
+    runs = {}
+    for name, args, env in (
+            ("unpacked", ("lora_finetune_single_device", "llama3_2/1B_lora_single_device",
+                          "dataset.packed=False", "batch_size=4"), {}),
+            ("packed", ("lora_finetune_single_device", "llama3_2/1B_lora_single_device",
+                        "dataset.packed=True", "batch_size=1"), {}),
+            ("packed, 2 processes", ("lora_finetune_distributed", "llama3_2/1B_lora",
+                                     "dataset.packed=True", "batch_size=1"),
+             {"PET_NNODES": "1", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "0"})):
+        pvc = runs[name] = make_pvc(tmp_path / name.replace(" ", "-").replace(",", ""),
+                                    tiny_model_dir, hub_dir)
+        rdzv = [f"--rdzv_endpoint=127.0.0.1:{free_port()}"] if env else []
+        run_ok(pvc, [*rdzv, *packed_args(pvc, *args)], **env)
+
+    records = {name: validation_record.read(pvc.output) for name, pvc in runs.items()}
+    for name, record in records.items():
+        assert record is not None and record.split == "test" and record.rows == VAL_ROWS, name
+        assert record.last["step"] == runs[name].summary()["steps"] > 0, name
+    bases = [r.base for r in records.values()]
+    assert len({b["val_tokens"] for b in bases}) == 1
+    assert [b["val_loss"] for b in bases] == pytest.approx([bases[0]["val_loss"]] * 3,
+                                                            abs=1e-5)
+    assert runs["packed"].summary()["train_data"] == {"split": "train", "rows": ROWS}
+
+    # A fraction of packed rows held out: the test split removed, the train split cut.
+    import shutil
+
+    only_train = tmp_path / "train-only"
+    shutil.copytree(hub_dir, only_train)
+    (only_train / "data/test-00000-of-00001.parquet").unlink()
+    pvc = make_pvc(tmp_path / "fraction", tiny_model_dir, only_train)
+    run_ok(pvc, packed_args(pvc, "lora_finetune_single_device",
+                            "llama3_2/1B_lora_single_device", "dataset.packed=True",
+                            "batch_size=1", "kubetune.val_fraction=0.25"))
+    record = validation_record.read(pvc.output)
+    assert record.source == "fraction" and 0 < record.rows < ROWS
+    assert pvc.summary()["train_data"]["rows"] == ROWS - record.rows

@@ -34,6 +34,7 @@ from kubetune.trainer.config.validate import check_volume, check_writable
 from kubetune.trainer.launcher import outcome
 from kubetune.trainer.launcher.child_env import child_env
 from kubetune.trainer.launcher.finish import finish, record_summary
+from kubetune.trainer.launcher.previous_run import set_aside
 from kubetune.trainer.launcher.supervision import run_recipe
 
 log = logging.getLogger("trainer")
@@ -107,6 +108,8 @@ def _run_holding_output(plan_: RunPlan, config_path: Path, command: list[str]) -
                  _finished_at(output_dir))
         return 0
     if primary:
+        if plan_.resumed_from is None:
+            set_aside(plan_)  # another run's output: never beside this one's
         (output_dir / COMPLETION_MARKER_NAME).unlink(missing_ok=True)
         (output_dir / SUMMARY_NAME).unlink(missing_ok=True)
         # This run records its own (a text-completion run none): never an earlier run's.

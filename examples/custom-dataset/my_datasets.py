@@ -8,7 +8,9 @@ PYTHONPATH=/opt/custom in the trainer env, or an image built FROM ours that copi
 
 kubetune's launcher points the dataset at the dataset initializer's files: it passes
 ``source`` (the file format: parquet, json, csv ...) and ``data_files`` to the builder,
-so a builder takes both and hands them to torchtune's SFTDataset.
+so a builder takes both and hands them to torchtune's SFTDataset. It receives no other
+setting it does not name (docs/extending.md): this one takes no ``packed``, so packing
+asked for is refused before the run, in one line.
 """
 
 from __future__ import annotations
@@ -31,11 +33,8 @@ class ArithmeticToChat(Transform):
 
 
 def arithmetic_chat_dataset(tokenizer, source: str = "parquet", data_files=None,
-                            split: str = "train", packed: bool = False,
-                            **load_dataset_kwargs) -> SFTDataset:
+                            split: str = "train", **load_dataset_kwargs) -> SFTDataset:
     """Chat-formatted arithmetic questions from local files."""
-    if packed:
-        raise ValueError("arithmetic_chat_dataset does not support packed=True")
     dataset = SFTDataset(source=source, data_files=data_files, split=split,
                          message_transform=ArithmeticToChat(), model_transform=tokenizer,
                          **load_dataset_kwargs)

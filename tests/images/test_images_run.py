@@ -405,11 +405,14 @@ def test_a_non_root_user_reads_their_private_sources_and_owns_every_output(
     try:
         model, dataset = private_sources(home, tiny_model_dir, tiny_dataset_dir)
         job = byo_job(home, model, dataset)
+        # The user's own copy: a checkout under a private (0700) directory is not theirs
+        # to read (nor is its venv: `other_user.python` copies what it needs).
+        runtime = Path(shutil.copy(BASE / "kubetune-byo-model.yaml", home / "runtime.yaml"))
         other_user.give(home)
         env = {k: v for k, v in os.environ.items() if k in ("DOCKER_HOST",)}
         result = other_user.run(
             [*other_user.python(), "-m", "kubetune.entrypoints",
-             *local_argv(engine, home / "run", BASE / "kubetune-byo-model.yaml", job)],
+             *local_argv(engine, home / "run", runtime, job)],
             cwd=home, env=env, umask=UMASK, timeout=1500)
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
         ws = home / "run" / "workspace"

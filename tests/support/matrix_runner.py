@@ -4,7 +4,8 @@ trainer, exporter, as processes), several cells at once; then serving-venv proce
 many as cells ran at once) load every export with transformers / PEFT.
 
 Every cell trains the same way: 2 optimizer steps of batch 2 per process on 16 short rows,
-fp32 (the tolerance of the exporter's own logits check assumes it), no warm-up, and
+measured on 8 held-out rows (the data's test split: the base before the first step, then
+after each step), fp32 (the tolerance of the exporter's own logits check assumes it), no warm-up, and
 LoRA-family methods on every attention and MLP projection (and the output where
 `all-linear` reaches it).
 """
@@ -12,6 +13,7 @@ LoRA-family methods on every attention and MLP projection (and the output where
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -29,6 +31,7 @@ LOAD_EXPORTS = REPO / "tests/support/load_adapter.py"
 VOCAB = 320  # the embedding rows; each tokenizer uses the first ones
 STEPS = 2
 ROWS = 16
+HELD_OUT_ROWS = 8  # the data's test split: every cell measures its held-out loss
 LEARNING_RATE = "1e-2"
 LORA = {"lora_rank": 8, "lora_alpha": 16,
         "lora_attn_modules": ["q_proj", "k_proj", "v_proj", "output_proj"],
@@ -50,6 +53,17 @@ def serving(python: Path, *args: str, timeout: float = 1200) -> subprocess.Compl
     return subprocess.run([str(python), *args], capture_output=True, text=True,
                           timeout=timeout, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
                                                 "HOME": "/tmp"})
+
+
+def write_heldout_split(dataset_dir: Path) -> None:
+    """The data's test split beside its train split, as a hub dataset lays them out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kubetune.tools.demo.tiny_dataset import tiny_rows
+
+    rows = tiny_rows(HELD_OUT_ROWS, seed=1)
+    pq.write_table(pa.Table.from_pylist(rows), dataset_dir / "data" / "test.parquet")
 
 
 def checkpoint_name(model: str) -> str:
@@ -87,6 +101,15 @@ class CellRun:
     steps: int = 0
     world_size: int = 0
     served: dict = field(default_factory=dict)
+    validation: dict = field(default_factory=dict)  # summary.json's
+
+    @property
+    def validated(self) -> bool:
+        """The held-out loss measured on the base (step 0) and after the last step."""
+        v = self.validation or {}
+        finite = all(isinstance(v.get(k), float) and math.isfinite(v[k])
+                     for k in ("base_val_loss", "last_val_loss"))
+        return finite and v.get("last_step") == STEPS and v.get("split") == "test"
 
     @property
     def error_lines(self) -> list[str]:
@@ -109,8 +132,8 @@ class CellRun:
         if self.exit_code != 0:
             return f"exit {self.exit_code}: " + " | ".join(self.error_lines or
                                                           self.output.splitlines()[-5:])
-        return f"steps {self.steps}, world size {self.world_size}, export {self.export}: " \
-               f"{self.served}"
+        return f"steps {self.steps}, world size {self.world_size}, export {self.export}, " \
+               f"validation {self.validation}: {self.served}"
 
 
 def _peft_spec(cell: Cell) -> dict | None:
@@ -168,6 +191,7 @@ def run_cell(cell: Cell, model_dir: Path, dataset_dir: Path, root: Path) -> Cell
     if summary.is_file():
         data = json.loads(summary.read_text())
         run.steps, run.world_size = data.get("steps", 0), data.get("world_size", 0)
+        run.validation = data.get("validation") or {}
     if (ws / "export" / "manifest.json").is_file():
         run.export = ws / "export"
     return run
@@ -196,7 +220,7 @@ def serve_exports(python: Path, runs: list[CellRun], root: Path, workers: int = 
         assert loaded.returncode == 0, loaded.stderr[-3000:]
         for run, report in zip(chunks[index], json.loads(loaded.stdout.splitlines()[-1])):
             run.served = {**report, "ok": _served_ok(report) and run.steps == STEPS
-                          and run.world_size == _world_size(run.cell)}
+                          and run.world_size == _world_size(run.cell) and run.validated}
 
     with ThreadPoolExecutor(max_workers=max(1, len(chunks))) as pool:
         list(pool.map(serve, range(len(chunks))))

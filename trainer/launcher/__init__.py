@@ -1,6 +1,8 @@
 """The launcher's rooms, which ``kubetune.trainer.launch`` goes through in order for one
 run of the recipe process(es):
 
+- ``previous_run``: another run's output in the output_dir (a fresh run's, neither resumed
+  nor complete): "a new run: …" naming what changed, and that output moved aside whole;
 - ``child_env``: the recipe's environment (ours less the secrets, offline, the plan's
   worker variables) and the terminal its progress bar draws on;
 - ``supervision``: start the recipe, stream its output through redact, turn SIGTERM into a

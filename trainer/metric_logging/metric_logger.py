@@ -4,7 +4,8 @@ and, through ``kubetune.trainer.metric_logging.train_progress``, prints one prog
 
 Each line: step, epoch, loss, lr (the learning rate the step trained with: torchtune's
 recipes log the one the scheduler has already moved on to, so a run's first step would
-show the second's), tokens (this step, all ranks), tokens_per_second (as
+show the second's), tokens (this step, all ranks; a DPO step's chosen and rejected answers both), a DPO
+recipe's ``rewards/*`` and ``log_probs/*`` as it logged them, tokens_per_second (as
 the recipe measured it, per device), batch_digest (of the token ids the step trained on,
 all ranks), peak_memory_bytes (CUDA peak reserved on GPU, peak
 resident memory on CPU), time_s since the logger started.
@@ -54,7 +55,11 @@ class JsonLinesMetricLogger:
     """Implements torchtune's MetricLoggerInterface (log, log_dict, log_config, close)."""
 
     def __init__(self, log_dir: str, print_every_s: float = 5.0,
-                 also: Mapping[str, Any] | None = None, **_: Any) -> None:
+                 also: Mapping[str, Any] | None = None, loss_summed_over: int = 1,
+                 **_: Any) -> None:
+        # A recipe that sums its logged loss over its processes (lora_dpo_distributed):
+        # divided here, so that every reader (ours, the user's logger) gets the mean.
+        self._loss_divisor = max(1, int(loss_summed_over))
         self._also = [_instantiate(also)] if also else []
         self._path = Path(log_dir) / METRICS_NAME
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +109,8 @@ class JsonLinesMetricLogger:
         self._write({name: data}, step)
 
     def log_dict(self, payload: Mapping[str, Any], step: int) -> None:
+        if self._loss_divisor > 1 and "loss" in payload:
+            payload = {**payload, "loss": float(_scalar(payload["loss"])) / self._loss_divisor}
         for other in self._also:
             other.log_dict(payload, step)
         self._write(payload, step)

@@ -23,6 +23,7 @@ from kubetune.workspace import answers_record
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
+from kubetune.trainer.metric_logging.train_progress import REWARD_ACCURACY, REWARD_MARGIN
 
 log = logging.getLogger("trainer")
 
@@ -74,6 +75,19 @@ def _fmt(value, spec: str = "") -> str:
     return "?" if value is None else format(value, spec)
 
 
+def _preference_facts(steps: list[dict]) -> list[str]:
+    """A DPO run's reward accuracy and margin, first step -> last."""
+    first = next((s for s in steps if REWARD_ACCURACY in s), None)
+    if first is None:
+        return []
+    last = steps[-1]
+    return [f"- reward accuracy: {first[REWARD_ACCURACY]:.2f} -> "
+            f"{last.get(REWARD_ACCURACY, float('nan')):.2f}; reward margin: "
+            f"{first.get(REWARD_MARGIN, float('nan')):.4f} -> "
+            f"{last.get(REWARD_MARGIN, float('nan')):.4f} (how far the tuned model prefers "
+            "the chosen answers over the rejected, beyond the reference)"]
+
+
 def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str) -> str:
     lines = ["# Training report", "", f"**{state}**", ""]
     lines += [f"- {fact}" for fact in _config_facts(output_dir)]
@@ -93,6 +107,7 @@ def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str
     if steps:
         lines.append(f"- loss: {steps[0]['loss']:.4f} (step {steps[0]['step']}) -> "
                      f"{steps[-1]['loss']:.4f} (step {steps[-1]['step']})")
+    lines += _preference_facts(steps)
     lines += validation_report.facts(output_dir)
     if steps:
         lines += ["", f"![loss and learning rate by step]({CURVES_NAME})"]

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kubetune.trainer.performance import model_shape
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
+from kubetune.trainer.metric_logging.train_progress import REWARD_ACCURACY, REWARD_MARGIN
 from kubetune.trainer.metric_logging.validation_numbers import train_data, validation_summary
 from kubetune.trainer.performance.model_shape import parameter_count  # noqa: F401 (part of this module's API)
 
@@ -92,6 +93,18 @@ def _attention_tokens(cfg: DictConfig | None, tokens: int, steps: int,
     return tokens / samples if samples else 0.0
 
 
+def preference_summary(steps: list[dict]) -> dict | None:
+    """A DPO run's reward accuracy and margin, first and last step (None for SFT)."""
+    logged = [s for s in steps if REWARD_ACCURACY in s or REWARD_MARGIN in s]
+    if not logged:
+        return None
+    first, last = logged[0], logged[-1]
+    return {"first_reward_accuracy": first.get(REWARD_ACCURACY),
+            "last_reward_accuracy": last.get(REWARD_ACCURACY),
+            "first_reward_margin": first.get(REWARD_MARGIN),
+            "last_reward_margin": last.get(REWARD_MARGIN)}
+
+
 def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict,
               device: str, world_size: int, checkpoint: str | None, method: str = "full",
               cfg: DictConfig | None = None) -> dict:
@@ -151,6 +164,7 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
         "checkpoint": checkpoint,
         "train_data": train_data(output_dir, cfg),
         "validation": validation_summary(output_dir),
+        "preference": preference_summary(steps),
     }
     name = gpu_name() if device.startswith("cuda") else None
     flops = peak_flops(name) if name else None

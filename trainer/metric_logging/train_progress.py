@@ -25,6 +25,48 @@ from kubetune.trainer.metric_logging.validation_progress import ValidationProgre
 from kubetune.trainer.request import passed_env
 
 COMPONENT = "trainer"
+_drawn: "TrainProgress | None" = None  # the bar on the terminal, in this process
+
+
+def end_bar_line() -> None:
+    """End the bar's line on the terminal before other output reaches it: the bar is
+    drawn with a carriage return and no newline, so a line the recipe prints ("Starting
+    checkpoint save...") would land glued to its end. The next step draws the bar anew
+    on the line below."""
+    bar = getattr(_drawn, "_bar", None)
+    if bar is None or not _drawn._mid_line:
+        return
+    _drawn._mid_line = False
+    try:
+        bar.fp.write("\n")
+        bar.fp.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # the terminal went away: nobody is watching
+
+
+class _EndsBarLine:
+    """A stream (the recipe's stdout or stderr) that ends the bar's line before a write."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text:
+            end_bar_line()
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def keep_output_off_the_bar(environ: Mapping[str, str] | None = None) -> None:
+    """In the recipe process, before the recipe makes its loggers (their handlers keep
+    the stream they were made with): where a bar may be drawn, stdout and stderr end the
+    bar's line before they write."""
+    if passed_env.progress_tty(environ) and not logs.json_mode(environ) \
+            and not isinstance(sys.stderr, _EndsBarLine):
+        sys.stdout = _EndsBarLine(sys.stdout)
+        sys.stderr = _EndsBarLine(sys.stderr)
 
 
 def recipe_plan(recipe: Any) -> tuple[int | None, int | None]:
@@ -34,6 +76,21 @@ def recipe_plan(recipe: Any) -> tuple[int | None, int | None]:
     if not isinstance(epochs, int) or not isinstance(per_epoch, int):
         return None, epochs if isinstance(epochs, int) else None
     return epochs * per_epoch, epochs
+
+
+# What a DPO recipe logs beside its loss: how often the policy prefers the chosen answer
+# more than the reference does, and by how much (its implicit reward's margin).
+REWARD_ACCURACY, REWARD_MARGIN = "rewards/accuracies", "rewards/margins"
+
+
+def reward_parts(record: Mapping[str, Any]) -> list[str]:
+    """The preference numbers a DPO step logged, as the progress line shows them."""
+    parts = []
+    if REWARD_ACCURACY in record:
+        parts.append(f"reward acc {float(record[REWARD_ACCURACY]):.2f}")
+    if REWARD_MARGIN in record:
+        parts.append(f"margin {float(record[REWARD_MARGIN]):.4f}")
+    return parts
 
 
 def format_duration(seconds: float) -> str:
@@ -66,6 +123,7 @@ class TrainProgress:
         self._val_status: dict[str, object] = {}
         self._percent: int | None = None
         self._eta: float | None = None
+        self._mid_line = False  # the bar is the terminal's last output, with no newline
 
     def set_plan(self, total_steps: int | None, total_epochs: int | None) -> None:
         self.total_steps, self.total_epochs = total_steps, total_epochs
@@ -170,9 +228,11 @@ class TrainProgress:
                              mininterval=0, miniters=1)
         self._bar.set_postfix_str(self.postfix(record), refresh=False)
         self._bar.update(step - self._bar.n)
+        global _drawn
+        _drawn, self._mid_line = self, True
 
     def postfix(self, record: Mapping[str, Any]) -> str:
-        parts = [f"loss {float(record['loss']):.4f}"]
+        parts = [f"loss {float(record['loss']):.4f}", *reward_parts(record)]
         if "epoch" in record:
             epoch = int(record["epoch"]) + 1
             parts.insert(0, f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
@@ -189,6 +249,9 @@ class TrainProgress:
             metrics["lr"] = f"{float(record['lr']):.6g}"
         if "tokens_per_second" in record:
             metrics["tokens_per_second"] = f"{float(record['tokens_per_second']):.1f}"
+        for key, name in ((REWARD_ACCURACY, "reward_accuracy"), (REWARD_MARGIN, "reward_margin")):
+            if key in record:
+                metrics[name] = f"{float(record[key]):.6g}"
         metrics["step"] = int(record["step"])
         if self.total_steps:
             metrics["total_steps"] = self.total_steps
@@ -208,6 +271,7 @@ class TrainProgress:
             parts.append(f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
                          else f"epoch {epoch}")
         parts.append(f"loss {float(record['loss']):.4f}")
+        parts += reward_parts(record)
         if "lr" in record:
             parts.append(f"lr {float(record['lr']):.2e}")
         if "tokens_per_second" in record:
@@ -220,11 +284,15 @@ class TrainProgress:
                   "epoch": int(record["epoch"]) + 1 if "epoch" in record else None,
                   "total_epochs": self.total_epochs, "loss": float(record["loss"]),
                   "lr": record.get("lr"), "tokens_per_second": record.get("tokens_per_second"),
-                  "eta_s": None if eta is None else round(eta, 1)}
+                  "eta_s": None if eta is None else round(eta, 1),
+                  **{name: record[key] for key, name in ((REWARD_ACCURACY, "reward_accuracy"),
+                                                         (REWARD_MARGIN, "reward_margin"))
+                     if key in record}}
         return logs.json_line(COMPONENT, "INFO", text, fields)
 
     def close(self) -> None:
         """The recipe is done: whatever is pending goes with the launcher's final report."""
+        self._mid_line = False  # tqdm's close ends the line
         if self._bar is not None:
             try:
                 self._bar.close()

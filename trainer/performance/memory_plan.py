@@ -52,6 +52,9 @@ class Workload:
     world_size: int = 1
     n_adapter: int = 0
     optimizer_in_bwd: bool = False
+    # dpo: each micro-batch row is a pair (chosen and rejected run through the model
+    # together), and full DPO holds a frozen reference copy of the weights besides.
+    objective: str = "sft"
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ def state_bytes(w: Workload) -> float:
         total = q * NF4_BYTES_PER_PARAM + (n - q) * b + 4 * w.n_adapter * b
     else:
         total = n * b + 4 * w.n_adapter * b
+    if w.objective == "dpo" and w.method == "full":
+        total += n * b
     return total / max(1, w.world_size)
 
 
@@ -90,7 +95,7 @@ def layer_activation_bytes_per_token(w: Workload) -> float:
 
 
 def activation_bytes(w: Workload, micro_batch: int, checkpointing: bool) -> float:
-    tokens = micro_batch * w.seq_len
+    tokens = micro_batch * w.seq_len * (2 if w.objective == "dpo" else 1)
     layer = layer_activation_bytes_per_token(w)
     layers = w.dims["num_layers"]
     if checkpointing:

@@ -128,6 +128,7 @@ class Request:
     gpus_per_node: int
     checkpoint_bytes: int | None
     max_nodes: int | None = None
+    objective: str = "sft"  # dpo: pairs per row, and full DPO's frozen reference counted
 
 
 def trainer_fit(r: Request, nodes: int, gpus: int) -> Fit:
@@ -138,7 +139,7 @@ def trainer_fit(r: Request, nodes: int, gpus: int) -> Fit:
     workload = memory_plan.Workload(
         dims=r.dims, method=r.method, dtype=DTYPE, seq_len=r.seq_len,
         world_size=nodes * gpus, n_adapter=adapter_count(r.dims, BASE_LORA, r.method),
-        optimizer_in_bwd=in_backward)
+        optimizer_in_bwd=in_backward, objective=r.objective)
     return fit(workload, r.gpu_memory_bytes, r.batch_size, accumulation, None, in_backward,
                nodes, r.checkpoint_bytes)
 
@@ -169,7 +170,9 @@ def smallest(r: Request) -> Fit:
     """One node with the fewest GPUs that fit; else the fewest nodes with all of theirs.
     A request that fits nowhere, or only on more nodes than ``max_nodes``, or a QLoRA run
     that needs more than one node, is one line saying what would fit."""
-    for gpus in range(1, r.gpus_per_node + 1):
+    # Full DPO has a distributed recipe only (kubetune.trainer.objectives.dpo).
+    fewest = 2 if (r.objective, r.method) == ("dpo", "full") else 1
+    for gpus in range(fewest, r.gpus_per_node + 1):
         one = trainer_fit(r, 1, gpus)
         if one.fits:
             return one

@@ -26,6 +26,7 @@ import importlib.util
 
 from omegaconf import DictConfig, OmegaConf
 
+from kubetune.trainer.config.builder_settings import builder_takes
 from kubetune.trainer.performance import memory_plan, sizing
 from kubetune.trainer.performance.model_shape import adapter_count
 
@@ -106,8 +107,10 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
                          "(compile=False to turn off)")
 
     dataset = cfg.get("dataset")
+    # torchtune's preference datasets refuse to pack ("Packed is currently not supported").
     if (isinstance(dataset, DictConfig) and not _user_set(user_keys, "dataset.packed")
-            and not dataset.get("packed") and mean_chars and rows):
+            and not dataset.get("packed") and mean_chars and rows
+            and objective_of_loss(cfg) != "dpo" and builder_takes(dataset, "packed")):
         tokens_per_sample = mean_chars / CHARS_PER_TOKEN
         packs = rows * tokens_per_sample / max_seq_len
         steps = packs / max(1, int(cfg.get("batch_size") or 1) * world_size)
@@ -155,6 +158,13 @@ def _one_pack_per_forward(cfg: DictConfig) -> list[str]:
             f"holds one pack's activations, not {batch})"]
 
 
+def objective_of_loss(cfg: DictConfig) -> str:
+    """dpo where the config's loss is one of torchtune's preference losses (its DPO
+    recipes'), else sft."""
+    loss = str(OmegaConf.select(cfg, "loss._component_", default="") or "")
+    return "dpo" if loss.startswith("torchtune.rlhf.loss.") else "sft"
+
+
 def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,
                 method: str, dims: dict, gpu_memory_bytes: int, nodes: int,
                 checkpoint_bytes: int | None) -> list[str]:
@@ -171,7 +181,8 @@ def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_l
         # Unpacked batches pad to their longest sample: plan for a full-length one (the
         # tokenizer's max_seq_len; without one, the pack length the plan defaults to).
         seq_len=int(cfg.tokenizer.get("max_seq_len") or max_seq_len), world_size=world_size,
-        n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward)
+        n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward,
+        objective=objective_of_loss(cfg))
     batch, accumulation = batch_sizes(cfg)
     fit = sizing.fit(
         workload, gpu_memory_bytes, batch, accumulation,

@@ -15,7 +15,8 @@ from kubetune.errors import BadInputError
 from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
-from kubetune.trainer.config import config_keys, lora_scale
+from kubetune.trainer.config import builder_settings, config_keys, lora_scale
+from kubetune.trainer.objectives import dpo
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
@@ -126,8 +127,22 @@ def _model_section(cfg: DictConfig, checkpoint: CheckpointModel, method: str,
     return notes
 
 
-def _checkpointer_section(cfg: DictConfig, checkpoint: CheckpointModel) -> None:
-    ckpt_cfg = cfg.get("checkpointer") or OmegaConf.create({})
+def _checkpointer_sections(cfg: DictConfig, checkpoint: CheckpointModel,
+                           user_keys: set[str]) -> None:
+    """Every checkpointer the config has (the policy's ``checkpointer``; DPO's
+    ``ref_checkpointer``, a teacher's...) fitted to its checkpoint on disk: the one given,
+    unless the user named another directory for that section."""
+    _checkpointer_section(cfg, "checkpointer", checkpoint)
+    for name in [k for k in cfg.keys() if str(k).endswith("_checkpointer")]:
+        if not isinstance(cfg.get(name), DictConfig):
+            continue
+        named = f"{name}.checkpoint_dir" in user_keys
+        other = read_checkpoint_model(Path(cfg[name].checkpoint_dir)) if named else checkpoint
+        _checkpointer_section(cfg, str(name), other)
+
+
+def _checkpointer_section(cfg: DictConfig, name: str, checkpoint: CheckpointModel) -> None:
+    ckpt_cfg = cfg.get(name) or OmegaConf.create({})
     ckpt_cfg._component_ = ckpt_cfg.get("_component_",
                                         "torchtune.training.FullModelHFCheckpointer")
     if checkpoint.architecture.checkpointer != HF_CHECKPOINTER:  # a family of ours
@@ -137,7 +152,7 @@ def _checkpointer_section(cfg: DictConfig, checkpoint: CheckpointModel) -> None:
     ckpt_cfg.model_type = checkpoint.architecture.model_type
     ckpt_cfg.output_dir = "${output_dir}"
     ckpt_cfg.recipe_checkpoint = None
-    cfg.checkpointer = ckpt_cfg
+    cfg[name] = ckpt_cfg
 
 
 def _given_tokenizer_fits(given: Path, ours: Path, model_dir: Path) -> bool:
@@ -305,7 +320,17 @@ def check_request(request: TuneRunRequest) -> list[str]:
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg)
+    if _builder_named(_override_keys(request.overrides), request.config):
+        notes += builder_settings.fit(cfg, _override_keys(request.overrides),
+                                      request.spellings, _user_config_file(request.config))
     return notes
+
+
+def _builder_named(user_keys: set[str], config_name: str) -> bool:
+    """The user chose the dataset builder: the plan will not replace it by the data's
+    shape (``dataset_shape``), so what it takes can be checked before the data is read."""
+    return bool({"dataset", "dataset._component_"} & user_keys) \
+        or _user_config_file(config_name)
 
 
 def plan(request: TuneRunRequest, workspace: Workspace,
@@ -346,34 +371,22 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     if hw.device == "cpu" and cfg.get("enable_activation_offloading"):
         cfg.enable_activation_offloading = False
         notes.append("activation offloading needs CUDA: off on cpu")
-    builder_named = bool({"dataset", "dataset._component_"} & user_keys) \
-        or _user_config_file(request.config)
-    found = _locate_data(cfg, workspace, notes, builder_named, request.spellings)
+    builder_named = _builder_named(user_keys, request.config)
+    users_config = _user_config_file(request.config)
+    if builder_named:  # before the data is read: a setting it cannot take is named first
+        notes += builder_settings.fit(cfg, user_keys, request.spellings, users_config)
+    found = _locate_data(cfg, workspace, notes, builder_named, request.spellings,
+                         dpo.is_dpo(request.recipe) or dpo.is_dpo(Path(recipe_path).stem))
     notes += chat_template_plan.plan(cfg, checkpoint.model_dir, found)
     compile_before = bool(cfg.get("compile"))
     sizes_before = speed.batch_sizes(cfg)
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
                              checkpoint_bytes)
 
-    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
-        base, "tokenizer.max_seq_len", default=None) is not None
-    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
-        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
-        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
-    notes += _metric_logger_section(cfg, user_keys, request.config)
-    _kubetune_section(cfg, workspace)
-    notes += heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
-    cfg.kubetune.count_cut_samples = not limit_chosen
-    # A warm-up the user chose stays; the config's is capped to the run's length in the
-    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
-    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
-                                   or _user_config_file(request.config))
-    # Compile switched on by our speed default, not asked for: its fallback's line says so.
-    cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
-    # The sizes as the config and arguments gave them, where a speed rule runs them as
-    # others (the same effective batch): a line about them then speaks in the user's.
-    changed = speed.batch_sizes(cfg) != sizes_before
-    cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
+    notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
+                           compile_before, sizes_before)
+    notes += _objective_and_held_out(cfg, request, recipe_path, topo, workspace, found,
+                                     user_keys, users_config)
     check_values(cfg)
     if found is not None:
         # The rows trained on: a held-out fraction's are not.
@@ -388,6 +401,43 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
                    notes=notes)
+
+
+def _objective_and_held_out(cfg: DictConfig, request: TuneRunRequest, recipe_path,
+                            topo: topology.Topology, workspace: Workspace, found,
+                            user_keys: set[str], users_config: bool) -> list[str]:
+    """What the objective's recipe logs, the held-out set, and the dataset keys fitted to
+    what its builders take (``dataset_val``'s too, now that it exists)."""
+    if Path(recipe_path).stem in dpo.LOSS_SUMMED_OVER_RANKS and topo.world_size > 1:
+        cfg.metric_logger.loss_summed_over = topo.world_size  # the 1-process loss's meaning
+    notes = heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
+    return notes + builder_settings.fit(cfg, user_keys, request.spellings, users_config)
+
+
+def _our_sections(cfg: DictConfig, base: DictConfig, request: TuneRunRequest,
+                  user_keys: set[str], workspace: Workspace, checkpoint: CheckpointModel,
+                  compile_before: bool, sizes_before: tuple) -> list[str]:
+    """The context limit, the metric logger and the ``kubetune`` section: what the recipe
+    process reads about how the user's request became this config."""
+    limit_chosen = "tokenizer.max_seq_len" in user_keys or OmegaConf.select(
+        base, "tokenizer.max_seq_len", default=None) is not None
+    if not limit_chosen and cfg.tokenizer.get("max_seq_len") is None:
+        # Unlimited, a sample longer than the model's context crashes the recipe mid-run.
+        cfg.tokenizer.max_seq_len = checkpoint.max_seq_len
+    notes = _metric_logger_section(cfg, user_keys, request.config)
+    _kubetune_section(cfg, workspace)
+    cfg.kubetune.count_cut_samples = not limit_chosen
+    # A warm-up the user chose stays; the config's is capped to the run's length in the
+    # recipe process, where that is known exactly (`recipe_process/warmup_cap.py`).
+    cfg.kubetune.cap_warmup = not (WARMUP_KEY in user_keys
+                                   or _user_config_file(request.config))
+    # Compile switched on by our speed default, not asked for: its fallback's line says so.
+    cfg.kubetune.compile_default = bool(cfg.get("compile")) and not compile_before
+    # The sizes as the config and arguments gave them, where a speed rule runs them as
+    # others (the same effective batch): a line about them then speaks in the user's.
+    changed = speed.batch_sizes(cfg) != sizes_before
+    cfg.kubetune.asked_sizes = list(sizes_before) if changed else None
+    return notes
 
 
 def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distributed: bool,
@@ -407,6 +457,8 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
     notes += methods.check_recipe(request.recipe, method, topo)
     if not distributed:
         topo = topology.Topology(1, 1, 0, None)
+    if dpo.is_dpo(Path(recipe_path).stem):
+        dpo.check_method(method, topo)
     return hw, distributed, topo
 
 
@@ -429,14 +481,14 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
             notes.append(f"{excess} (the rank is config {request.config}'s default)")
     if method == "qlora":
         check_nf4(checkpoint.architecture.dims)
-    _checkpointer_section(cfg, checkpoint)
+    _checkpointer_sections(cfg, checkpoint, user_keys)
     taken = _tokenizer_section(cfg, checkpoint, user_keys)
     config_keys.check_rebuilt_sections([k for k in in_order if k not in taken], cfg)
     return notes
 
 
 def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builder_named: bool,
-                 spellings: dict[str, str]):
+                 spellings: dict[str, str], preference: bool = False):
     """Point the dataset at local files, choose the builder for their shape where the
     user named none, and check them; the sample found, if any."""
     if "dataset" not in cfg:
@@ -446,7 +498,10 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builde
         dataset_check.check_split(cfg.dataset)
     found = dataset_check.sample(cfg.dataset)  # the training split's rows only
     if found is not None:
-        if dataset_shape.may_detect(cfg.dataset, builder_named):
+        if preference and isinstance(cfg.dataset, DictConfig):
+            chosen = dpo.choose_builder(cfg.dataset, found, builder_named, spellings)
+            notes += [chosen] if chosen else []
+        elif dataset_shape.may_detect(cfg.dataset, builder_named):
             notes.append(dataset_shape.choose(cfg.dataset, found, spellings))
         dataset_shape.reads_chat(cfg.dataset)
         csv_text.read_as_text(cfg.dataset, found)
@@ -493,6 +548,7 @@ def _resume(cfg: DictConfig, notes: list[str], inputs: str):
     cfg.resume_from_checkpoint = False
     fingerprint = resume.fingerprint(cfg, inputs)
     cfg.kubetune.fingerprint = fingerprint
+    cfg.kubetune.inputs = inputs  # the next run in this output_dir says which changed
     earlier = resume.read_record(Path(cfg.output_dir))
     resumed = resume.apply(cfg, Path(cfg.output_dir), fingerprint)
     if resumed is None and earlier is not None and earlier.fingerprint != fingerprint:

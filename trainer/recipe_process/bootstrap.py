@@ -24,6 +24,7 @@ from kubetune import logs
 from kubetune.trainer.recipe_process import (cpu_adapt, dataset_features, failure_report,
                                              fallbacks, recipe_hooks, recipe_noise,
                                              run_sanity, tokenized_data)
+from kubetune.trainer.metric_logging import train_progress
 from kubetune.trainer.request import passed_env
 from kubetune.trainer.recipe_process.step_guard import EarlyStopped, Guard, StopRequested
 
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
         die_with_parent()  # torchrun's workers go when torchrun goes
     recipe_noise.quiet()  # before torchtune and torchao are imported
+    train_progress.keep_output_off_the_bar()  # before the recipe's loggers are made
     cpu_adapt.apply()
     dataset_features.apply()
     _log_to_stderr()

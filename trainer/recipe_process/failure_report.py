@@ -15,7 +15,7 @@ import logging
 import sys
 from typing import Iterator
 
-from kubetune.errors import EXIT_BAD_INPUT
+from kubetune.errors import EXIT_BAD_INPUT, BadInputError
 from kubetune.trainer.failures.failure_record import (FailureRecord, record_path,
                                                       write_failure_record)
 from kubetune.trainer.recipe_process import run_sanity
@@ -71,7 +71,9 @@ def bad_input(kind: str, message: str) -> FailureRecord:
 
 # The refusals, most specific first: their message is already the user's line.
 _REFUSALS = ((run_sanity.NoStepError, "no_step"), (run_sanity.NonFiniteError, "non_finite"),
-             (run_sanity.RunRefused, "refused"), (NoFallbackError, "no_fallback"))
+             (run_sanity.RunRefused, "refused"), (NoFallbackError, "no_fallback"),
+             # A component of ours (the preference builder) refusing the user's data.
+             (BadInputError, "bad_input"))
 
 
 def _match(exc: BaseException) -> tuple[BaseException, FailureRecord] | None:

@@ -58,9 +58,20 @@ class EarlyStopped(StopRequested):
         self.recipe = recipe
 
 
+def batch_parts(batch: Any) -> tuple[Any, Any]:
+    """A micro-batch's token ids and labels: an SFT batch's ``tokens`` and ``labels``; a
+    DPO batch (``padded_collate_dpo``) is the tuple (input ids, labels) of its chosen and
+    rejected rows stacked."""
+    if isinstance(batch, dict):
+        return batch.get("tokens"), batch.get("labels")
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    return None, None
+
+
 def batch_digest(batch: Any, hasher: "hashlib._Hash") -> None:
     """Feed what a micro-batch trains on (its token ids) into ``hasher``."""
-    tokens = batch.get("tokens") if isinstance(batch, dict) else None
+    tokens = batch_parts(batch)[0]
     if tokens is not None:
         hasher.update(tokens.detach().cpu().contiguous().numpy().tobytes())
 
@@ -297,7 +308,7 @@ class GuardedLoader:
             except StopIteration:
                 return
             seen += 1
-            labels = batch.get("labels") if isinstance(batch, dict) else None
+            labels = batch_parts(batch)[1]
             if labels is not None:
                 ignore = getattr(getattr(recipe, "_loss_fn", None), "ignore_index", -100)
                 step_tokens += int((labels != ignore).sum())

@@ -24,12 +24,11 @@ forwards of that length, without gradients.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from kubetune import redact as redact_module
 from kubetune.workspace import answers_record
@@ -160,22 +159,6 @@ def _decode(tokenizer: Any, ids: list[int], *, keep_special: bool) -> str:
     return tokenizer.decode(ids)
 
 
-@contextlib.contextmanager
-def _evaluating(model: Any, device: Any) -> Iterator[None]:
-    """Eval mode and no gradients, the RNG untouched; each module's own mode restored."""
-    import torch
-
-    modes = [(module, module.training) for module in model.modules()]
-    devices = [device] if getattr(device, "type", None) == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            model.eval()
-            yield
-    finally:
-        for module, training in modes:
-            module.training = training
-
-
 def _logits_at(output: Any, position: int) -> Any:
     """The logits at ``position`` of the first row; a chunked output (the recipes'
     ``set_num_output_chunks``) is a list of pieces along the sequence."""
@@ -240,7 +223,9 @@ def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int)
         return []
     length = min(context, max(len(a.prompt) for a in asked) + max_new_tokens)
     stops, device = _stop_tokens(tokenizer), _device(recipe)
-    with _evaluating(model, device):
+    from kubetune.trainer.validation.val_loop import training_state_kept
+
+    with training_state_kept(model, device):
         answers = [greedy(model, a.prompt, max_new_tokens, length, stops, device)
                    for a in asked]
     return [_masked({"prompt": _decode(tokenizer, a.prompt, keep_special=True),

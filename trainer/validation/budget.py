@@ -18,7 +18,7 @@ from typing import Any
 
 SHARE = 0.05  # of the run's compute
 FORWARD_PER_STEP = 3.0  # a training step's work, in forwards of the same tokens
-MIN_ROWS = 200
+MIN_ROWS = 100
 
 
 def _tokens(dataset: Any) -> int | None:

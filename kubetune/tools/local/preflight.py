@@ -85,7 +85,8 @@ def check_combinations(o: Options, option_names: set[str],
         raise BadInputError(f"with --runtime, set {', '.join(o.settings_in_shell)} in the "
                             "TrainJob's spec.trainer.env, not in this shell: the runtime's "
                             "pods get only the TrainJob's env")
-    ignored = sorted(({"method", "export_uri"} | TRAINER_OPTIONS) & on_command_line)
+    ignored = sorted(({"method", "objective", "export_uri"} | TRAINER_OPTIONS)
+                     & on_command_line)
     if o.runtime_path is not None and ignored:
         flags = "/".join("--" + name.replace("_", "-") for name in ignored)
         raise BadInputError(f"with --runtime, {flags} would be ignored: the runtime and the "

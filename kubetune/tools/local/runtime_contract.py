@@ -266,29 +266,18 @@ class ContractError(BadInputError):
         self.lines = lines
 
 
-def _schema_errors(doc: dict, path: Path) -> list[str]:
-    """The CRD schema's problems (unknown fields, wrong types) of one document.
-
-    WIRE F's CHECK HERE (issue 43 §3) once branch F is merged:
-        from kubetune.tools.local import manifest_schema
-        return [f"{path}: {line}" for line in manifest_schema.problems(doc)]
-    Until then the schema is not checked here (and [] is returned)."""
-    return []
-
-
 def check_files(runtime_path: Path, trainjob_path: Path | None = None
                 ) -> tuple[dict, dict | None]:
-    """The runtime and the TrainJob read, then checked against the CRD schema and our
-    contract: raise ContractError naming every violation, before anything merges or runs.
-    A file that cannot be read as a runtime or TrainJob at all is one BadInputError."""
+    """The runtime and the TrainJob read, then checked against our contract: raise
+    ContractError naming every violation, before anything merges or runs. Reading them
+    checks them against the CRD schema first (``runtime_spec`` through ``manifest_schema``,
+    as `kubectl apply` would): an unknown field or a wrong type is one BadInputError, and a
+    file that cannot be read as a runtime or TrainJob at all too."""
     from kubetune.tools.local.runtime_spec import load_runtime, load_trainjob
 
     runtime = load_runtime(runtime_path)
     trainjob = load_trainjob(trainjob_path) if trainjob_path else None
-    lines = _schema_errors(runtime, runtime_path)
-    if trainjob is not None:
-        lines += _schema_errors(trainjob, trainjob_path)
-    lines += problems(runtime, runtime_path, trainjob, trainjob_path)
+    lines = problems(runtime, runtime_path, trainjob, trainjob_path)
     if lines:
         raise ContractError(lines)
     return runtime, trainjob

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from kubetune.errors import BadInputError
+from kubetune.tools.local import manifest_schema
 
 API_GROUP = "trainer.kubeflow.org"
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
@@ -43,6 +44,7 @@ def _load_one(path: Path, kinds: tuple[str, ...]) -> dict[str, Any]:
 def load_runtime(path: Path) -> dict[str, Any]:
     """The (Cluster)TrainingRuntime in ``path``, checked for what running it needs."""
     doc = _load_one(Path(path), RUNTIME_KINDS)
+    manifest_schema.check(doc, path)
     jobs = (((doc.get("spec") or {}).get("template") or {}).get("spec") or {}) \
         .get("replicatedJobs")
     if not jobs:
@@ -53,6 +55,7 @@ def load_runtime(path: Path) -> dict[str, Any]:
 def load_trainjob(path: Path) -> dict[str, Any]:
     """The TrainJob in ``path``."""
     doc = _load_one(Path(path), (TRAINJOB_KIND,))
+    manifest_schema.check(doc, path)
     if not ((doc.get("spec") or {}).get("runtimeRef") or {}).get("name"):
         raise BadInputError(f"{path}: spec.runtimeRef.name is required")
     return doc

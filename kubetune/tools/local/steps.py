@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import re
 import signal
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from kubetune import env
+from kubetune import env, logs
 from kubetune.errors import StepFailedError
 from kubetune.parent_death import die_with_parent
 
@@ -164,12 +165,14 @@ def _forward(signum: int, frame=None) -> None:
         # A second signal: whoever sent it will not wait for the saves; kill the steps,
         # as the kubelet does when the grace period is over.
         _kill_steps()
-        _emit("==> a second signal: killed the running steps\n", wait=False)
+        _emit(own_line("==> a second signal: killed the running steps", "WARNING"),
+              wait=False)
         return
     _stop_signal = signum
     for pid in list(_running):
         _signal_step(pid, STEP_STOP_SIGNAL)
-    _emit(f"==> {signal.Signals(signum).name}: stopping the running steps\n", wait=False)
+    _emit(own_line(f"==> {signal.Signals(signum).name}: stopping the running steps",
+                   "WARNING"), wait=False)
 
 
 def stop_remaining_steps(grace_s: float = EXIT_GRACE_S) -> None:
@@ -207,10 +210,20 @@ def forwarding_signals() -> Iterator[None]:
                 signal.signal(signum, handler)
 
 
-def emit(line: str) -> None:
+def emit(line: str, raw: bool = False) -> None:
     """Write one line to stdout without interleaving with the steps' output; a stdout
-    that is gone (a closed pipe or terminal) drops it."""
+    that is gone (a closed pipe or terminal) drops it. With KUBETUNE_LOG_FORMAT=json each
+    of its lines becomes a JSON object (``raw``: a document asked for, printed as is)."""
+    if logs.json_mode() and not raw:
+        line = "".join(_as_json(text) for text in line.splitlines() if text.strip())
     _emit(line)
+
+
+def _as_json(text: str) -> str:
+    if text.startswith("{"):
+        return text + "\n"
+    level = "WARNING" if text.startswith("warning: ") else "INFO"
+    return own_line(text.removeprefix("warning: "), level)
 
 
 def _emit(line: str, wait: bool = True) -> None:
@@ -256,9 +269,34 @@ def flush_or_discard_output() -> None:
             _discard(stream)
 
 
+def own_line(message: str, level: str = "INFO", **fields: object) -> str:
+    """A line of kubetune local's own (``==>``, the summary): text as it reads, or, with
+    KUBETUNE_LOG_FORMAT=json, one JSON object whose message is the text without its
+    ``==> ``."""
+    if not logs.json_mode():
+        return message + "\n"
+    return logs.json_line("local", level, message.removeprefix("==> "), fields) + "\n"
+
+
+def step_line(name: str, text: str) -> str:
+    """A step's output line as kubetune local prints it: ``[name] `` before it, or, in
+    JSON mode, the step's own JSON object (a line it printed otherwise wrapped in one)
+    with the step named in it."""
+    if not logs.json_mode():
+        return f"[{name}] {text}\n"
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        return logs.json_line(name, "INFO", text, {"step": name, "source": "output"}) + "\n"
+    record.setdefault("step", name)
+    return json.dumps(record, default=str) + "\n"
+
+
 def _pump(name: str, pipe) -> None:
     for raw in iter(pipe.readline, b""):
-        _emit(f"[{name}] {raw.decode('utf-8', 'replace').rstrip()}\n")
+        _emit(step_line(name, raw.decode("utf-8", "replace").rstrip()))
 
 
 def termination_log(logs_dir: Path, name: str) -> Path:
@@ -330,7 +368,10 @@ def run_stages(stages: list[list[Step]], logs_dir: Path) -> list[StepResult]:
         for step in stage:
             result = results[step.name]
             finished.append(result)
-            _emit(f"==> {step.name}: {status_text(result)} in {result.seconds:.1f}s\n")
+            _emit(own_line(f"==> {step.name}: {status_text(result)} in "
+                           f"{result.seconds:.1f}s", "INFO" if result.exit_code == 0
+                           else "ERROR", step=step.name, exit_code=result.exit_code,
+                           seconds=round(result.seconds, 1)))
         failed = [results[s.name] for s in stage if results[s.name].exit_code != 0]
         if failed:
             first = failed[0]

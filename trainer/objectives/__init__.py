@@ -1,0 +1,17 @@
+"""Training objectives beyond imitation, each a module of its own on the same rails as
+SFT (the launcher, the step guard, the reports, the exporter):
+
+- ``dpo``: preference tuning; torchtune's DPO recipe and config for a method on a
+  topology, the preference builder chosen for the data, the recipes' quirks the
+  launcher corrects;
+- ``preference_rows``: preference rows in the shapes users have (TRL's standard,
+  conversational and implicit-prompt, torchtune's, HH-RLHF's) read as a prompt and two
+  answers, without torch;
+- ``preference_data``: the builder a DPO config's ``dataset`` names
+  (``_component_: kubetune.trainer.objectives.preference_data.preference_dataset``);
+- ``choice``: the objective a run asks for (``--objective``) -> recipe and config; a new
+  objective (distillation) is one more entry there and a module beside ``dpo``.
+
+Imported by ``planning`` (the recipe and the builder) and, by ``_component_`` path, by
+the recipe process.
+"""
