@@ -5,9 +5,12 @@ many as cells ran at once) load every export with transformers / PEFT.
 
 Every cell trains the same way: 2 optimizer steps of batch 2 per process on 16 short rows,
 measured on 8 held-out rows (the data's test split: the base before the first step, then
-after each step), fp32 (the tolerance of the exporter's own logits check assumes it), no warm-up, and
-LoRA-family methods on every attention and MLP projection (and the output where
-`all-linear` reaches it).
+after each step), fp32 (the tolerance of the exporter's own logits check assumes it), no
+warm-up, and LoRA-family methods on every attention and MLP projection (and the output
+where `all-linear` reaches it). The held-out answers (base and tuned, greedy) depend on
+the family's tokenizer and model, not on the method or topology: the fast subset's cells
+(every family) answer and must record them; the others ask for none
+(`kubetune.val_prompts=0`), which saves their generation.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubetune.workspace import ANSWERS_NAME
 from tests.support import tiny_tokenizers
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.runtimes import initializer_uris, runtime_file, write_trainjob
-from tests.support.support_matrix import GANG, LAYOUT, MODEL, Cell, runtime_for
+from tests.support.support_matrix import FAST, GANG, LAYOUT, MODEL, Cell, runtime_for
 
 HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
 LOAD_EXPORTS = REPO / "tests/support/load_adapter.py"
@@ -109,7 +113,16 @@ class CellRun:
         v = self.validation or {}
         finite = all(isinstance(v.get(k), float) and math.isfinite(v[k])
                      for k in ("base_val_loss", "last_val_loss"))
-        return finite and v.get("last_step") == STEPS and v.get("split") == "test"
+        return finite and v.get("last_step") == STEPS and v.get("split") == "test" \
+            and (self.answered if self.cell in FAST else not self.answered)
+
+    @property
+    def answered(self) -> bool:
+        """Held-out prompts answered by the base and by the tuned model."""
+        record = self.workspace / "output" / ANSWERS_NAME
+        prompts = json.loads(record.read_text()).get("prompts") if record.is_file() else None
+        return bool(prompts) and all(isinstance(p.get("base"), str) and
+                                     isinstance(p.get("tuned"), str) for p in prompts)
 
     @property
     def error_lines(self) -> list[str]:
@@ -147,13 +160,14 @@ def trainjob_spec(cell: Cell, runtime: str, model_dir: Path, dataset_dir: Path) 
     from tests.support.sdk_trainjob import sdk_trainjob_spec, use_local_sources
 
     nodes, processes = LAYOUT[cell.topology]
+    quiet = [] if cell in FAST else ["kubetune.val_prompts=0"]  # no answers: see the top
     if runtime.startswith("torchtune-"):  # the SDK's BuiltinTrainer, as a notebook sends it
         spec = use_local_sources(
             sdk_trainjob_spec(runtime_file(runtime), batch_size=2, peft=_peft_spec(cell),
                               gpus=processes), model_dir, dataset_dir)
         spec["trainer"]["numNodes"] = nodes
         spec["trainer"]["numProcPerNode"] = processes
-        spec["trainer"]["args"] += TUNE_ARGS + (
+        spec["trainer"]["args"] += TUNE_ARGS + quiet + (
             ["lr_scheduler.num_warmup_steps=0"] if cell.method != "full" else [])
         return spec
     if runtime == GANG:  # one stage per node: sources from the trainer's env
@@ -162,9 +176,10 @@ def trainjob_spec(cell: Cell, runtime: str, model_dir: Path, dataset_dir: Path) 
             "env": [{"name": "MODEL_URI", "value": f"file://{model_dir}"},
                     {"name": "DATASET_URI", "value": f"file://{dataset_dir}"}],
             "args": ["epochs=1", "batch_size=2", "dataset=torchtune.datasets.instruct_dataset",
-                     "dataset.split=train", *TUNE_ARGS]}}
+                     "dataset.split=train", *TUNE_ARGS, *quiet]}}
     env = {**TRAIN_ENV, "KUBETUNE_METHOD": cell.method,
-           **(PEFT_ENV if cell.method != "full" else {})}
+           **(PEFT_ENV if cell.method != "full" else {}),
+           **({} if cell in FAST else {"KUBETUNE_VAL_PROMPTS": "0"})}
     return {**initializer_uris(f"file://{model_dir}", f"file://{dataset_dir}"),
             "trainer": {"numNodes": nodes, "numProcPerNode": processes,
                         "env": [{"name": k, "value": v} for k, v in env.items()]}}

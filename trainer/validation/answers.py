@@ -18,8 +18,8 @@ Every rank runs the same forwards: FSDP's collectives match only then. Rank 0's 
 broadcast at each step, so every rank stops at the same step, and each forward has one
 shape, the longest prompt plus ``max_new_tokens`` (within the context), the rest right
 padding (causal attention: later positions change nothing before them), so a compiled
-model compiles once. No KV cache: the cost is at most ``prompts x max_new_tokens``
-forwards of that length, without gradients.
+model compiles once. The prompts are answered as one batch: no KV cache, the cost is at
+most ``max_new_tokens`` forwards of ``prompts`` rows of that length, without gradients.
 """
 
 from __future__ import annotations
@@ -153,56 +153,85 @@ def _decode(tokenizer: Any, ids: list[int], *, keep_special: bool) -> str:
         # Each tokenizer skips its own special tokens differently (Qwen's keep them by
         # default): drop them by id, so every family reads the same.
         special = _special_tokens(tokenizer)
-        return tokenizer.decode([t for t in ids if t not in special])
-    if "skip_special_tokens" in inspect.signature(tokenizer.decode).parameters:
+        ids = [t for t in ids if t not in special]
+    try:
+        return _decode_all(tokenizer, ids, keep_special)
+    except Exception:
+        # A model's embedding often has rows past its tokenizer's vocabulary (padded to a
+        # multiple; Phi-3's 32064 against 32011 pieces): a model that picks one answers
+        # without it, as a tokenizer cannot spell it.
+        return _decode_all(tokenizer, [t for t in ids if _spells(tokenizer, t)], keep_special)
+
+
+def _decode_all(tokenizer: Any, ids: list[int], keep_special: bool) -> str:
+    if keep_special and "skip_special_tokens" in inspect.signature(tokenizer.decode).parameters:
         return tokenizer.decode(ids, skip_special_tokens=False)
     return tokenizer.decode(ids)
 
 
-def _logits_at(output: Any, position: int) -> Any:
-    """The logits at ``position`` of the first row; a chunked output (the recipes'
+def _spells(tokenizer: Any, token: int) -> bool:
+    try:
+        tokenizer.decode([token])
+        return True
+    except Exception:
+        return False
+
+
+def _logits_at(output: Any, row: int, position: int) -> Any:
+    """The logits at ``position`` of ``row``; a chunked output (the recipes'
     ``set_num_output_chunks``) is a list of pieces along the sequence."""
     if isinstance(output, (list, tuple)):
         for piece in output:
             if position < piece.shape[1]:
-                return piece[0, position]
+                return piece[row, position]
             position -= piece.shape[1]
         raise IndexError("position past the model's output")
-    return output[0, position]
+    return output[row, position]
 
 
-def _broadcast_from_first(token: Any) -> Any:
+def _broadcast_from_first(tokens: Any) -> Any:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(token, src=0)
-    return token
+        dist.broadcast(tokens, src=0)
+    return tokens
 
 
-def greedy(model: Any, prompt: list[int], new_tokens: int, length: int, stops: set[int],
-           device: Any) -> list[int]:
-    """Greedy continuation of ``prompt``, at most ``new_tokens`` tokens, ended before a stop
-    token; every forward is ``length`` tokens long (right padded)."""
+def greedy(model: Any, prompts: Sequence[list[int]], new_tokens: int, length: int,
+           stops: set[int], device: Any) -> list[list[int]]:
+    """Greedy continuations of ``prompts``, answered together (one forward per new token
+    for all of them), each at most ``new_tokens`` tokens and ended before a stop token;
+    every forward is ``len(prompts) x length`` tokens (right padded)."""
     import torch
 
     # The padding is never attended to (it follows every position read): any id in the
     # vocabulary does, and 0 is in every one (a tokenizer's pad id need not be).
-    sequence = torch.zeros((1, length), dtype=torch.long, device=device)
-    sequence[0, :len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
-    position, answer = len(prompt), []
-    for _ in range(min(new_tokens, length - len(prompt))):
+    sequence = torch.zeros((len(prompts), length), dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        sequence[row, :len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    positions = [len(p) for p in prompts]
+    # A row answers until its stop token, its token budget or the end of the sequence.
+    budgets = [min(new_tokens, length - len(p)) for p in prompts]
+    answers: list[list[int]] = [[] for _ in prompts]
+    active = [row for row in range(len(prompts)) if budgets[row] > 0]
+    while active:
         output = model(sequence)
         if getattr(model, "output_hidden_states", None):  # hidden states first, logits last
             output = output[-1]
-        logits = _logits_at(output, position - 1)
-        token = _broadcast_from_first(logits.argmax().reshape(1).to(torch.long))
-        chosen = int(token.item())
-        if chosen in stops:
-            break
-        answer.append(chosen)
-        sequence[0, position] = chosen
-        position += 1
-    return answer
+        chosen = torch.stack([_logits_at(output, row, positions[row] - 1).argmax()
+                              for row in active]).to(torch.long)
+        chosen = _broadcast_from_first(chosen).tolist()  # every rank goes on alike
+        still = []
+        for row, token in zip(active, chosen):
+            if token in stops:
+                continue
+            answers[row].append(token)
+            sequence[row, positions[row]] = token
+            positions[row] += 1
+            if len(answers[row]) < budgets[row]:
+                still.append(row)
+        active = still
+    return answers
 
 
 def _device(recipe: Any) -> Any:
@@ -226,8 +255,8 @@ def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int)
     from kubetune.trainer.validation.val_loop import training_state_kept
 
     with training_state_kept(model, device):
-        answers = [greedy(model, a.prompt, max_new_tokens, length, stops, device)
-                   for a in asked]
+        answers = greedy(model, [a.prompt for a in asked], max_new_tokens, length, stops,
+                         device)
     return [_masked({"prompt": _decode(tokenizer, a.prompt, keep_special=True),
                      "reference": _decode(tokenizer, a.reference, keep_special=False),
                      "answer": _decode(tokenizer, ids, keep_special=False)})
