@@ -28,6 +28,7 @@ from pathlib import Path
 
 from kubetune import env
 from kubetune.errors import BadInputError
+from kubetune.chat_template.parity import answer_end_tokens
 from kubetune.chat_template.parity import sample_problem as _sample_problem
 from kubetune.exporter import chat_template_render as rendering
 from kubetune.exporter.chat_templates import known_tokenizers, trained_template
@@ -90,6 +91,14 @@ def _encoder(model_dir: Path) -> tuple[rendering.TextTokenizer | None, str]:
         return None, f"the base model's {rendering.TOKENIZER_JSON} does not load ({first})"
 
 
+def _with_answer_ends(stops: list[int], template: str, answered: list[TrainingSample],
+                      encoder: rendering.TextTokenizer, named: dict[str, str]) -> list[int]:
+    """``stops`` and the tokens ``template`` ends an answer with: torchtune's tokenizer
+    knows only its own format's (Gemma's has its eos alone), the template its own."""
+    return sorted(set(stops) | answer_end_tokens(template, [s.messages for s in answered],
+                                                 encoder, named))
+
+
 def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check") -> ChatFormat:
     """The chat template and stop tokens the export carries (``model_dir``: the base model's
     tokenizer files); a base template that prompts otherwise than training is exit 65."""
@@ -123,7 +132,8 @@ def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check"
                                 f"own training ids with this base model's tokenizer: {problem}")
         log.info("chat template: the one the run trained in (the base model's as the trainer "
                  "read it) written to %s, checked on %d sample(s)", where, len(answered))
-        return ChatFormat(recorded, where, stops, {
+        return ChatFormat(recorded, where, _with_answer_ends(stops, recorded, answered,
+                                                             encoder, named), {
             "chat_template": f"trained in (the base's at training), checked on {len(answered)} "
                              "training sample(s)"})
     if base is not None and mode == "check":
@@ -131,7 +141,8 @@ def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check"
         if problem is None:
             log.info("chat template: the base model's (%s) prompts as training did on %d "
                      "sample(s)", base.where, len(answered))
-            return ChatFormat(None, where, stops, {
+            return ChatFormat(None, where, _with_answer_ends(stops, base.text, answered,
+                                                             encoder, named), {
                 "chat_template": f"base's ({base.where}), checked on {len(answered)} "
                                  "training sample(s)"})
         instead = ("replace it with the format the model was trained on: "

@@ -64,3 +64,30 @@ def sample_problem(template: str, number: int, sample,
                 f"ends it with {_quote(encoder.decode(whole[end:end + 8]))}, where generation "
                 "would not stop")
     return None
+
+
+def answer_end_tokens(template: str, conversations: list[list[dict[str, str]]],
+                      encoder: rendering.TextTokenizer, named: dict[str, str]) -> set[int]:
+    """The added tokens ``template`` writes after a final answer's text (Gemma's
+    ``<end_of_turn>``, Phi-3's ``<|end|>``, ChatML's ``<|im_end|>``): a model trained in the
+    template ends its answers with them, so generation stops at them. Read from the
+    conversations that end with an answer; a template's tokens before the answer's text
+    (Qwen3's thinking block) are not among them."""
+    import jinja2
+
+    added, found = encoder.added_ids(), set()
+    for messages in conversations:
+        content = messages[-1]["content"].strip() if messages and \
+            messages[-1]["role"] == "assistant" else ""
+        if not content:
+            continue
+        try:
+            prompt = rendering.render(template, messages[:-1], True, named)
+            whole = rendering.render(template, messages, False, named)
+        except jinja2.TemplateError:
+            continue
+        tail = whole[len(prompt):] if whole.startswith(prompt) else whole
+        at = tail.rfind(content)
+        if at >= 0:
+            found |= {i for i in encoder.encode(tail[at + len(content):]) if i in added}
+    return found

@@ -140,3 +140,7 @@ class TextTokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
+
+    def added_ids(self) -> set[int]:
+        """The ids of the added tokens (the special ones a template writes: turn markers)."""
+        return set(self._tokenizer.get_added_tokens_decoder())

@@ -77,9 +77,11 @@ def render(results: dict[str, dict]) -> str:
               f"`{BYO}` (the model's own runtime does not admit the cell) / `{GANG}`. "
               "65: refused with exit 65 and this one line before any step. "
               "= X: not run; covered by cell X, for the reason noted. Chat template: chat "
-              "data trains in the base's own template and the export carries it (✓ run: a "
-              "real run's merged export renders the training ids; ✓ in-process: the "
-              "trainer's ids equal transformers' apply_chat_template's; docs/trainer.md).")
+              "data (system prompts, several turns) trains in the base's own template and the "
+              "export carries it (✓ run: the family's tiny checkpoint with its instruct "
+              "template trained, and transformers' apply_chat_template on the merged export "
+              "renders the training ids and stops generation at the template's end of turn; "
+              "docs/trainer.md).")
     footnotes = [f"{i}. {text}" for i, text in enumerate(notes.texts, 1)]
     return "\n".join([BEGIN, "", *lines, "", legend, "", *footnotes, "", END])
 

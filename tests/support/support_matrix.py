@@ -60,15 +60,15 @@ MODELS = (
 )
 MODEL = {m.name: m for m in MODELS}
 # Chat data on each model: tests/support/family_chat_templates.py's family whose instruct
-# template it trains in, and whether a real run proves it (tests/test_chat_template_training.py)
-# or the in-process comparison with transformers (tests/test_chat_template_families.py).
+# template it trains in, and what proves it: a real run of the family's tiny checkpoint
+# whose merged export renders the training ids (tests/test_chat_template_training.py).
 CHAT_TEMPLATE = {
     "Llama 3": ("llama3", "run"), "Llama 3.1": ("llama3", "run"), "Llama 3.2": ("llama3", "run"),
-    "Llama 3.3": ("llama3", "run"), "Mistral": ("mistral", "in-process"),
+    "Llama 3.3": ("llama3", "run"), "Mistral": ("mistral", "run"),
     "Qwen2 / Qwen2.5 (7B+)": ("qwen2.5", "run"), "Qwen2 / Qwen2.5 (0.5B-3B)": ("qwen2.5", "run"),
-    "Qwen3 (8B+)": ("qwen3", "in-process"), "Qwen3 (0.6B-4B)": ("qwen3", "in-process"),
-    "Gemma": ("gemma", "in-process"), "Gemma 2": ("gemma2", "in-process"),
-    "Phi-3": ("phi3", "in-process"), "Phi-4": ("phi4", "in-process"),
+    "Qwen3 (8B+)": ("qwen3", "run"), "Qwen3 (0.6B-4B)": ("qwen3", "run"),
+    "Gemma": ("gemma", "run"), "Gemma 2": ("gemma2", "run"),
+    "Phi-3": ("phi3", "run"), "Phi-4": ("phi4", "run"),
 }
 
 

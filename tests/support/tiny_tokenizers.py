@@ -73,6 +73,7 @@ TOKENIZERS = {
 # The turn tokens each sentencepiece family's tokenizer.json adds after its vocabulary.
 SPM_TURN_TOKENS = {"mistral": ("[INST]", "[/INST]"),
                    "gemma": ("<start_of_turn>", "<end_of_turn>"),
+                   "gemma2": ("<start_of_turn>", "<end_of_turn>"),
                    "phi3": PHI3_SPECIAL}
 
 
