@@ -8,6 +8,7 @@ needs, and a serving image has no torchtune anyway.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -32,12 +33,18 @@ TOLERANCE = 1e-4
 def serving_python() -> Path:
     python = SERVING_VENV / "bin" / "python"
     marker = SERVING_VENV / (".installed-" + "-".join(SERVING_PINS))
-    if not marker.is_file():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(SERVING_VENV)], check=True)
-        installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet",
-                                    *SERVING_PINS], capture_output=True, text=True, timeout=1200)
-        assert installed.returncode == 0, installed.stderr[-3000:]
-        marker.write_text("")
+    # Test files run in parallel (pytest-xdist) and several ask for it at once: one builds
+    # it under the lock, the others wait and use it.
+    with open(REPO / ".venv-serving.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.is_file():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(SERVING_VENV)],
+                           check=True)
+            installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet",
+                                        *SERVING_PINS], capture_output=True, text=True,
+                                       timeout=1200)
+            assert installed.returncode == 0, installed.stderr[-3000:]
+            marker.write_text("")
     return python
 
 

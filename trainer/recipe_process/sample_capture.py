@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 from kubetune.atomic_write import write_atomic
 from kubetune.redact import redact
-from kubetune.trainer.data import chat_dataset
 from kubetune.trainer.data.token_cache.dropped import reason_of
 from kubetune.trainer.request import passed_env
 from kubetune.workspace import TRAINING_SAMPLES_NAME
@@ -61,6 +60,10 @@ class Recorder:
         self._original = tokenizer.tokenize_messages
         tokenizer.tokenize_messages = self._tokenize_messages
         self.chat_template: str | None = None  # the base's, where the builder trains in it
+        # Imported here: chat_dataset imports torchtune, which the bootstrap imports only
+        # after recipe_noise has quieted it.
+        from kubetune.trainer.data import chat_dataset
+
         chat_dataset.OBSERVERS.append(self._observe)
 
     def _observe(self, chat: list[dict[str, str]], tokens: list[int], template: str) -> None:
@@ -90,6 +93,8 @@ class Recorder:
 
     def remove(self) -> None:
         self.tokenizer.tokenize_messages = self._original
+        from kubetune.trainer.data import chat_dataset
+
         if self._observe in chat_dataset.OBSERVERS:
             chat_dataset.OBSERVERS.remove(self._observe)
 

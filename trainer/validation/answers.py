@@ -165,8 +165,24 @@ def _decode(tokenizer: Any, ids: list[int], *, keep_special: bool) -> str:
 
 def _decode_all(tokenizer: Any, ids: list[int], keep_special: bool) -> str:
     if keep_special and "skip_special_tokens" in inspect.signature(tokenizer.decode).parameters:
-        return tokenizer.decode(ids, skip_special_tokens=False)
-    return tokenizer.decode(ids)
+        decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    else:
+        decoded = tokenizer.decode(ids)
+    if isinstance(decoded, list):
+        # torchtune 0.6.1's byte-level BPE (Phi-4's) decodes to its tokens' strings, in
+        # GPT-2's byte alphabet: mapped back to bytes, then read as UTF-8.
+        alphabet = getattr(getattr(tokenizer, "tokenizer_model", None), "byte_decoder", {})
+        # Its special tokens decode to None there: their names, as other tokenizers write them.
+        named = {v: k for k, v in (getattr(tokenizer, "special_tokens", None) or {}).items()}
+        if len(decoded) == len(ids):
+            decoded = [named.get(i, "") if p is None else p for i, p in zip(ids, decoded)]
+        data = bytearray()
+        for piece in decoded:
+            for char in piece or "":
+                byte = alphabet.get(char)
+                data += bytes([byte]) if byte is not None else char.encode("utf-8")
+        return data.decode("utf-8", errors="replace")
+    return decoded
 
 
 def _spells(tokenizer: Any, token: int) -> bool:
