@@ -10,6 +10,11 @@ they trained the same batches is checked (every step's loss equal to 1e-5: DPO's
 loss is ln 2 whatever the batch), not assumed. Plain torchtune gets what it needs to load
 the tiny checkpoint (bench/trainer.py's ``loading_overrides``), ours the user's arguments.
 
+CPU: the tiny Llama-3, fp32. GPU (when CUDA is present): bench/trainer.py's
+Llama-3.2-1B-shaped model with random weights, bf16, pairs of about 600 tokens (a paragraph
+of context before the question: the lengths preference data has), peak CUDA memory as each
+recipe logs it.
+
     python bench/dpo.py [--steps 8] [--rows 512] [--repeats 3] [--threads N]
                         [--workdir DIR]
 """
@@ -46,13 +51,16 @@ from kubetune.tools.plain_torchtune import loading_overrides  # noqa: E402
 RECIPE, CONFIG = "lora_dpo_single_device", "llama3_1/8B_lora_dpo_single_device"
 
 
-def write_pairs(directory: Path, rows: int) -> Path:
-    """A sum against a refusal, as torchtune's preference_dataset reads pairs."""
+def write_pairs(directory: Path, rows: int, context_words: int = 0) -> Path:
+    """A sum against a refusal, as torchtune's preference_dataset reads pairs; with
+    ``context_words`` words of context before the question (GPU-sized pairs)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / "train.jsonl", "w") as out:
         for i in range(rows):
             a, b = i % 97, (i * 7) % 89
-            user = {"role": "user", "content": f"What is {a}+{b}?"}
+            context = " ".join(f"w{(i * 31 + k) % 1000}" for k in range(context_words))
+            user = {"role": "user",
+                    "content": (context + "\n" if context else "") + f"What is {a}+{b}?"}
             out.write(json.dumps({
                 "chosen": [user, {"role": "assistant", "content": str(a + b)}],
                 "rejected": [user, {"role": "assistant", "content": "I cannot answer that."}],
@@ -60,27 +68,30 @@ def write_pairs(directory: Path, rows: int) -> Path:
     return directory / "train.jsonl"
 
 
-def run(workdir: Path, model: Path, data: Path, steps: int, threads: int | None) -> dict:
+def run(workdir: Path, model: Path, data: Path, steps: int, threads: int | None,
+        gpu: bool = False) -> dict:
     for side in ("plain", "ours"):
         shutil.rmtree(workdir / side, ignore_errors=True)
+    device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
     user_args = ["dataset._component_=torchtune.datasets.preference_dataset",
                  "dataset.source=json", f"dataset.data_files={data}", "epochs=1",
-                 f"max_steps_per_epoch={steps}", "batch_size=8",
-                 "gradient_accumulation_steps=1", "dtype=fp32", "seed=0",
+                 f"max_steps_per_epoch={steps}", f"batch_size={4 if gpu else 8}",
+                 "gradient_accumulation_steps=1", f"dtype={dtype}", "seed=0",
                  f"checkpointer.checkpoint_dir={model}",
                  f"tokenizer.path={model / 'original' / 'tokenizer.model'}",
                  # The config's 1024 exceeds the tiny model's positions; ours caps it alike.
-                 "tokenizer.max_seq_len=512", "lr_scheduler.num_warmup_steps=0"]
+                 f"tokenizer.max_seq_len={1024 if gpu else 512}",
+                 "lr_scheduler.num_warmup_steps=0"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
     env["TQDM_DISABLE"] = "1"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     plain_out = workdir / "plain"
     plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", RECIPE, "--config",
-                 CONFIG, *user_args, f"output_dir={plain_out}", "device=cpu",
+                 CONFIG, *user_args, f"output_dir={plain_out}", f"device={device}",
                  *loading_overrides(model),
                  "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
-                 f"metric_logger.log_dir={plain_out / 'logs'}", "log_peak_memory_stats=False",
+                 f"metric_logger.log_dir={plain_out / 'logs'}", f"log_peak_memory_stats={gpu}",
                  "enable_activation_checkpointing=False"]
     plain = measured(plain_cmd, env, workdir / "plain.log",
                      lambda: len(plain_metrics(plain_out / "logs")), steps)
@@ -99,14 +110,21 @@ def run(workdir: Path, model: Path, data: Path, steps: int, threads: int | None)
     plain["tokens_per_s"] = median_tps(plain_records, "tokens_per_second_per_gpu", 1)
     ours["tokens_per_s"] = median_tps(ours_records, "tokens_per_second", 1)
     steady = matched and plain["cpu_s_steady"] and ours["cpu_s_steady"]
-    return {"device": "cpu", "recipe": RECIPE, "config": CONFIG, "steps": steps,
+    memory = {}
+    if gpu:
+        memory = {"peak_cuda_reserved_gib_ours_over_plain": max(
+            r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3 / max(
+            r.get("peak_memory_reserved", 0) for r in plain_records)}
+    return {"device": device, "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
+            "recipe": RECIPE, "config": CONFIG, "steps": steps,
             "plain": plain, "ours": ours, "same_batches": matched,
             "ratios": {
                 "tokens_per_s_ours_over_plain": ours["tokens_per_s"] / plain["tokens_per_s"],
                 "tokens_per_cpu_s_ours_over_plain": plain["cpu_s_steady"]
                 / ours["cpu_s_steady"] if steady else None,
                 "peak_rss_ours_over_plain": ours["peak_rss"] / plain["peak_rss"],
-                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"]}}
+                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"],
+                **memory}}
 
 
 def main() -> None:
@@ -119,10 +137,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-dpo"))
     args = parser.parse_args()
+    import torch
+
+    gpu = torch.cuda.is_available()
     shutil.rmtree(args.workdir, ignore_errors=True)
-    model = write_tiny_model(args.workdir / "model")
-    data = write_pairs(args.workdir / "pairs", args.rows)
-    print(json.dumps(aggregate([run(args.workdir, model, data, args.steps, args.threads)
+    model = (write_tiny_model(args.workdir / "model", _SFT.LLAMA_3_2_1B) if gpu
+             else write_tiny_model(args.workdir / "model"))
+    data = write_pairs(args.workdir / "pairs", args.rows, context_words=100 if gpu else 0)
+    print(json.dumps(aggregate([run(args.workdir, model, data, args.steps, args.threads, gpu)
                                 for _ in range(args.repeats)]), indent=2))
 
 
