@@ -198,15 +198,20 @@ def test_drop_in_lora_dpo_single_device_on_trl_rows(tmp_path, tiny_model_dir):
     # from it, drops and counts the same bad pairs, and trains on the same tokens.
     assert "token cache: tokenized 30 preference pairs (30 kept)" in result.stderr
     losses = _first_losses(pvc)
+    # Another run of the same job on the volume (into another output_dir: in the same one
+    # it would be this run, done).
+    again_output = pvc.root / "output-again"
     again = tune_run(pvc, "lora_dpo_single_device", "--config",
-                     "llama3_1/8B_lora_dpo_single_device", *pvc.runtime_args(), *SHORT)
+                     "llama3_1/8B_lora_dpo_single_device", *pvc.runtime_args(), *SHORT,
+                     f"output_dir={again_output}")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "token cache: 30 preference pairs mapped from" in again.stderr
     assert "tokenized" not in again.stderr
     assert "2 of 32 preference pairs dropped (1 chosen == rejected, 1 empty); training on 30" \
         in again.stderr
-    assert _first_losses(pvc) == losses
-    assert [r["batch_digest"] for r in pvc.metrics() if "loss" in r] == digests
+    metrics = [json.loads(line) for line in (again_output / "metrics.jsonl").open()]
+    assert [r["loss"] for r in metrics if "loss" in r] == losses
+    assert [r["batch_digest"] for r in metrics if "loss" in r] == digests
 
 
 @pytest.mark.slow
