@@ -48,5 +48,9 @@ def pytest_addoption(parser) -> None:
     # not train them twice in one CI run.
     parser.addoption("--matrix-skip-fast", action="store_true",
                      help="leave out the fast subset's cells (make test runs them)")
+    # A cell added: run the cells whose key holds this text (`--matrix-write` then records
+    # theirs and keeps every other entry as recorded).
+    parser.addoption("--matrix-cells", default=None,
+                     help="run only the support-matrix cells whose key holds this text")
     parser.addoption("--matrix-workers", type=int, default=None,
                      help="support-matrix cells run at once (default: the CPU count)")

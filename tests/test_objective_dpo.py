@@ -88,6 +88,39 @@ def test_the_builder_trains_on_the_answers_only_and_drops_bad_pairs(shape, tmp_p
     assert row["chosen_input_ids"][:shared] == row["rejected_input_ids"][:shared]
 
 
+def test_the_token_cache_serves_the_pairs_the_builder_made(tmp_path, tiny_model_dir):
+    """Cached pairs are the builder's, token for token (a pair whose answers were cut away
+    included: the recipe trains on it uncached), and a second build maps the entry."""
+    from torchtune.models.llama3 import llama3_tokenizer
+
+    from kubetune.trainer.data.token_cache import adopt
+    from kubetune.trainer.data.token_cache.datasets import CachedPairs
+    from kubetune.trainer.data.token_cache.settings import CacheSettings
+    from kubetune.trainer.objectives.preference_data import preference_dataset
+
+    long_prompt = "What is " + " + ".join(["1"] * 200) + "?"
+    rows = pairs(trl_standard, 6) + [{"prompt": long_prompt, "chosen": "200",
+                                            "rejected": REFUSAL}]
+    data = write_rows(tmp_path / "data", rows)
+    tokenizer = llama3_tokenizer(str(tiny_model_dir / "original" / "tokenizer.model"),
+                                 max_seq_len=64)
+    cfg = {"_component_": dpo.PREFERENCE_BUILDER, "source": "json",
+           "data_files": str(data / "train.jsonl")}
+    settings = CacheSettings(root=tmp_path / "cache", tokenizer_cfg={"max_seq_len": 64},
+                             report_cuts=False, primary=True, cores=1, local_processes=1)
+    built = preference_dataset(tokenizer, source="json", data_files=cfg["data_files"])
+    first = adopt.cached(built, [], cfg, tokenizer, -100, settings, pack_now=None)
+    assert isinstance(first, CachedPairs) and first.rows.meta["pairs"] == len(built) == 7
+    assert [first[i] for i in range(len(first))] == [built[i] for i in range(len(built))]
+    assert len([d for d in (tmp_path / "cache").iterdir() if d.is_dir()]) == 1
+    again = adopt.cached(built, [], cfg, tokenizer, -100, settings, pack_now=None)
+    assert again.rows.where is not None and again[6] == built[6]
+    # Another max_seq_len is another entry.
+    longer = CacheSettings(**{**settings.__dict__, "tokenizer_cfg": {"max_seq_len": 128}})
+    adopt.cached(built, [], cfg, tokenizer, -100, longer, pack_now=None)
+    assert len([d for d in (tmp_path / "cache").iterdir() if d.is_dir()]) == 2
+
+
 @pytest.mark.parametrize("method, processes, recipe", [
     ("lora", 1, "lora_dpo_single_device"), ("lora", 2, "lora_dpo_distributed"),
     ("dora", 2, "lora_dpo_distributed"), ("full", 2, "full_dpo_distributed")])
@@ -161,11 +194,31 @@ def test_drop_in_lora_dpo_single_device_on_trl_rows(tmp_path, tiny_model_dir):
     assert len(set(digests)) == 3  # each step digests the pairs it trained on
     assert "- reward accuracy: 0.00 ->" in (pvc.output / "kubetune-report.md").read_text()
     assert pvc.complete() and (pvc.output / "epoch_0" / "adapter_model.safetensors").is_file()
+    # The pairs went through the token cache onto the volume; the same run again reads them
+    # from it, drops and counts the same bad pairs, and trains on the same tokens.
+    assert "token cache: tokenized 30 preference pairs (30 kept)" in result.stderr
+    losses = _first_losses(pvc)
+    # Another run of the same job on the volume (into another output_dir: in the same one
+    # it would be this run, done).
+    again_output = pvc.root / "output-again"
+    again = tune_run(pvc, "lora_dpo_single_device", "--config",
+                     "llama3_1/8B_lora_dpo_single_device", *pvc.runtime_args(), *SHORT,
+                     f"output_dir={again_output}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "token cache: 30 preference pairs mapped from" in again.stderr
+    assert "tokenized" not in again.stderr
+    assert "2 of 32 preference pairs dropped (1 chosen == rejected, 1 empty); training on 30" \
+        in again.stderr
+    metrics = [json.loads(line) for line in (again_output / "metrics.jsonl").open()]
+    assert [r["loss"] for r in metrics if "loss" in r] == losses
+    assert [r["batch_digest"] for r in metrics if "loss" in r] == digests
 
 
 @pytest.mark.slow
 def test_kubetune_train_objective_dpo_on_hh_rlhf_rows(tmp_path, tiny_model_dir):
     data = write_rows(tmp_path / "data", pairs(hh_rlhf, 16))
+    # A test split beside it: kubetune's held-out loss is SFT's, so DPO leaves it out.
+    (data / "test.jsonl").write_text((data / "train.jsonl").read_text())
     result = kubetune("train", "--objective", "dpo", "--model-dir", str(tiny_model_dir),
                       "--dataset-dir", str(data), "--output-dir", str(tmp_path / "out"),
                       *SHORT, env=clean_env(KUBETUNE_WORKSPACE=str(tmp_path / "ws"),
@@ -173,8 +226,11 @@ def test_kubetune_train_objective_dpo_on_hh_rlhf_rows(tmp_path, tiny_model_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "preference data, HH-RLHF" in result.stderr
     assert "lora_dpo_single_device" in result.stderr
+    assert "validation: none under DPO" in result.stderr
+    assert "split 'test' not used" in result.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["tokens"] > 0
+    assert not summary.get("validation")
 
 
 @pytest.mark.slow

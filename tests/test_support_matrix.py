@@ -21,8 +21,8 @@ import yaml
 
 from kubetune.errors import BadInputError
 from tests.support import matrix_runner, matrix_table
-from tests.support.support_matrix import (FAST, MODEL, all_cells, coverage, dropin_admits,
-                                          run_cells, runtime_for)
+from tests.support.support_matrix import (FAST, MODEL, SFT, all_cells, coverage,
+                                          dropin_admits, run_cells, runtime_for)
 from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
@@ -113,7 +113,8 @@ def sources(serving_python, tmp_path_factory):  # noqa: F811
                                                   sorted(MODEL))
     dataset = write_tiny_dataset(root / "data", rows=matrix_runner.ROWS)
     matrix_runner.write_heldout_split(dataset)
-    return checkpoints, dataset, root
+    datasets = {SFT: dataset, **matrix_runner.write_objective_data(root)}
+    return checkpoints, datasets, root
 
 
 def _workers(request) -> int:
@@ -121,8 +122,8 @@ def _workers(request) -> int:
 
 
 def _run_and_compare(request, cells, sources, serving_python) -> dict[str, dict]:  # noqa: F811
-    checkpoints, dataset, root = sources
-    runs = matrix_runner.run_cells(cells, checkpoints, dataset, root / "cells",
+    checkpoints, datasets, root = sources
+    runs = matrix_runner.run_cells(cells, checkpoints, datasets, root / "cells",
                                    _workers(request))
     matrix_runner.serve_exports(serving_python, runs, root, _workers(request))
     got = matrix_runner.results(runs)
@@ -181,13 +182,18 @@ def test_the_whole_matrix_runs_as_recorded(request, sources, serving_python):  #
         assert not request.config.getoption("--matrix-write"), \
             "--matrix-write records every cell: drop --matrix-skip-fast"
         cells = [cell for cell in cells if cell not in FAST]
+    chosen = request.config.getoption("--matrix-cells")
+    if chosen:  # a few cells rerun (a new one); --matrix-write records only theirs
+        cells = [cell for cell in cells if chosen in cell.key]
+        assert cells, f"--matrix-cells {chosen!r}: no run cell's key holds it"
     got = _run_and_compare(request, cells, sources, serving_python)
     if request.config.getoption("--matrix-write"):
+        recorded = expected_results() if chosen else {}
         cells = {}
         for cell in all_cells():
             covered = coverage(cell)
-            cells[cell.key] = got[cell.key] if covered is None else {
-                "outcome": "covered", "by": covered[0].key, "why": covered[1]}
+            cells[cell.key] = got.get(cell.key, recorded.get(cell.key)) if covered is None \
+                else {"outcome": "covered", "by": covered[0].key, "why": covered[1]}
         matrix_table.RESULTS.write_text(json.dumps({"cells": cells}, indent=1) + "\n")
         doc = matrix_table.DOC.read_text()
         matrix_table.DOC.write_text(matrix_table.rewrite(doc, matrix_table.render(cells)))

@@ -11,6 +11,11 @@ where `all-linear` reaches it). The held-out answers (base and tuned, greedy) de
 the family's tokenizer and model, not on the method or topology: the fast subset's cells
 (every family) answer and must record them; the others ask for none
 (`kubetune.val_prompts=0`), which saves their generation.
+
+A cell of another objective (`Cell.objective`, `--objective` on `kubetune train`) trains
+the same way on that objective's data (`write_objective_data`; SFT's where it has none):
+DPO on 16 preference pairs with 8 held-out pairs in a test split
+(tests/support/preference_data.py), which it leaves out (`Objective.held_out`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from kubetune.workspace import ANSWERS_NAME
 from tests.support import tiny_tokenizers
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.runtimes import initializer_uris, runtime_file, write_trainjob
-from tests.support.support_matrix import FAST, GANG, LAYOUT, MODEL, Cell, runtime_for
+from tests.support.support_matrix import (FAST, GANG, LAYOUT, MODEL, OBJECTIVES, SFT, Cell,
+                                          runtime_for)
 
 HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
 LOAD_EXPORTS = REPO / "tests/support/load_adapter.py"
@@ -70,6 +76,19 @@ def write_heldout_split(dataset_dir: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), dataset_dir / "data" / "test.parquet")
 
 
+def write_objective_data(root: Path) -> dict[str, Path]:
+    """Each objective's data beyond SFT's, with its test split: objective -> directory."""
+    from tests.support.preference_data import pairs, trl_standard
+
+    rows = pairs(trl_standard, 64)
+    preference = root / "preference"
+    (preference / "data").mkdir(parents=True, exist_ok=True)
+    for split, part in (("train", rows[:ROWS]), ("test", rows[-HELD_OUT_ROWS:])):
+        (preference / "data" / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in part))
+    return {"dpo": preference}
+
+
 def checkpoint_name(model: str) -> str:
     """The directory of a model's checkpoint: one per (architecture, tokenizer)."""
     spec = MODEL[model]
@@ -109,8 +128,13 @@ class CellRun:
 
     @property
     def validated(self) -> bool:
-        """The held-out loss measured on the base (step 0) and after the last step."""
+        """The held-out loss measured on the base (step 0) and after the last step; under
+        an objective kubetune measures no held-out loss for (DPO: `dpo.without_held_out`),
+        none measured, and its test split left out of training."""
         v = self.validation or {}
+        if self.cell.objective != SFT and not OBJECTIVES[self.cell.objective].held_out:
+            return not v and not self.answered
+
         finite = all(isinstance(v.get(k), float) and math.isfinite(v[k])
                      for k in ("base_val_loss", "last_val_loss"))
         return finite and v.get("last_step") == STEPS and v.get("split") == "test" \
@@ -178,6 +202,7 @@ def trainjob_spec(cell: Cell, runtime: str, model_dir: Path, dataset_dir: Path) 
             "args": ["epochs=1", "batch_size=2", "dataset=torchtune.datasets.instruct_dataset",
                      "dataset.split=train", *TUNE_ARGS, *quiet]}}
     env = {**TRAIN_ENV, "KUBETUNE_METHOD": cell.method,
+           **({} if cell.objective == SFT else {"KUBETUNE_OBJECTIVE": cell.objective}),
            **(PEFT_ENV if cell.method != "full" else {}),
            **({} if cell in FAST else {"KUBETUNE_VAL_PROMPTS": "0"})}
     return {**initializer_uris(f"file://{model_dir}", f"file://{dataset_dir}"),
@@ -212,11 +237,14 @@ def run_cell(cell: Cell, model_dir: Path, dataset_dir: Path, root: Path) -> Cell
     return run
 
 
-def run_cells(cells: list[Cell], checkpoints: dict[str, Path], dataset_dir: Path, root: Path,
-              workers: int) -> list[CellRun]:
-    """Run ``cells``, ``workers`` at a time (each a `kubetune local` of its own)."""
+def run_cells(cells: list[Cell], checkpoints: dict[str, Path], datasets: dict[str, Path],
+              root: Path, workers: int) -> list[CellRun]:
+    """Run ``cells``, ``workers`` at a time (each a `kubetune local` of its own), each on
+    its objective's data (``datasets``: objective -> directory; SFT's where it has none of
+    its own)."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda c: run_cell(c, checkpoints[c.model], dataset_dir, root),
+        return list(pool.map(lambda c: run_cell(c, checkpoints[c.model],
+                                                datasets.get(c.objective, datasets[SFT]), root),
                              cells))
 
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from tests.support.support_matrix import (BYO, CHAT_TEMPLATE, GANG, METHOD_NAMES, METHODS,
-                                          MODELS, TOPOLOGIES, Cell)
+                                          MODEL, MODELS, OBJECTIVES, TOPOLOGIES, Cell)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "support-matrix.json"
@@ -42,7 +42,7 @@ class _Notes:
 def _cell_text(cell: Cell, result: dict, own_runtime: str, notes: _Notes) -> str:
     outcome = result["outcome"]
     if outcome == "covered":
-        model, _, topology = result["by"].split(" | ")
+        model, _, topology = result["by"].split(" | ")[:3]
         return f"= {SHORT[topology] if model == cell.model else model} " \
                f"{notes.ref(result['why'])}"
     if outcome == "unsupported":
@@ -70,6 +70,16 @@ def render(results: dict[str, dict]) -> str:
                  for c in (Cell(model.name, m, t) for m, t in columns)]
         lines.append(f"| **{model.name}**: {model.shape}<br>`{model.runtime}` | "
                      + " | ".join(cells) + f" | {_chat_text(model.name)} |")
+    # The objective axis: a row per objective beyond SFT and family that carries it.
+    for key, objective in OBJECTIVES.items():
+        for name in objective.models:
+            runtime = MODEL[name].runtime
+            why = notes.ref(objective.why)  # numbered before its cells' notes
+            cells = [_cell_text(c, results[c.key], runtime, notes)
+                     if m in objective.methods else "—"
+                     for m, t in columns for c in [Cell(name, m, t, key)]]
+            lines.append(f"| **{name}, {objective.name}** {why}<br>`{runtime}` | "
+                         + " | ".join(cells) + " | as SFT's row |")
     legend = ("1p: one process; 2p: two processes on one node; 2n: two nodes of one "
               "process each. ✓: trained 2 steps through `kubetune local --runtime` on the "
               "model's runtime, exported, and loaded by transformers / PEFT with finite "
@@ -81,7 +91,11 @@ def render(results: dict[str, dict]) -> str:
               "export carries it (✓ run: the family's tiny checkpoint with its instruct "
               "template trained, and transformers' apply_chat_template on the merged export "
               "renders the training ids and stops generation at the template's end of turn; "
-              "docs/trainer.md).")
+              "docs/trainer.md). A row **model, DPO**: the objective axis, the same cells "
+              "trained with `--objective dpo` on preference pairs; a DPO run measures no "
+              "held-out loss (kubetune's is SFT's; its test split is left out of training), "
+              "its export is loaded as an SFT run's. —: a method the objective's row has no "
+              "cell for.")
     footnotes = [f"{i}. {text}" for i, text in enumerate(notes.texts, 1)]
     return "\n".join([BEGIN, "", *lines, "", legend, "", *footnotes, "", END])
 

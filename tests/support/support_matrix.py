@@ -72,20 +72,54 @@ CHAT_TEMPLATE = {
 }
 
 
+# The objective axis: SFT on every family; each objective beyond it (`--objective`) on the
+# families its entry names. Its code path is the objective's recipe and data around the
+# same model builders, checkpointers and FSDP units SFT's cells run for every family, so one
+# family carries an objective; its cells are (family, method, topology, objective). Another
+# objective is one more entry (its data: tests/support/matrix_runner.write_objective_data).
+SFT = "sft"
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str  # as the table names it
+    models: tuple[str, ...]  # the families whose rows it has
+    why: str  # why those families carry it, for the docs
+    methods: tuple[str, ...] = METHODS  # the columns it has cells in
+    held_out: bool = True  # its runs measure the held-out loss (the runner checks it)
+
+
+OBJECTIVES = {
+    "dpo": Objective(
+        "DPO", ("Llama 3",),
+        "DPO changes the recipe (torchtune's lora_dpo_single_device, lora_dpo_distributed, "
+        "full_dpo_distributed), the data (preference pairs) and the loss, not the model: "
+        "the family's builder, checkpointer, tokenizer and FSDP units are the ones its SFT "
+        "cells run, for every family; Llama 3's tiny checkpoint carries DPO's cells",
+        held_out=False),  # kubetune's held-out loss is SFT's (trainer/objectives/dpo.py)
+}
+OBJECTIVE_NAMES = {SFT: "SFT", **{key: o.name for key, o in OBJECTIVES.items()}}
+
+
 @dataclass(frozen=True)
 class Cell:
     model: str
     method: str
     topology: str
+    objective: str = SFT
 
     @property
     def key(self) -> str:
-        return f"{self.model} | {METHOD_NAMES[self.method]} | {self.topology}"
+        key = f"{self.model} | {METHOD_NAMES[self.method]} | {self.topology}"
+        return key if self.objective == SFT else f"{key} | {OBJECTIVE_NAMES[self.objective]}"
 
 
 def all_cells() -> list[Cell]:
-    return [Cell(m.name, method, topology) for m in MODELS for method in METHODS
-            for topology in TOPOLOGIES]
+    sft = [Cell(m.name, method, topology) for m in MODELS for method in METHODS
+           for topology in TOPOLOGIES]
+    return sft + [Cell(model, method, topology, key)
+                  for key, objective in OBJECTIVES.items() for model in objective.models
+                  for method in objective.methods for topology in TOPOLOGIES]
 
 
 # Cells whose run would exercise nothing another run does not: cell -> (the cell that
@@ -99,6 +133,8 @@ _TIED_TWINS = {"Qwen2 / Qwen2.5 (0.5B-3B)": "Qwen2 / Qwen2.5 (7B+)",
 
 def coverage(cell: Cell) -> tuple[Cell, str] | None:
     """The cell whose run covers ``cell``, and why; None for a cell run itself."""
+    if cell.objective != SFT:
+        return _objective_coverage(cell)
     if cell.model == "Llama 3" and (cell.topology != "1 process"
                                     or cell.method in ("qlora", "dora")):
         return (Cell("Llama 3.1", cell.method, cell.topology),
@@ -138,6 +174,15 @@ def coverage(cell: Cell) -> tuple[Cell, str] | None:
     return None
 
 
+def _objective_coverage(cell: Cell) -> tuple[Cell, str] | None:
+    if cell.objective == "dpo" and cell.topology == "2 nodes" and cell.method in ("dora",
+                                                                                "full"):
+        return (Cell(cell.model, cell.method, "2 processes", cell.objective),
+                "the same DPO recipe and config on a world of 2, sharded alike; the 2-node "
+                "launch of a DPO recipe is LoRA's 2-node cell, run")
+    return None  # run; a method torchtune's DPO recipes cannot train is refused (65)
+
+
 def run_cells() -> list[Cell]:
     return [c for c in all_cells() if coverage(c) is None]
 
@@ -147,6 +192,8 @@ def runtime_for(cell: Cell) -> str:
     kubetune-byo-model (tests/test_support_matrix.py checks this against the admission
     rules upstream's webhook applies)."""
     model = MODEL[cell.model]
+    if cell.objective != SFT:  # chosen by `kubetune train --objective`: no drop-in's
+        return model.runtime if not model.runtime.startswith("torchtune-") else BYO
     if cell.model == "Llama 3.1" and cell.method == "full" and cell.topology == "2 nodes":
         return GANG
     if model.runtime.startswith("torchtune-") and not dropin_admits(model.runtime, cell):

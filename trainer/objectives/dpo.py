@@ -65,6 +65,26 @@ def check_method(method: str, topology: Topology | None) -> None:
                             f"{why}; available: {AVAILABLE}")
 
 
+def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
+    """A DPO run trains on every training row and measures no held-out loss: kubetune's
+    held-out loop measures SFT's cross-entropy over tokens and labels, and torchtune's DPO
+    recipes have none of their own. The held-out set the plan chose is dropped, saying so
+    (``notes``: the plan's lines so far, its own line about the held-out set replaced)."""
+    validation = (cfg.get("kubetune") or {}).get("validation")
+    if validation is None:
+        return notes
+    for key in ("dataset_val", "run_val_every_n_steps"):
+        cfg.pop(key, None)
+    cfg.kubetune.pop("validation", None)
+    cfg.kubetune.pop("holdout", None)
+    held = {"split": f"split '{validation.get('split')}'", "config": "dataset_val",
+            "fraction": "a held-out fraction"}.get(validation.get("source"), "held-out data")
+    kept = [n.split("; validation on")[0] for n in notes]
+    return kept + [f"validation: none under DPO (kubetune measures held-out SFT loss; "
+                   f"torchtune's DPO recipes have no held-out loop): {held} not used, "
+                   "training on every row of the training split"]
+
+
 # Builders the plan replaces with ours where data is preference-shaped: a DPO config's
 # default, and torchtune's generic builder (ours takes its arguments and reads its shape
 # too, and also TRL's and HH-RLHF's, on which torchtune's fails mid-run).

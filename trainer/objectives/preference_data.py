@@ -18,6 +18,8 @@ from kubetune.errors import BadInputError
 from kubetune.trainer.objectives import preference_rows
 
 log = logging.getLogger("trainer")
+# What the pairs' tokens depend on besides this file: part of the token cache's key.
+TOKENS_DEPEND_ON = ("kubetune.trainer.objectives.preference_rows",)
 
 
 class NoPreferencePairsError(BadInputError):

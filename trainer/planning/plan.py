@@ -411,6 +411,8 @@ def _objective_and_held_out(cfg: DictConfig, request: TuneRunRequest, recipe_pat
     if Path(recipe_path).stem in dpo.LOSS_SUMMED_OVER_RANKS and topo.world_size > 1:
         cfg.metric_logger.loss_summed_over = topo.world_size  # the 1-process loss's meaning
     notes = heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
+    if dpo.is_dpo(Path(recipe_path).stem):
+        notes = dpo.without_held_out(cfg, notes)
     return notes + builder_settings.fit(cfg, user_keys, request.spellings, users_config)
 
 

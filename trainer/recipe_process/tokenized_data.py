@@ -6,7 +6,8 @@ and a loader over it, with the packed collate where the dataset packs. While tha
 runs, each such instantiation goes through the cache: the builder runs with
 ``PackedDataset``'s eager packing deferred, and its result is replaced by the cached rows
 or packs before the recipe builds its sampler, so the recipe's own code makes the loader.
-The recipe is not changed; the wrap ends when ``_setup_data`` returns.
+The recipe is not changed; the wrap ends when ``_setup_data`` returns. The DPO recipes'
+preference pairs go the same way (``CachedPairs``: a pair stored as two rows).
 
 Where a fraction of the training split is held out (``kubetune.holdout``), each dataset
 built keeps only its side's rows (``kubetune.trainer.data.holdout``) before it is
@@ -109,7 +110,9 @@ def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train"
     @functools.wraps(original)
     def instantiate(node, *args, **kwargs):
         tokenizer = getattr(recipe, "_tokenizer", None)
-        if not args or tokenizer is None or args[0] is not tokenizer:
+        # SFT recipes pass the tokenizer by position, the DPO recipes as `tokenizer=`.
+        given = args[0] if args else kwargs.get("tokenizer")
+        if tokenizer is None or given is not tokenizer:
             return original(node, *args, **kwargs)  # not a dataset of this recipe
         with _packing_deferred() as deferred:
             built = original(node, *args, **kwargs)

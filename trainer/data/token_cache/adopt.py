@@ -21,7 +21,7 @@ from torchtune.datasets import PackedDataset
 from kubetune.trainer.data import truncation
 from kubetune.trainer.data.chat_messages import RowDropped
 from kubetune.trainer.data.token_cache import build, dropped, store
-from kubetune.trainer.data.token_cache.datasets import CachedPacks, CachedRows
+from kubetune.trainer.data.token_cache.datasets import CachedPacks, CachedPairs, CachedRows
 from kubetune.trainer.data.token_cache.key import cache_key
 from kubetune.trainer.data.token_cache.packs import pack_bounds
 from kubetune.trainer.data.token_cache.rows import FORMAT_VERSION, TokenRows
@@ -70,10 +70,13 @@ def _produce(dataset: Any, tokenizer: Any, ignore_index: int, packing: dict | No
         counts = build.tokenize(dataset, tokenizer, ignore_index, workers, writer.write,
                                 after_range=lambda done: store.kill_point("tokenizing", settings.test_kill_at))
         offsets = counts.offsets()
+        pairs = build.is_pairs(counts.keys)
+        samples = counts.kept // 2 if pairs else counts.kept
         packs = pack_bounds(offsets, packing["max_seq_len"], packing["split_across_pack"],
                             packing["max_packs"]) if packing else None
         meta = {"format": FORMAT_VERSION, "key": key, "rows": counts.kept,
-                "rows_read": counts.read, "dropped": counts.read - counts.kept,
+                "rows_read": counts.read, "dropped": counts.read - samples,
+                "pairs": samples if pairs else None,
                 "dropped_by": counts.drops.meta(),
                 "tokens": int(offsets[-1]), "cut": counts.cut, "cut_seen": counts.seen,
                 "max_seq_len": getattr(tokenizer, "max_seq_len", None),
@@ -94,14 +97,17 @@ def _held_out(settings: CacheSettings) -> str:
 def _report(rows: TokenRows, built: bool, settings: CacheSettings) -> None:
     meta = rows.meta
     where = rows.where or "memory"
+    pairs = meta.get("pairs")
+    what = f"{_held_out(settings)}{'preference pairs' if pairs is not None else 'rows'}"
+    kept = meta["rows"] if pairs is None else pairs
     if built:
         # Every process that builds says so (the others map what one built).
-        log.info("token cache: tokenized %d %srows (%d kept) in %.1f s with %d process(es) "
-                 "into %s", meta["rows_read"], _held_out(settings), meta["rows"],
-                 meta["build_s"], meta["build_workers"], where)
+        log.info("token cache: tokenized %d %s (%d kept) in %.1f s with %d process(es) "
+                 "into %s", meta["rows_read"], what, kept, meta["build_s"],
+                 meta["build_workers"], where)
     elif settings.primary:
-        log.info("token cache: %d %srows mapped from %s (built by %s)", meta["rows"],
-                 _held_out(settings), where, meta.get("built_by", "?"))
+        log.info("token cache: %d %s mapped from %s (built by %s)", kept, what, where,
+                 meta.get("built_by", "?"))
     if not settings.primary:
         return
     # The cut line speaks of the training rows (what max_seq_len costs the run).
@@ -142,6 +148,8 @@ def cached(built: Any, deferred: list[PackedDataset], dataset_cfg: dict, tokeniz
             pack_now(packed)
         return built
     _report(rows, built_now, settings)
+    if build.is_pairs(rows.meta.get("row_keys", [])):
+        return CachedPairs(rows, tokenized_from=rows_dataset)
     if packing is None:
         return CachedRows(rows, tokenized_from=rows_dataset)
     return CachedPacks(rows, **packing, tokenized_from=rows_dataset)

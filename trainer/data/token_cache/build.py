@@ -35,6 +35,11 @@ from kubetune.trainer.data.truncation import CutCounter
 ROW_KEYS = {"tokens", "labels"}
 # SFTDataset's rows also carry their "mask", which is exactly their labels == -100.
 OPTIONAL_KEYS = {"mask"}
+# torchtune's PreferenceDataset's rows (DPO): a pair, stored as two rows, chosen then
+# rejected. Every pair is kept, as the recipe trains on it uncached (one with no label left
+# adds ln 2 and no gradient); the builder drops the pairs DPO cannot learn from.
+PAIR_SIDES = ("chosen", "rejected")
+PAIR_KEYS = {f"{side}_{part}" for side in PAIR_SIDES for part in ("input_ids", "labels")}
 ROWS_PER_WORKER_MIN = 1024  # below this a forked worker costs more than it saves
 RANGE_ROWS_MAX = 2048
 _INT32 = np.iinfo(np.int32)
@@ -86,8 +91,18 @@ def _worker_started() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def is_pairs(keys: list[str]) -> bool:
+    """Whether rows of ``keys`` (an entry's ``row_keys``) are preference pairs."""
+    return set(keys) == PAIR_KEYS
+
+
 def _row_keys(sample: Any, index: int) -> list[str]:
     keys = set(sample) if isinstance(sample, dict) else set()
+    if keys == PAIR_KEYS:
+        for side in PAIR_SIDES:
+            if len(sample[f"{side}_input_ids"]) != len(sample[f"{side}_labels"]):
+                raise NotCacheable(f"row {index}: {side} ids and labels differ in length")
+        return sorted(keys)
     if not ROW_KEYS <= keys or keys - ROW_KEYS - OPTIONAL_KEYS:
         raise NotCacheable(f"row {index} holds {sorted(keys) or type(sample).__name__}, not "
                            "tokens and labels")
@@ -124,6 +139,11 @@ def _tokenize_range(span: tuple[int, int]) -> _Range:
                 keys = row_keys
             elif row_keys != keys:
                 raise NotCacheable(f"row {index} holds {row_keys}, row {start} {keys}")
+            if is_pairs(row_keys):
+                for side in PAIR_SIDES:
+                    tokens.append(np.asarray(sample[f"{side}_input_ids"], dtype=np.int64))
+                    labels.append(np.asarray(sample[f"{side}_labels"], dtype=np.int64))
+                continue
             tokens.append(np.asarray(sample["tokens"], dtype=np.int64))
             labels.append(np.asarray(sample["labels"], dtype=np.int64))
             if "mask" in sample:
@@ -139,7 +159,12 @@ def _tokenize_range(span: tuple[int, int]) -> _Range:
             raise NotCacheable(f"{name} outside 32-bit integers")
     if masks and not np.array_equal(np.concatenate(masks), label_array == CROSS_ENTROPY_IGNORE_IDX):
         raise NotCacheable("a row's mask is not where its labels are ignored")
-    keep = _trainable(label_array, length_array, ignore_index)
+    if keys is not None and is_pairs(keys):
+        if failed:  # two rows a pair, one a failed row: the pairs would not line up
+            raise NotCacheable(f"preference row {start + min(failed)} failed its transform")
+        keep = np.ones(len(length_array), dtype=bool)
+    else:
+        keep = _trainable(label_array, length_array, ignore_index)
     for offset in np.flatnonzero(~keep):
         if int(offset) not in failed:
             drops.add(NO_TOKEN, start + int(offset))

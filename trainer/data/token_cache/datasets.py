@@ -3,7 +3,7 @@ packs), read from the cached arrays when the loader asks for them.
 
 ``CachedRows`` returns a row as torchtune's SFT datasets do: ``tokens`` and ``labels`` as
 lists of ints (``mask`` too, where the builder's rows had one), for the recipe's padding
-collate. ``CachedPacks`` is a ``torchtune.datasets.PackedDataset`` (the recipes and
+collate; ``CachedPairs`` a preference pair as torchtune's PreferenceDataset does. ``CachedPacks`` is a ``torchtune.datasets.PackedDataset`` (the recipes and
 ``ConcatDataset`` recognise packing by that type, and its ``__len__``/``__getitem__``
 serve ``packs``) whose ``packs`` are made on demand (``packs.PackMaker``) instead of held.
 """
@@ -40,6 +40,30 @@ class CachedRows(Dataset):
         sample = {"tokens": tokens.tolist(), "labels": labels.tolist()}
         if self._with_mask:
             sample["mask"] = (labels == CROSS_ENTROPY_IGNORE_IDX).tolist()
+        return sample
+
+
+class CachedPairs(Dataset):
+    """Preference pairs as torchtune's PreferenceDataset returns them (for
+    ``padded_collate_dpo``), each stored as two rows: chosen, then rejected."""
+
+    def __init__(self, rows: TokenRows, tokenized_from: Dataset | None = None) -> None:
+        self.rows = rows
+        self.tokenized_from = tokenized_from
+
+    def __len__(self) -> int:
+        return len(self.rows) // 2
+
+    def __getitem__(self, index: int) -> dict:
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"pair {index} of {len(self)}")
+        sample = {}
+        for offset, side in enumerate(("chosen", "rejected")):
+            tokens, labels = self.rows.row(2 * index + offset)
+            sample[f"{side}_input_ids"] = tokens.tolist()
+            sample[f"{side}_labels"] = labels.tolist()
         return sample
 
 

@@ -11,7 +11,8 @@ them is a new entry and no run ever trains on another configuration's rows.
 - the tokenizer config (component, max_seq_len, prompt_template, ...) and the bytes of
   every file it names (tokenizer model, special tokens);
 - code torchtune's version does not pin: the source file of every ``_component_`` outside
-  torchtune (a user's builder, its transforms' module, our own model families);
+  torchtune (a user's builder, its transforms' module, our own model families, and the
+  modules such a module lists in ``TOKENS_DEPEND_ON``);
 - the loss's ignore index, the packing torchtune's builder chose, this cache's format,
   torchtune's and ``datasets``' versions.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import calendar
 import hashlib
+import importlib
 import importlib.metadata
 import inspect
 import json
@@ -150,10 +152,15 @@ def _code(*configs: dict) -> dict[str, str]:
         if component.startswith("torchtune."):
             continue
         try:
-            source = inspect.getsourcefile(inspect.getmodule(_get_component_from_path(component)))
+            module = inspect.getmodule(_get_component_from_path(component))
+            source = inspect.getsourcefile(module)
         except Exception:  # the recipe instantiates it and reports a bad path itself
-            source = None
+            module, source = None, None
         found[component] = sha256_of(Path(source)) if source else "?"
+        # A builder's module names the modules of ours its rows depend on (the preference
+        # builder: the module that reads a pair out of a row).
+        for name in getattr(module, "TOKENS_DEPEND_ON", ()):
+            found[name] = sha256_of(Path(inspect.getsourcefile(importlib.import_module(name))))
     return found
 
 
