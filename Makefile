@@ -49,7 +49,7 @@ demo: venv
 # core each. On 2 cores the suite took 19 minutes this way, 42 one file after another.
 TEST_WORKERS ?= 2
 test: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every cell of the support matrix (tests/test_support_matrix.py; `make test` runs a fast
 # subset), cells in parallel, one per CPU; matrix-results reruns them and records the

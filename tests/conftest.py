@@ -54,3 +54,22 @@ def pytest_addoption(parser) -> None:
                      help="run only the support-matrix cells whose key holds this text")
     parser.addoption("--matrix-workers", type=int, default=None,
                      help="support-matrix cells run at once (default: the CPU count)")
+
+
+# `make test` runs `pytest -n 2 --dist loadfile`: xdist hands out whole files in collection
+# order, so a long file collected late (test_trainer_resume, test_validation_loop sort
+# last) runs alone on one worker while the other has nothing left: the run's tail. The
+# files known to be long start first, longest first (summed test seconds of a `make
+# test` profile; a rough order is all it needs); the rest keep their order after them.
+FILE_SECONDS = {
+    "test_trainer_resume.py": 710, "test_support_matrix.py": 603,
+    "test_chat_template_training.py": 300, "test_model_families.py": 287,
+    "test_validation_loop.py": 277, "test_sdk_any_model.py": 203,
+    "test_docs_commands.py": 183, "test_second_run.py": 172, "test_objective_dpo.py": 145,
+    "test_local_signals.py": 142, "test_heldout_data.py": 138, "test_pipeline_local.py": 117,
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    # sorted() is stable: a file's tests keep their order (its module fixtures their use).
+    items[:] = sorted(items, key=lambda item: -FILE_SECONDS.get(item.path.name, 0))

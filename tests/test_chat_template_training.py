@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.chat_data import write_chat_dataset
-from tests.support.cli import kubetune
+from tests.support.cli import clean_env, kubetune
 from tests.support.family_chat_templates import FAMILY_TEMPLATES
 from tests.test_chat_template import TRAIN_ARGS, ChatRun, transformers_ids
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
@@ -58,16 +58,21 @@ def base_run(request, tmp_path_factory, serving_python):  # noqa: F811
     root = tmp_path_factory.mktemp(family.replace(".", ""))
     data = write_chat_dataset(root / "data")
     model = _model(family, root, serving_python)
+    # EXPORT_FORMAT=both: the adapter, checked against the merged weights by the
+    # exporter's logits check, and the merged model, in one exporter process (not an
+    # adapter export, then a merged one).
+    export = root / "export"
     command = ["local", "--workdir", str(root / "run"), "--model", str(model), "--dataset",
-               str(data), *TRAIN_ARGS]
-    result = kubetune(*command, timeout=900)
+               str(data), "--export-uri", str(export), *TRAIN_ARGS]
+    result = kubetune(*command, env=clean_env(EXPORT_FORMAT="both"), timeout=900)
+    output = result.stdout + result.stderr
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "logits: base + adapter matches the merged model" in output, output[-3000:]
+    merged = export / "merged"
+    assert (merged / "config.json").is_file() and (export / "adapter" / "adapter_config.json"
+                                                   ).is_file()
     run = ChatRun(family, root / "run", command)
-    merged = root / "merged"
-    exported = kubetune("export", "--model-dir", str(model), "--export-uri", str(merged),
-                        "--export-format", "merged", "--no-verify-logits", env=run.env())
-    assert exported.returncode == 0, exported.stderr[-3000:]
-    return run, model, merged, result.stdout + result.stderr
+    return run, model, merged, output
 
 
 def test_the_run_trains_in_the_bases_template_and_says_so(base_run):

@@ -114,6 +114,19 @@ def hf_logits(python: Path, model_dir: Path, tokens: list[list[int]], tmp: Path)
     return torch.tensor(json.loads(result.stdout))
 
 
+# transformers' logits of each family's written checkpoint, before any training: both
+# tests below compare with them, and each takes a serving-venv process to compute.
+_BASE_LOGITS: dict[tuple[str, str], object] = {}
+
+
+def base_hf_logits(python: Path, name: str, model_dir: Path, tmp: Path):
+    """hf_logits of ``model_dir``, a copy of write_checkpoint's ``name``, computed once."""
+    key = (str(python), name)
+    if key not in _BASE_LOGITS:
+        _BASE_LOGITS[key] = hf_logits(python, model_dir, tokens(), tmp)
+    return _BASE_LOGITS[key]
+
+
 def tokens() -> list[list[int]]:
     import torch
 
@@ -163,7 +176,7 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
     family = FAMILIES[name]
 
     # Loaded as the trainer loads it (builder + checkpointer from config.json), fp32.
-    want = hf_logits(serving_python, model_dir, tokens(), tmp_path)
+    want = base_hf_logits(serving_python, name, model_dir, tmp_path)
     got = logits(model_dir, tokens())
     scale = max(1.0, float(want.abs().max()))
     assert float((got - want).abs().max()) <= TOLERANCE * scale
@@ -211,7 +224,7 @@ def test_full_finetune_saves_what_transformers_loads(name, serving_python, tiny_
     want = hf_logits(serving_python, saved, tokens(), tmp_path)
     assert float((logits(saved, tokens()) - want).abs().max()) <= TOLERANCE * max(
         1.0, float(want.abs().max()))
-    before = hf_logits(serving_python, model_dir, tokens(), tmp_path)
+    before = base_hf_logits(serving_python, name, model_dir, tmp_path)
     assert float((want - before).abs().max()) > 100 * TOLERANCE  # training moved it
 
 

@@ -31,6 +31,9 @@ def _previous(output: Path) -> list[Path]:
 @pytest.mark.slow
 def test_tune_run_with_another_method_and_fewer_epochs_sets_the_earlier_run_aside(
         tmp_path, tiny_model_dir):
+    """Then the same command again (complete: nothing moved), then restarted (not a new
+    run: trained again in place): one PVC for the three, the later checks on the run the
+    earlier leave."""
     dataset = write_tiny_dataset(tmp_path / "data", rows=16)
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, dataset)
     data = ["dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
@@ -60,21 +63,40 @@ def test_tune_run_with_another_method_and_fewer_epochs_sets_the_earlier_run_asid
     assert again.returncode == 0 and "already holds this run's completed training" in \
         again.stderr, again.stderr[-3000:]
     assert len(_previous(pvc.output)) == 1
+    # The same run restarted with nothing vouched to resume from (killed after its
+    # epoch_0/ was published, before the record named it): its own output, trained again
+    # in place, not set aside.
+    (pvc.output / "kubetune-complete.json").unlink()
+    restarted = tune_run(pvc, "full_finetune_single_device", "--config", "llama3_2/1B_full",
+                         *pvc.runtime_args(), *data, "epochs=1")
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert "already holds" not in restarted.stderr, restarted.stderr[-3000:]
+    assert _new_run_lines(restarted.stderr) == [] and len(_previous(pvc.output)) == 1
+    assert (pvc.output / "kubetune-complete.json").is_file()
 
 
-@pytest.mark.slow
-def test_kubetune_local_with_other_data_and_fewer_epochs_is_a_new_run(tmp_path):
+@pytest.fixture(scope="module")
+def local_second_run(tmp_path_factory):
+    """`kubetune local` on one dataset (2 epochs), then on another (1 epoch) in the same
+    workdir; the second is also the finished run test_continuing_… continues from."""
+    tmp_path = tmp_path_factory.mktemp("second-run")
     first_data = write_tiny_dataset(tmp_path / "a", rows=16)
     other_data = write_tiny_dataset(tmp_path / "b", rows=24)
     workdir = tmp_path / "run"
-    output = workdir / "workspace" / "output"
     env = clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "term"))
     first = kubetune("local", "--workdir", str(workdir), "--dataset", f"file://{first_data}",
                      "epochs=2", *QUICK, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    second = kubetune("local", "--workdir", str(workdir), "--dataset",
-                      f"file://{other_data}", "epochs=1", *QUICK, env=env)
+    args = ["--dataset", f"file://{other_data}", "epochs=1", *QUICK]
+    second = kubetune("local", "--workdir", str(workdir), *args, env=env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    return workdir, args, env, second
+
+
+@pytest.mark.slow
+def test_kubetune_local_with_other_data_and_fewer_epochs_is_a_new_run(local_second_run):
+    workdir, _, _, second = local_second_run
+    output = workdir / "workspace" / "output"
     said = _new_run_lines(second.stdout)
     assert len(said) == 1, second.stdout[-3000:]
     assert "the dataset's files changed" in said[0] and "epochs: 2 -> 1" in said[0], said
@@ -123,41 +145,21 @@ def test_an_adapter_export_as_the_model_says_how_to_continue(tmp_path):
 
 
 @pytest.mark.slow
-def test_continuing_a_finished_run_from_its_merged_export(tmp_path):
+def test_continuing_a_finished_run_from_its_merged_export(local_second_run, tmp_path):
     """docs/cli.md's way: the same arguments again with EXPORT_FORMAT=merged (nothing is
     trained again), then that export as --model: training starts where the first run's
     weights ended, not from the base."""
-    data = write_tiny_dataset(tmp_path / "data", rows=16)
-    env = clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "term"))
-    args = ["--dataset", f"file://{data}", "epochs=1", *QUICK]
-    first = kubetune("local", "--workdir", str(tmp_path / "round1"), *args, env=env)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    round1, args, env, _ = local_second_run
     merged = tmp_path / "round1-merged"
-    again = kubetune("local", "--workdir", str(tmp_path / "round1"), *args, "--export-uri",
+    again = kubetune("local", "--workdir", str(round1), *args, "--export-uri",
                      str(merged), env={**env, "EXPORT_FORMAT": "merged"})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert "already holds this run's completed training" in again.stdout
     assert (merged / "config.json").is_file()
-    second = kubetune("local", "--workdir", str(tmp_path / "round2"), "--model",
-                      f"file://{merged}", *args, env=env)
+    round2 = tmp_path / "round2"
+    second = kubetune("local", "--workdir", str(round2), "--model", f"file://{merged}", *args,
+                      env=env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
-    losses = [json.loads((tmp_path / run / "workspace" / "output" / "summary.json")
-                         .read_text())["first_loss"] for run in ("round1", "round2")]
+    losses = [json.loads((run / "workspace" / "output" / "summary.json").read_text())
+              ["first_loss"] for run in (round1, round2)]
     assert losses[1] < losses[0], losses
-
-
-@pytest.mark.slow
-def test_the_same_run_restarted_is_not_a_new_run(tmp_path, tiny_model_dir):
-    """A restart of the same run with nothing vouched to resume from (killed after its
-    epoch_0/ was published, before the record named it): its own output, not set aside."""
-    dataset = write_tiny_dataset(tmp_path / "data", rows=16)
-    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, dataset)
-    args = ["lora_finetune_single_device", "--config", "llama3_2/1B_lora", *pvc.runtime_args(),
-            "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
-            f"dataset.data_dir={pvc.dataset / 'data'}", *QUICK, "epochs=1"]
-    assert tune_run(pvc, *args).returncode == 0
-    (pvc.output / "kubetune-complete.json").unlink()
-    again = tune_run(pvc, *args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert _new_run_lines(again.stderr) == [] and _previous(pvc.output) == []
-    assert (pvc.output / "kubetune-complete.json").is_file()

@@ -237,13 +237,30 @@ def test_the_other_recipes_resume_exactly(tmp_path, tiny_model_dir, small_datase
     assert_same_training(pvc, reference, "epoch_1", adapter=recipe.startswith("lora"))
 
 
+# The write points of the run below, in the order KillHook (checkpoint_store.py) counts
+# them: the step-1 resumable save writes 1 adapter_model.pt, 2 adapter_model.safetensors,
+# 3 the config copies, 4 recipe_state.pt into the staging directory, then commits: 5 staged
+# files fsynced, 6 checkpoint renamed into place, 7 resume record written; 8 is the final
+# save's first write. A kill at 1-4 leaves one state: a staging directory holding a cut
+# file and no record naming it; the next start deletes it and starts over, whichever file
+# was cut (the files are torchtune's writers, the hook only cuts them). So 4, the cut
+# recipe_state.pt (the file a wrong resume would read), stands for 1-3; 5 (a whole but
+# unvouched staging directory), 6 (an unvouched checkpoint in checkpoints/), 7 (vouched)
+# and 8 (vouched, the final save cut) are each a state of their own. A write point added
+# or moved shifts these numbers and fails the name checks: then choose again.
+KILL_POINTS = {4: "recipe_state.pt", 5: "staged files fsynced",
+               6: "checkpoint renamed into place", 7: "resume record written",
+               8: "epoch_0/adapter_model.pt"}
+
+
 def test_sigkill_at_each_checkpoint_write_then_restart_completes(tmp_path, tiny_model_dir,
                                                                  small_dataset_dir):
     """kill -9 (KUBETUNE_TEST_KILL_AT=N: the trainer SIGKILLs itself at its N-th write
     point: in the middle of each file torchtune writes, and between the steps that make a
-    checkpoint durable and vouched for) at every point of a resumable save and in the
-    final one. Each time the launcher reports the signal (exit 76), and the restart ends
-    with the uninterrupted run's steps and adapter, resuming only from a vouched save."""
+    checkpoint durable and vouched for) at each kind of point of a resumable save
+    (KILL_POINTS) and in the final one. Each time the launcher reports the signal (exit
+    76), and the restart ends with the uninterrupted run's steps and adapter, resuming
+    only from a vouched save."""
 
     def args(pvc):
         return ["lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device",
@@ -253,14 +270,14 @@ def test_sigkill_at_each_checkpoint_write_then_restart_completes(tmp_path, tiny_
     env = {"KUBETUNE_SAVE_EVERY_N_STEPS": "1"}  # a resumable save after step 1
     reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
-    killed_at, n = [], 0
-    while not killed_at or killed_at[-2:-1] != ["resume record written"]:
-        n += 1
+    killed_at = []
+    for n, point in KILL_POINTS.items():
         shutil.rmtree(pvc.output, ignore_errors=True)
         killed = tune_run(pvc, *args(pvc), env=deterministic_env(pvc, KUBETUNE_TEST_KILL_AT=str(n),
                                                                   **env))
         assert killed.returncode == EXIT_KILLED, killed.stderr[-3000:]
         killed_at.append(re.search(r"killing the trainer at (.*)", killed.stderr).group(1))
+        assert killed_at[-1].endswith(point), (n, killed_at[-1])
         report = pvc.termination_log.read_text().strip()
         assert report.startswith("trainer: recipe lora_finetune_single_device was killed by "
                                   "signal 9 (SIGKILL), likely the out-of-memory killer: raise "
@@ -272,7 +289,3 @@ def test_sigkill_at_each_checkpoint_write_then_restart_completes(tmp_path, tiny_
         vouched = "resume record written" in killed_at
         assert ("global step 1, saved on step" in again.stderr) == vouched, killed_at[-1]
         assert_same_training(pvc, reference, "epoch_0", adapter=True)
-    assert any("adapter_model.pt" in p for p in killed_at[:-1]), killed_at
-    assert any("recipe_state.pt" in p for p in killed_at), killed_at
-    assert "checkpoint renamed into place" in killed_at, killed_at
-    assert "epoch_0/adapter_model.pt" in killed_at[-1], killed_at  # in the final save
