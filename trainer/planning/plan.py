@@ -16,7 +16,7 @@ from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import builder_settings, config_keys, lora_scale
-from kubetune.trainer.objectives import dpo
+from kubetune.trainer.objectives import distill, dpo
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
@@ -359,6 +359,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
+    if distill.is_distill(Path(recipe_path).stem):
+        notes += _teacher(cfg, checkpoint, user_keys, workspace)
     notes += model_shaped.fit(cfg, checkpoint, method, request.config, user_keys,
                               topo.world_size, hardware.gpu_memory_bytes()
                               if hw.device.startswith("cuda") else None)
@@ -459,7 +461,18 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
         topo = topology.Topology(1, 1, 0, None)
     if dpo.is_dpo(Path(recipe_path).stem):
         dpo.check_method(method, topo)
+    if distill.is_distill(Path(recipe_path).stem):
+        distill.check_method(method)
     return hw, distributed, topo
+
+
+def _teacher(cfg: DictConfig, student: CheckpointModel, user_keys: set[str],
+             workspace: Workspace) -> list[str]:
+    """A distillation run's teacher: its checkpointer and model sections fitted to the
+    teacher on disk (the one named, else the workspace's), its vocabulary the student's."""
+    teacher = read_checkpoint_model(distill.teacher_dir(cfg, user_keys, workspace.teacher_dir))
+    _checkpointer_section(cfg, distill.TEACHER_SECTION, teacher)
+    return distill.fit_teacher(cfg, student, teacher)
 
 
 def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunRequest, recipe_path,
