@@ -155,15 +155,18 @@ def test_kubetune_local_fetches_the_teacher_and_exports_the_student(tmp_path, te
     result = kubetune("local", "--workdir", str(tmp_path / "wd"), "--objective", "distill",
                       "--teacher", f"file://{teacher_dir}", "epochs=1",
                       "max_steps_per_epoch=2", "dtype=fp32",
-                      env=clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
+                      env=clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl"),
+                                    EXPORT_FORMAT="both"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "==> teacher-initializer: ok" in result.stdout
     assert "loss parts: ce " in result.stdout
     workspace = tmp_path / "wd" / "workspace"
     assert (workspace / "teacher" / "model.safetensors").is_file()
     manifest = json.loads((workspace / "export" / "manifest.json").read_text())
+    assert manifest["format"] == "both"
     exported = {Path(f["path"]).name for f in manifest["files"]}
     assert "adapter_model.safetensors" in exported
+    # The merged student: the base's weights with the adapter folded in.
     assert any(name.startswith("model") and name.endswith(".safetensors") for name in exported)
 
 
