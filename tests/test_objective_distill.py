@@ -215,3 +215,42 @@ def test_a_teacher_of_another_tokenizer_is_one_line(tmp_path, tiny_model_dir,
     (other / "tokenizer.json").write_text(json.dumps(tokenizer))
     line = _error_line(_dry_run(tmp_path, tiny_model_dir, tiny_dataset_dir, other))
     assert "the teacher's tokenizer" in line and "differs from the student's" in line
+
+
+@pytest.mark.slow
+def test_the_distillation_runtime_on_two_nodes_with_the_teacher_patched(tmp_path,
+                                                                         tiny_model_dir,
+                                                                         teacher_dir,
+                                                                         small_dataset):
+    # The runtime as a TrainJob runs it (merged as the controller does), on 2 nodes; the
+    # teacher's URI changed with a runtimePatch, as examples/trainjobs/ shows.
+    import yaml
+
+    from tests.support.runtimes import initializer_uris, runtime_file, write_trainjob
+
+    runtime = "kubetune-llama3.2-1b-distill-lora"
+    example = yaml.safe_load((Path(__file__).parents[1] / "examples" / "trainjobs"
+                              / "llama3.2-1b-distill.yaml").read_text())
+    patch = example["spec"]["runtimePatches"]
+    container = (patch[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+                 ["template"]["spec"]["template"]["spec"]["containers"][0])
+    container["env"] = [{"name": "STORAGE_URI", "value": f"file://{teacher_dir}"}]
+    env = {"KUBETUNE_MAX_STEPS": "2", "KUBETUNE_BATCH_SIZE": "2", "KUBETUNE_DTYPE": "fp32",
+           "KUBETUNE_GRADIENT_ACCUMULATION_STEPS": "1",
+           "KUBETUNE_LORA_RANK": "8", "KUBETUNE_LORA_ALPHA": "16", "KUBETUNE_WARMUP_STEPS": "0",
+           "KUBETUNE_MAX_SEQ_LEN": "64", "KUBETUNE_PACKING": "false"}
+    job = write_trainjob(tmp_path / "trainjob.yaml", runtime, {
+        **initializer_uris(f"file://{tiny_model_dir}", f"file://{small_dataset}"),
+        "trainer": {"numNodes": 2, "numProcPerNode": 1,
+                    "env": [{"name": k, "value": v} for k, v in env.items()]},
+        "runtimePatches": patch})
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
+                      str(runtime_file(runtime)), "--trainjob", str(job), env=clean_env(),
+                      timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    workspace = tmp_path / "run" / "workspace"
+    summary = json.loads((workspace / "output" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["distillation"]["last_kd_loss"] > 0
+    assert json.loads((workspace / "teacher" / "config.json").read_text())[
+        "num_hidden_layers"] == 3
+    assert (workspace / "export" / "manifest.json").is_file()
