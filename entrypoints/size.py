@@ -93,6 +93,7 @@ def _teacher(objective: str, method: str, teacher: str | None):
     from kubetune.trainer.objectives.choice import DISTILL
     from kubetune.trainer.performance import sized_model
 
+
     if objective != DISTILL:
         if teacher:
             raise BadInputError("--teacher is for --objective distill")

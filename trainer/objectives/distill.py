@@ -16,12 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.checkpointing.checkpoint_model import CheckpointModel
 from kubetune.trainer.request.topology import Topology
+
+if TYPE_CHECKING:  # light to import: `kubetune size` checks the method without torch
+    from omegaconf import DictConfig
+
+    from kubetune.trainer.checkpointing.checkpoint_model import CheckpointModel
 
 # one process? -> (recipe, base config).
 _RECIPES = {
@@ -59,7 +62,7 @@ def check_method(method: str) -> None:
                             f"{AVAILABLE}")
 
 
-def teacher_dir(cfg: DictConfig, user_keys: set[str], default: Path) -> Path:
+def teacher_dir(cfg: "DictConfig", user_keys: set[str], default: Path) -> Path:
     """Where the teacher is: the directory the request names for ``teacher_checkpointer``,
     else the workspace's teacher (the teacher initializer's output); refused when neither
     holds a model."""
@@ -76,6 +79,8 @@ def teacher_dir(cfg: DictConfig, user_keys: set[str], default: Path) -> Path:
 def fit_teacher(cfg: DictConfig, student: CheckpointModel, teacher: CheckpointModel) -> list[str]:
     """The ``teacher_model`` section built for the teacher's checkpoint (a frozen full
     model), after checking that its vocabulary is the student's."""
+    from omegaconf import OmegaConf
+
     check_same_vocabulary(student, teacher)
     arch = teacher.architecture
     old = OmegaConf.select(cfg, f"{TEACHER_MODEL}._component_")
