@@ -97,6 +97,19 @@ def test_the_memory_plan_counts_the_teacher(tmp_path):
     assert missing.returncode == EXIT_BAD_INPUT and "--teacher MODEL" in missing.stderr
 
 
+def test_the_loss_parts_reach_the_progress_line_and_the_trainjob_status(tmp_path, capsys):
+    from kubetune.trainer.metric_logging.metric_logger import JsonLinesMetricLogger
+    from kubetune.trainer.metric_logging.train_progress import TrainProgress
+
+    logger = JsonLinesMetricLogger(str(tmp_path))
+    logger.log_dict({"loss": 2.5, "class_loss": 2.0, "kd_loss": 3.0, "lr": 1e-3}, step=1)
+    logger.close()
+    [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert "loss 2.5000 | ce 2.0000 | kd 3.0000 | lr" in capsys.readouterr().out
+    status = TrainProgress(environ={}).status_metrics(record)
+    assert (status["ce_loss"], status["kd_loss"]) == ("2", "3")
+
+
 @pytest.mark.slow
 def test_drop_in_kd_run_fits_the_teachers_checkpoint_and_reports_both_loss_parts(drop_in):
     pvc, result = drop_in
