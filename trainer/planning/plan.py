@@ -359,13 +359,18 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
+    teacher = None
     if distill.is_distill(Path(recipe_path).stem):
-        notes += _teacher(cfg, checkpoint, user_keys, workspace)
+        teacher, teacher_notes = _teacher(cfg, checkpoint, user_keys, workspace)
+        notes += teacher_notes
     notes += model_shaped.fit(cfg, checkpoint, method, request.config, user_keys,
                               topo.world_size, hardware.gpu_memory_bytes()
                               if hw.device.startswith("cuda") else None)
     checkpoint_bytes = host_memory.checkpoint_bytes(checkpoint.model_dir,
                                                     checkpoint.weight_files)
+    if teacher is not None:  # each process loads the teacher's checkpoint too
+        checkpoint_bytes += host_memory.checkpoint_bytes(teacher.model_dir,
+                                                         teacher.weight_files)
     too_small = host_memory.note(topo.nproc_per_node, checkpoint_bytes,
                                  host_memory.container_memory_bytes())
     notes += [too_small] if too_small else []
@@ -397,8 +402,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                                                 topo.world_size)
         if no_step:
             raise BadInputError(no_step)
-    fingerprint, resumed = _resume(cfg, notes, _inputs(checkpoint.model_dir,
-                                                       workspace.dataset_dir))
+    fingerprint, resumed = _resume(cfg, notes, _inputs(
+        checkpoint.model_dir, workspace.dataset_dir,
+        teacher.model_dir if teacher is not None else None))
     return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
@@ -467,12 +473,12 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
 
 
 def _teacher(cfg: DictConfig, student: CheckpointModel, user_keys: set[str],
-             workspace: Workspace) -> list[str]:
+             workspace: Workspace) -> tuple[CheckpointModel, list[str]]:
     """A distillation run's teacher: its checkpointer and model sections fitted to the
     teacher on disk (the one named, else the workspace's), its vocabulary the student's."""
     teacher = read_checkpoint_model(distill.teacher_dir(cfg, user_keys, workspace.teacher_dir))
     _checkpointer_section(cfg, distill.TEACHER_SECTION, teacher)
-    return distill.fit_teacher(cfg, student, teacher)
+    return teacher, distill.fit_teacher(cfg, student, teacher)
 
 
 def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunRequest, recipe_path,
@@ -547,11 +553,13 @@ def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
             "would resume)")
 
 
-def _inputs(model_dir: Path, dataset_dir: Path) -> str:
-    """What the initializers fetched into ``model_dir`` and ``dataset_dir``, by content
-    ("" where neither left a manifest: a directory given by hand)."""
-    digests = [(name, InitializerManifest.read(tree).content_digest())
-               for name, tree in (("model", model_dir), ("dataset", dataset_dir))]
+def _inputs(model_dir: Path, dataset_dir: Path, teacher_dir: Path | None = None) -> str:
+    """What the initializers fetched into ``model_dir``, ``dataset_dir`` and a
+    distillation run's ``teacher_dir``, by content ("" where none left a manifest: a
+    directory given by hand): another teacher is another run, never a resumed one."""
+    trees = [("model", model_dir), ("dataset", dataset_dir)]
+    trees += [("teacher", teacher_dir)] if teacher_dir is not None else []
+    digests = [(name, InitializerManifest.read(tree).content_digest()) for name, tree in trees]
     return " ".join(f"{name}={digest}" for name, digest in digests if digest)
 
 
