@@ -166,13 +166,16 @@ def test_two_processes_distil_from_the_workspace_teacher(tmp_path, tiny_model_di
 @pytest.mark.slow
 def test_kubetune_local_fetches_the_teacher_and_exports_the_student(tmp_path, teacher_dir):
     result = kubetune("local", "--workdir", str(tmp_path / "wd"), "--objective", "distill",
-                      "--teacher", f"file://{teacher_dir}", "epochs=1",
-                      "max_steps_per_epoch=2", "dtype=fp32",
+                      "--teacher", f"file://{teacher_dir}", "--val-fraction", "0.05",
+                      "--val-prompts", "0",
+                      "epochs=1", "max_steps_per_epoch=2", "dtype=fp32",
                       env=clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl"),
                                     EXPORT_FORMAT="both"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "==> teacher-initializer: ok" in result.stdout
     assert "loss parts: ce " in result.stdout
+    # The held-out set: the student's cross-entropy on it, base -> last, as for SFT.
+    assert "val loss: " in result.stdout
     workspace = tmp_path / "wd" / "workspace"
     assert (workspace / "teacher" / "model.safetensors").is_file()
     manifest = json.loads((workspace / "export" / "manifest.json").read_text())
