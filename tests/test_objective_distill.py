@@ -209,6 +209,11 @@ def test_a_missing_teacher_is_one_line(tmp_path, tiny_model_dir, tiny_dataset_di
     local = kubetune("local", "--workdir", str(tmp_path / "wd"), "--objective", "distill",
                      env=clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl2")))
     assert "--objective distill needs a teacher: --teacher URI" in _error_line(local)
+    # With a runtime, its third initializer fetches the teacher: the option is refused.
+    runtime = kubetune("local", "--workdir", str(tmp_path / "wd2"), "--runtime",
+                       "runtimes/base/kubetune-llama3.2-1b-distill-lora.yaml", "--teacher",
+                       str(tmp_path), env=clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "t3")))
+    assert "with --runtime, --teacher would be ignored" in _error_line(runtime)
 
 
 def test_a_teacher_of_another_vocabulary_is_one_line(tmp_path, tiny_model_dir,

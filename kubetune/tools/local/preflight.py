@@ -89,7 +89,9 @@ def check_combinations(o: Options, option_names: set[str],
     ignored = sorted(({"method", "objective", "teacher_uri", "export_uri"} | TRAINER_OPTIONS)
                      & on_command_line)
     if o.runtime_path is not None and ignored:
-        flags = "/".join("--" + name.replace("_", "-") for name in ignored)
+        # The option's flag, where its parameter is named otherwise (--teacher: teacher_uri).
+        flags = "/".join("--teacher" if name == "teacher_uri" else "--" + name.replace("_", "-")
+                         for name in ignored)
         raise BadInputError(f"with --runtime, {flags} would be ignored: the runtime and the "
                             "TrainJob set the method, the export destination and the "
                             "trainer's settings (spec.trainer.env)")
