@@ -69,10 +69,12 @@ def teacher_dir(cfg: "DictConfig", user_keys: set[str], default: Path) -> Path:
     named = f"{TEACHER_SECTION}.checkpoint_dir" in user_keys
     where = Path(str(cfg[TEACHER_SECTION].checkpoint_dir)) if named else default
     if not (where / "config.json").is_file():
-        how = (f"{TEACHER_SECTION}.checkpoint_dir" if named else
-               "--teacher URI (KUBETUNE_TEACHER_URI) or teacher_checkpointer.checkpoint_dir=")
+        how = (f"set {TEACHER_SECTION}.checkpoint_dir to the teacher's model directory"
+               if named else "fetch the teacher there (kubetune local --teacher URI, or the "
+               "runtime's teacher-initializer) or set teacher_checkpointer.checkpoint_dir "
+               "to its model directory")
         raise BadInputError(f"distillation: no teacher model at {where} (no config.json): "
-                            f"set {how} to the teacher's model directory")
+                            f"{how}")
     return where
 
 
