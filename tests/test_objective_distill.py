@@ -216,6 +216,16 @@ def test_a_missing_teacher_is_one_line(tmp_path, tiny_model_dir, tiny_dataset_di
     assert "with --runtime, --teacher would be ignored" in _error_line(runtime)
 
 
+def test_a_named_teacher_directory_that_is_not_there_is_one_line(tmp_path, tiny_model_dir,
+                                                                 tiny_dataset_dir):
+    pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    result = tune_run(pvc, *KD_SINGLE, *pvc.runtime_args(),
+                      f"teacher_checkpointer.checkpoint_dir={tmp_path / 'nope'}",
+                      "--kubetune-dry-run")
+    assert "no teacher model at" in _error_line(result)
+    assert "set teacher_checkpointer.checkpoint_dir" in _error_line(result)
+
+
 def test_a_teacher_of_another_vocabulary_is_one_line(tmp_path, tiny_model_dir,
                                                      tiny_dataset_dir):
     from kubetune.tools.demo.tiny_qwen2 import write_tiny_qwen2

@@ -134,7 +134,8 @@ def _checkpointer_sections(cfg: DictConfig, checkpoint: CheckpointModel,
     unless the user named another directory for that section."""
     _checkpointer_section(cfg, "checkpointer", checkpoint)
     for name in [k for k in cfg.keys() if str(k).endswith("_checkpointer")]:
-        if not isinstance(cfg.get(name), DictConfig):
+        # A teacher is another model, never the one given: `_teacher` fits it.
+        if not isinstance(cfg.get(name), DictConfig) or name == distill.TEACHER_SECTION:
             continue
         named = f"{name}.checkpoint_dir" in user_keys
         other = read_checkpoint_model(Path(cfg[name].checkpoint_dir)) if named else checkpoint
@@ -360,7 +361,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
     teacher = None
-    if distill.is_distill(Path(recipe_path).stem):
+    if isinstance(cfg.get(distill.TEACHER_SECTION), DictConfig):  # a KD config, any recipe
         teacher, teacher_notes = _teacher(cfg, checkpoint, user_keys, workspace)
         notes += teacher_notes
     notes += model_shaped.fit(cfg, checkpoint, method, request.config, user_keys,
