@@ -18,7 +18,7 @@ from kubetune.entrypoints.extras import require
 from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
-from kubetune.workspace import SUMMARY_NAME
+from kubetune.workspace import SUMMARY_NAME, TEACHER_PATH
 from kubetune.trainer.objectives.choice import OBJECTIVES, recipe_for
 from kubetune.trainer.request.methods import METHODS
 
@@ -86,8 +86,9 @@ def demo_sources_checked(sources_dir: Path, model_uri: str | None, dataset_uri: 
 
 def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
              train_args: list[str], export_uri: str | None,
-             objective: str = "sft") -> list[list[Step]]:
-    """The four steps over ``workdir/workspace``, as a ClusterTrainingRuntime wires them."""
+             objective: str = "sft", teacher_uri: str | None = None) -> list[list[Step]]:
+    """The four steps over ``workdir/workspace``, as a ClusterTrainingRuntime wires them
+    (a distillation run's teacher: the model initializer again, into ``teacher/``)."""
     pvc = (workdir / "workspace").resolve()
     py = sys.executable
     pod_env = {env.WORKSPACE: str(pvc)}
@@ -100,13 +101,17 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
         f"output_dir={pvc / 'output'}",
         f"tokenizer.path={pvc / 'model' / 'original' / 'tokenizer.model'}",
         f"checkpointer.checkpoint_dir={pvc / 'model'}",
+        *([f"teacher_checkpointer.checkpoint_dir={pvc / TEACHER_PATH}"] if teacher_uri else []),
         *implied, *train_args,
     ]
+    teacher = [Step("teacher-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
+                    {**pod_env, env.STORAGE_URI: teacher_uri,
+                     env.OUTPUT_PATH: str(pvc / TEACHER_PATH)})] if teacher_uri else []
     return [
         [Step("dataset-initializer", [py, "-m", "kubetune.entrypoints", "init-dataset"],
               {**pod_env, env.STORAGE_URI: dataset_uri}),
          Step("model-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
-              {**pod_env, env.STORAGE_URI: model_uri})],
+              {**pod_env, env.STORAGE_URI: model_uri}), *teacher],
         [Step("trainer", tune_run, {**trainer_env, env.PET_NNODES: "1",
                                     env.PET_NPROC_PER_NODE: "1", env.PET_NODE_RANK: "0"})],
         [Step("exporter", [py, "-m", "kubetune.entrypoints", "export"],
@@ -129,6 +134,11 @@ def summary_lines(workdir: Path) -> list[str]:
         f"loss: {summary['first_loss']:.4f} (first) -> {summary['last_loss']:.4f} (last)",
         f"tokens/s: {tps:.0f}" if tps else "tokens/s: n/a",
     ]
+    distilled = summary.get("distillation") or {}
+    if distilled.get("last_kd_loss") is not None:
+        lines.insert(2, f"loss parts: ce {distilled['first_ce_loss']:.4f} -> "
+                        f"{distilled['last_ce_loss']:.4f}, kd {distilled['first_kd_loss']:.4f}"
+                        f" -> {distilled['last_kd_loss']:.4f}")
     preference = summary.get("preference") or {}
     if preference.get("last_reward_accuracy") is not None:
         lines.insert(2, f"reward accuracy: {preference['first_reward_accuracy']:.2f} (first) -> "
@@ -165,7 +175,7 @@ def _tune_run_args(stages: list[list[Step]]) -> list[str]:
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None, options: dict | None = None,
-              objective: str = "sft") -> list[str]:
+              objective: str = "sft", teacher_uri: str | None = None) -> list[str]:
     """Check, then run the pipeline; return the summary lines. The trainer settings of
     the environment (``KUBETUNE_*``), then the trainer options typed (``options``:
     `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
@@ -179,6 +189,7 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     # Relative paths mean the directory the user ran us in: made absolute once, here.
     model_uri, dataset_uri, export_uri = preflight.resolve_sources(
         model_uri, dataset_uri, export_uri, Path.cwd())
+    teacher_uri = preflight.resolve_teacher(objective, teacher_uri, Path.cwd())
     args = train_args_rules.effective_train_args(
         list(train_args or []), demo_model=model_uri is None,
         demo_dataset=dataset_uri is None, method=method,
@@ -186,11 +197,11 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
             environment_settings(method)[0],
             train_overrides(TrainOptions(method=method, **(options or {})))))
     with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
-        stages = pipeline(workdir, *final, method, args, export_uri, objective)
+        stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri)
         # What was checked and will run: the demo defaults kept, then the user's.
         logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
         preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
-                                (workdir / "workspace").resolve(), *checked)
+                                (workdir / "workspace").resolve(), *checked, teacher_uri)
         preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
     # A completed run of the same config and inputs stays: its trainer says so and the
     # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
@@ -270,7 +281,11 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               show_envvar=True, type=click.Choice(sorted(METHODS)), help="Fine-tuning method")
 @click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
               show_envvar=True, type=click.Choice(OBJECTIVES),
-              help="sft, or dpo: preference tuning on chosen/rejected pairs (--dataset)")
+              help="sft, dpo: preference tuning on chosen/rejected pairs (--dataset), or "
+                   "distill: a LoRA student learns from --teacher's logits")
+@click.option("--teacher", "teacher_uri", envvar=env.TEACHER_URI, default=None,
+              show_envvar=True, help="Teacher model STORAGE_URI (--objective distill), "
+                                     "fetched like --model into workspace/teacher")
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
               help="Export destination (default: workspace/export)")
 @click.option("--runtime", "runtime_path", envvar=env.LOCAL_RUNTIME, default=None,
@@ -315,7 +330,8 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
                    "of the runtime mounts it (a builder at /opt/custom, say); repeatable "
                    "(the variable: space-separated)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def local(workdir: Path, model_uri, dataset_uri, method, objective, export_uri, runtime_path,
+def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri, export_uri,
+          runtime_path,
           trainjob_path, print_jobset, engine, gpus, images, configmaps, train_args,
           **validation) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
@@ -355,7 +371,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, objective, export_uri, 
                                  if name in typed}
                 lines = run_local(workdir, model_uri, dataset_uri, method,
                                   list(train_args) if train_args else None, export_uri,
-                                  typed_options, objective)
+                                  typed_options, objective, teacher_uri)
         else:
             try:
                 if print_jobset:

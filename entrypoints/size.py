@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kubetune import env, quantity
+from kubetune.errors import BadInputError
 from kubetune.entrypoints.step import step_command
 from kubetune.trainer.objectives.choice import OBJECTIVES
 from kubetune.trainer.request.methods import METHOD_NAMES
@@ -85,6 +86,25 @@ def _text(result: dict, line: str) -> str:
     ])
 
 
+def _teacher(objective: str, method: str, teacher: str | None):
+    """The teacher a distillation run holds beside the student (None otherwise); refused where
+    the objective and the teacher do not go together, or the method has no KD recipe."""
+    from kubetune.trainer.objectives import distill
+    from kubetune.trainer.objectives.choice import DISTILL
+    from kubetune.trainer.performance import sized_model
+
+
+    if objective != DISTILL:
+        if teacher:
+            raise BadInputError("--teacher is for --objective distill")
+        return None
+    distill.check_method(method)
+    if not teacher:
+        raise BadInputError(f"--objective distill counts the teacher: --teacher MODEL (or "
+                            f"{env.TEACHER_URI})")
+    return sized_model.read(teacher)
+
+
 @click.command("size")
 @click.option("--model", envvar=env.SIZE_MODEL, required=True, show_envvar=True,
               help="A model directory, its config.json, or hf://org/name (only config.json "
@@ -94,7 +114,11 @@ def _text(result: dict, line: str) -> str:
 @click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
               show_envvar=True, type=click.Choice(OBJECTIVES),
               help="dpo: each row a pair of answers through the model, and full DPO's "
-                   "frozen reference copy counted.")
+                   "frozen reference copy counted; distill: --teacher's weights and logits "
+                   "counted.")
+@click.option("--teacher", envvar=env.TEACHER_URI, default=None, show_envvar=True,
+              help="The teacher (--objective distill): a model directory, its config.json "
+                   "or hf://org/name.")
 @click.option("--max-seq-len", envvar=env.MAX_SEQ_LEN, type=click.IntRange(min=1),
               show_envvar=True,
               help="Tokens per sequence (default: the trainer's, the model's context up to "
@@ -115,7 +139,7 @@ def _text(result: dict, line: str) -> str:
               default="text", show_default=True, show_envvar=True,
               help="text (the plan line and a TrainJob block), json or yaml.")
 @step_command("size")
-def size(model: str, method: str, objective: str, max_seq_len: int | None, batch_size: int,
+def size(model: str, method: str, objective: str, teacher: str | None, max_seq_len: int | None, batch_size: int,
          gpu_memory: int, gpus_per_node: int, max_nodes: int | None, output: str) -> None:
     """The nodes, GPUs per node, GPU memory per device and host memory per node a
     fine-tuning run needs, from the memory plan the trainer runs, with the
@@ -124,12 +148,19 @@ def size(model: str, method: str, objective: str, max_seq_len: int | None, batch
 
     sized = sized_model.read(model)
     arch = sized.architecture
+    teacher_sized = _teacher(objective, method, teacher)
+    teacher_dims = teacher_sized.architecture.shape if teacher_sized else None
+    # Each process loads the teacher's checkpoint beside the student's.
+    checkpoint_bytes = sized.checkpoint_bytes
+    if teacher_sized and checkpoint_bytes is not None:
+        checkpoint_bytes += teacher_sized.checkpoint_bytes or 0
     label = f"{sized.label} ({arch.family}, {sized.parameters / 1e9:.1f}B parameters)"
     request = sizing.Request(
         label=label, dims=arch.shape, method=method,
         seq_len=max_seq_len or min(int(arch.dims.get("max_seq_len", 2048)), 2048),
         batch_size=batch_size, gpu_memory_bytes=gpu_memory, gpus_per_node=gpus_per_node,
-        checkpoint_bytes=sized.checkpoint_bytes, max_nodes=max_nodes, objective=objective)
+        checkpoint_bytes=checkpoint_bytes, max_nodes=max_nodes, objective=objective,
+        teacher_dims=teacher_dims)
     fit = sizing.smallest(request)
     result = answer(fit, sized, request)
     if output == "json":

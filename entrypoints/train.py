@@ -203,8 +203,9 @@ class _TrainCommand(click.Command):
               show_envvar=True, type=click.Choice(METHOD_NAMES), help="Fine-tuning method")
 @click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
               show_envvar=True, type=click.Choice(OBJECTIVES),
-              help="What the method optimises: sft (imitate the answers) or dpo (prefer "
-                   "the chosen answer of preference pairs over the rejected)")
+              help="What the method optimises: sft (imitate the answers), dpo (prefer "
+                   "the chosen answer of preference pairs over the rejected) or distill "
+                   "(also match the logits of the teacher in <workspace>/teacher)")
 @_opt("--epochs", env.EPOCHS, "Epochs (default: the recipe's)", type=int)
 @_opt("--max-steps", env.MAX_STEPS, "Maximum optimizer steps per epoch", type=int)
 @_opt("--batch-size", env.BATCH_SIZE, "Per-device batch size", type=int)

@@ -56,7 +56,8 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 # Direct training (`kubetune train`).
 METHOD = "KUBETUNE_METHOD"
-OBJECTIVE = "KUBETUNE_OBJECTIVE"  # sft | dpo
+OBJECTIVE = "KUBETUNE_OBJECTIVE"  # sft | dpo | distill
+TEACHER_URI = "KUBETUNE_TEACHER_URI"  # a distillation run's teacher model (a STORAGE_URI)
 EPOCHS = "KUBETUNE_EPOCHS"
 MAX_STEPS = "KUBETUNE_MAX_STEPS"
 BATCH_SIZE = "KUBETUNE_BATCH_SIZE"

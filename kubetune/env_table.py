@@ -94,7 +94,9 @@ ROWS: dict[str, Var] = {
     # Training settings (`kubetune train`'s options; `tune run` and `kubetune local` too)
     env.METHOD: Var(YOU, "trainer, local, size", "lora, qlora, dora or full", "lora"),
     env.OBJECTIVE: Var(YOU, "trainer, local, size", "what the run optimises: sft (imitation) "
-                       "or dpo (preference pairs)", "sft"),
+                       "dpo (preference pairs) or distill (a teacher's logits)", "sft"),
+    env.TEACHER_URI: Var(YOU, "local, size", "the teacher model's STORAGE_URI (--objective "
+                         "distill): fetched into <workspace>/teacher"),
     env.EPOCHS: _train("epochs"),
     env.MAX_STEPS: _train("most optimizer steps per epoch", "no cap"),
     env.BATCH_SIZE: _train("per-device batch size"),

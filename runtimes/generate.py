@@ -58,6 +58,9 @@ class Spec:
     access_mode: str = "ReadWriteOnce"
     gang: bool = False
     exporter: bool = True
+    # Distillation: the teacher model, fetched by the model initializer into
+    # /workspace/teacher (kubetune.workspace.TEACHER_PATH) as a third initializer.
+    teacher_uri: str | None = None
 
 
 def _tune_dropin(config: str, tokenizer: list[str]) -> list[str]:
@@ -132,6 +135,16 @@ RUNTIMES = [
          node_env=_env(KUBETUNE_METHOD="lora", KUBETUNE_OBJECTIVE="dpo",
                        KUBETUNE_LORA_RANK="16", KUBETUNE_LORA_ALPHA="32",
                        KUBETUNE_EPOCHS="1")),
+    Spec("kubetune-llama3.2-1b-distill-lora", "Llama-3.2-1B-Instruct distilled from "
+         "Llama-3.1-8B-Instruct (knowledge distillation, LoRA student), one GPU (kubetune "
+         "train --objective distill; the teacher: a third initializer into "
+         "/workspace/teacher, docs/trainer.md#distillation)", "kubetune",
+         "hf://meta-llama/Llama-3.2-1B-Instruct", DEFAULT_DATASET, TRAIN, gpus=1,
+         memory="64Gi", cpu="8", shm="8Gi", storage="100Gi",
+         node_env=_env(KUBETUNE_METHOD="lora", KUBETUNE_OBJECTIVE="distill",
+                       KUBETUNE_LORA_RANK="16", KUBETUNE_LORA_ALPHA="32",
+                       KUBETUNE_EPOCHS="1"),
+         teacher_uri="hf://meta-llama/Llama-3.1-8B-Instruct"),
     Spec("kubetune-byo-model", "Bring your own model: model and dataset only from the "
          "TrainJob (spec.initializer), method from KUBETUNE_METHOD (default lora)",
          "kubetune", None, None, TRAIN, gpus=1, memory="64Gi", cpu="8", shm="8Gi",
@@ -209,6 +222,19 @@ def _initializer(kind: str, uri: str | None) -> dict:
     return _job(name, name, container, backoff_limit=2, volumes=[_tmp_volume()])
 
 
+def _teacher_initializer(uri: str) -> dict:
+    # No ancestor label: the controller's TrainJob initializer overrides (spec.initializer
+    # .model) are the student's; the teacher's URI is the runtime's (or a runtimePatch's).
+    container: dict = {"name": "teacher-initializer", "image": INITIALIZER_IMAGE,
+                       "command": ["kubetune", "init-model"],
+                       "env": _env(STORAGE_URI=uri, OUTPUT_PATH="/workspace/teacher"),
+                       "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
+                                     "limits": {"memory": "8Gi"}},
+                       "volumeMounts": MOUNTS}
+    return _job("teacher-initializer", None, container, backoff_limit=2,
+                volumes=[_tmp_volume()])
+
+
 def _node(spec: Spec) -> dict:
     container: dict = {"name": "node", "image": TRAINER_IMAGE, "command": spec.node_command}
     if spec.node_args:
@@ -222,8 +248,9 @@ def _node(spec: Spec) -> dict:
     volumes = [_tmp_volume("20Gi"),
                # NCCL and DataLoader workers share memory through /dev/shm (64Mi by default).
                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm}}]
+    teacher = ["teacher-initializer"] if spec.teacher_uri else []
     return _job("node", "trainer", container, backoff_limit=0, volumes=volumes,
-                depends_on=["dataset-initializer", "model-initializer"])
+                depends_on=["dataset-initializer", "model-initializer", *teacher])
 
 
 def _exporter() -> dict:
@@ -239,6 +266,7 @@ def _exporter() -> dict:
 
 def runtime(spec: Spec) -> dict:
     jobs = [_initializer("dataset", spec.dataset_uri), _initializer("model", spec.model_uri),
+            *([_teacher_initializer(spec.teacher_uri)] if spec.teacher_uri else []),
             _node(spec)]
     if spec.exporter:
         jobs.append(_exporter())

@@ -183,13 +183,27 @@ def test_exporter_runs_last_with_its_destination_from_env(path):
         assert names == ["node"] and "kubetune export" in node["command"][2]
         assert "EXPORT_URI" in {e["name"] for e in node["env"]}
         return
-    assert names == ["dataset-initializer", "model-initializer", "node", "exporter"]
-    exporter = jobs(runtime)[3]
+    # A distillation runtime's teacher is a third initializer, before the node.
+    teacher = ["teacher-initializer"] if "teacher-initializer" in names else []
+    assert names == ["dataset-initializer", "model-initializer", *teacher, "node", "exporter"]
+    exporter = jobs(runtime)[-1]
     assert exporter["dependsOn"] == [{"name": "node", "status": "Complete"}]
     container = pod(exporter)["containers"][0]
     assert container["command"] == ["kubetune", "export"]
     assert {"name": "initializer", "mountPath": "/workspace"} in container["volumeMounts"]
     assert any(e["name"] == "EXPORT_URI" for e in container["env"])
+
+
+def test_the_distillation_runtime_fetches_the_teacher_before_the_node():
+    runtime = load(next(p for p in RUNTIMES if "distill" in p.name))
+    by_name = {j["name"]: j for j in jobs(runtime)}
+    teacher = pod(by_name["teacher-initializer"])["containers"][0]
+    assert teacher["command"] == ["kubetune", "init-model"]
+    env = {e["name"]: e["value"] for e in teacher["env"]}
+    assert env["OUTPUT_PATH"] == "/workspace/teacher" and env["STORAGE_URI"].startswith("hf://")
+    assert {"name": "teacher-initializer", "status": "Complete"} in by_name["node"]["dependsOn"]
+    node_env = {e["name"]: e["value"] for e in pod(by_name["node"])["containers"][0]["env"]}
+    assert node_env["KUBETUNE_OBJECTIVE"] == "distill"
 
 
 @pytest.mark.parametrize("path", [p for p in RUNTIMES if p.name.startswith("torchtune-")],

@@ -72,6 +72,8 @@ def _dry_run_trainer(runtime_file: str, spec: dict | None, model: Path, dataset:
     workspace = workdir / "workspace"
     (workspace / "model").symlink_to(model)
     (workspace / "dataset").symlink_to(dataset)
+    if any(j["name"] == "teacher-initializer" for j in jobset.spec["replicatedJobs"]):
+        (workspace / "teacher").symlink_to(model)  # a distillation runtime's teacher
     program, *args = step.command
     if program == "tune":
         argv = [sys.executable, "-m", "kubetune.entrypoints.tune", *args, "--kubetune-dry-run"]

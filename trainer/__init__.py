@@ -10,7 +10,7 @@ The rooms, in the order a run goes through them:
   dataset, the checkpoint and the reports, each a room of its own;
 - ``validation/``: held-out data measured: the held-out set, the validation loss, and
   answers to a few held-out prompts, base and tuned side by side;
-- ``objectives/``: what a run optimises beyond imitation (DPO), the recipe and the data
+- ``objectives/``: what a run optimises beyond imitation (DPO, distillation), the recipe and the data
   builder for it;
 - ``planning/``: the request merged (``planning.plan``) with what
   ``checkpointing.checkpoint_model``, ``performance`` and ``data`` say;

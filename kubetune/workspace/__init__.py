@@ -49,6 +49,9 @@ STAGING_PREFIX = ".kubetune-staging-"  # sibling directories that are never read
 # The trainer's tokenized datasets, one directory per key, under the workspace root (beside
 # output/ when there is no workspace): kubetune.trainer.data.token_cache.
 TOKEN_CACHE_PATH = "cache/tokens"
+# A distillation run's teacher model, fetched by the model initializer as a third
+# initializer (kubetune.trainer.objectives.distill).
+TEACHER_PATH = "teacher"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ class Workspace:
     model_dir: Path
     output_dir: Path
     export_dir: Path
+
+    @property
+    def teacher_dir(self) -> Path:
+        return self.root / TEACHER_PATH
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> "Workspace":

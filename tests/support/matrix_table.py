@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from tests.support.support_matrix import (BYO, CHAT_TEMPLATE, GANG, METHOD_NAMES, METHODS,
-                                          MODEL, MODELS, OBJECTIVES, TOPOLOGIES, Cell)
+                                          MODEL, MODELS, OBJECTIVE_CELLS, OBJECTIVES,
+                                          TOPOLOGIES, Cell)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "support-matrix.json"
@@ -97,7 +98,19 @@ def render(results: dict[str, dict]) -> str:
               "its export is loaded as an SFT run's. —: a method the objective's row has no "
               "cell for.")
     footnotes = [f"{i}. {text}" for i, text in enumerate(notes.texts, 1)]
-    return "\n".join([BEGIN, "", *lines, "", legend, "", *footnotes, "", END])
+    return "\n".join([BEGIN, "", *lines, "", legend, "", *footnotes, "",
+                      *_objective_lines(), "", END])
+
+
+def _objective_lines() -> list[str]:
+    """Objectives beyond imitation: what runs them (a test), or the line that refuses."""
+    lines = ["| objective, method | topology | outcome |", "|---|---|---|"]
+    for (objective, method, topology), (outcome, what) in OBJECTIVE_CELLS.items():
+        text = f"✓ `{what.split('::')[-1]}`" if outcome == "run" else f"65: {what}"
+        lines.append(f"| {objective}, {METHOD_NAMES[method]} | {topology} | {text} |")
+    return lines + ["", "Objectives: ✓ a real run of the Llama 3 tiny checkpoint in "
+                    "the test named (`tests/test_objective_*.py`); 65: refused before any "
+                    "step, one line naming what can run."]
 
 
 def rewrite(doc: str, block: str) -> str:

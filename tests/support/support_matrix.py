@@ -237,3 +237,25 @@ FAST = (
     Cell("Phi-3", "qlora", "2 processes"),
     Cell("Phi-4", "dora", "1 process"),
 )
+
+
+# Objectives beyond imitation, on the Llama 3 tiny checkpoint (the family does not change
+# the objective's code path: the recipe and its teacher or reference sections do): each
+# (objective, method, topology) -> the test that runs it, or why it cannot run. Rendered
+# under the matrix in docs/runtimes.md; `tests/test_support_matrix.py` checks each test
+# named exists.
+OBJECTIVE_CELLS = {
+    ("Distillation", "lora", "1 process"):
+        ("run", "tests/test_objective_distill.py::"
+                "test_drop_in_kd_run_fits_the_teachers_checkpoint_and_reports_both_loss_parts"),
+    ("Distillation", "lora", "2 processes"):
+        ("run", "tests/test_objective_distill.py::"
+                "test_two_processes_distil_from_the_workspace_teacher"),
+    ("Distillation", "lora", "2 nodes"):
+        ("run", "tests/test_objective_distill.py::"
+                "test_the_distillation_runtime_on_two_nodes_with_the_teacher_patched"),
+    ("Distillation", "full", "1 process"):
+        ("65", "torchtune's KD recipes train a LoRA student only"),
+    ("Distillation", "qlora", "1 process"):
+        ("65", "torchtune's KD recipes do not save an NF4-quantized base"),
+}

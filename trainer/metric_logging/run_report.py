@@ -23,7 +23,8 @@ from kubetune.workspace import answers_record
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
-from kubetune.trainer.metric_logging.train_progress import REWARD_ACCURACY, REWARD_MARGIN
+from kubetune.trainer.metric_logging.train_progress import (CLASS_LOSS, KD_LOSS, REWARD_ACCURACY,
+                                                           REWARD_MARGIN)
 
 log = logging.getLogger("trainer")
 
@@ -88,6 +89,18 @@ def _preference_facts(steps: list[dict]) -> list[str]:
             "the chosen answers over the rejected, beyond the reference)"]
 
 
+def _distillation_facts(steps: list[dict]) -> list[str]:
+    """A distillation run's loss parts, first step -> last."""
+    logged = [s for s in steps if KD_LOSS in s]
+    if not logged:
+        return []
+    first, last = logged[0], logged[-1]
+    return [f"- loss parts: cross-entropy {_fmt(first.get(CLASS_LOSS), '.4f')} -> "
+            f"{_fmt(last.get(CLASS_LOSS), '.4f')} (against the labels); KD "
+            f"{_fmt(first.get(KD_LOSS), '.4f')} -> {_fmt(last.get(KD_LOSS), '.4f')} (the "
+            "student's divergence from the teacher)"]
+
+
 def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str) -> str:
     lines = ["# Training report", "", f"**{state}**", ""]
     lines += [f"- {fact}" for fact in _config_facts(output_dir)]
@@ -108,6 +121,7 @@ def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str
         lines.append(f"- loss: {steps[0]['loss']:.4f} (step {steps[0]['step']}) -> "
                      f"{steps[-1]['loss']:.4f} (step {steps[-1]['step']})")
     lines += _preference_facts(steps)
+    lines += _distillation_facts(steps)
     lines += validation_report.facts(output_dir)
     if steps:
         lines += ["", f"![loss and learning rate by step]({CURVES_NAME})"]

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from kubetune.trainer.performance import model_shape
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
-from kubetune.trainer.metric_logging.train_progress import REWARD_ACCURACY, REWARD_MARGIN
+from kubetune.trainer.metric_logging.train_progress import (CLASS_LOSS, KD_LOSS, REWARD_ACCURACY,
+                                                           REWARD_MARGIN)
 from kubetune.trainer.metric_logging.validation_numbers import train_data, validation_summary
 from kubetune.trainer.performance.model_shape import parameter_count  # noqa: F401 (part of this module's API)
 
@@ -105,6 +106,17 @@ def preference_summary(steps: list[dict]) -> dict | None:
             "last_reward_margin": last.get(REWARD_MARGIN)}
 
 
+def distillation_summary(steps: list[dict]) -> dict | None:
+    """A distillation run's loss parts, cross-entropy and KD, first and last step (None
+    for other objectives)."""
+    logged = [s for s in steps if KD_LOSS in s]
+    if not logged:
+        return None
+    first, last = logged[0], logged[-1]
+    return {"first_ce_loss": first.get(CLASS_LOSS), "last_ce_loss": last.get(CLASS_LOSS),
+            "first_kd_loss": first.get(KD_LOSS), "last_kd_loss": last.get(KD_LOSS)}
+
+
 def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict,
               device: str, world_size: int, checkpoint: str | None, method: str = "full",
               cfg: DictConfig | None = None) -> dict:
@@ -165,6 +177,7 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
         "train_data": train_data(output_dir, cfg),
         "validation": validation_summary(output_dir),
         "preference": preference_summary(steps),
+        "distillation": distillation_summary(steps),
     }
     name = gpu_name() if device.startswith("cuda") else None
     flops = peak_flops(name) if name else None

@@ -93,6 +93,19 @@ def reward_parts(record: Mapping[str, Any]) -> list[str]:
     return parts
 
 
+# What a distillation recipe logs beside its loss ((1 - kd_ratio) * class + kd_ratio * kd):
+# the cross-entropy against the labels and the KL divergence from the teacher's logits.
+CLASS_LOSS, KD_LOSS = "class_loss", "kd_loss"
+_STATUS_NAMES = ((REWARD_ACCURACY, "reward_accuracy"), (REWARD_MARGIN, "reward_margin"),
+                 (CLASS_LOSS, "ce_loss"), (KD_LOSS, "kd_loss"))
+
+
+def distill_parts(record: Mapping[str, Any]) -> list[str]:
+    """The two parts of a distillation step's loss, as the progress line shows them."""
+    return [f"{name} {float(record[key]):.4f}" for key, name in
+            ((CLASS_LOSS, "ce"), (KD_LOSS, "kd")) if key in record]
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(round(max(0.0, seconds)))
     hours, rest = divmod(seconds, 3600)
@@ -232,7 +245,8 @@ class TrainProgress:
         _drawn, self._mid_line = self, True
 
     def postfix(self, record: Mapping[str, Any]) -> str:
-        parts = [f"loss {float(record['loss']):.4f}", *reward_parts(record)]
+        parts = [f"loss {float(record['loss']):.4f}", *distill_parts(record),
+                 *reward_parts(record)]
         if "epoch" in record:
             epoch = int(record["epoch"]) + 1
             parts.insert(0, f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
@@ -249,7 +263,7 @@ class TrainProgress:
             metrics["lr"] = f"{float(record['lr']):.6g}"
         if "tokens_per_second" in record:
             metrics["tokens_per_second"] = f"{float(record['tokens_per_second']):.1f}"
-        for key, name in ((REWARD_ACCURACY, "reward_accuracy"), (REWARD_MARGIN, "reward_margin")):
+        for key, name in _STATUS_NAMES:
             if key in record:
                 metrics[name] = f"{float(record[key]):.6g}"
         metrics["step"] = int(record["step"])
@@ -271,7 +285,7 @@ class TrainProgress:
             parts.append(f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
                          else f"epoch {epoch}")
         parts.append(f"loss {float(record['loss']):.4f}")
-        parts += reward_parts(record)
+        parts += distill_parts(record) + reward_parts(record)
         if "lr" in record:
             parts.append(f"lr {float(record['lr']):.2e}")
         if "tokens_per_second" in record:
@@ -285,9 +299,7 @@ class TrainProgress:
                   "total_epochs": self.total_epochs, "loss": float(record["loss"]),
                   "lr": record.get("lr"), "tokens_per_second": record.get("tokens_per_second"),
                   "eta_s": None if eta is None else round(eta, 1),
-                  **{name: record[key] for key, name in ((REWARD_ACCURACY, "reward_accuracy"),
-                                                         (REWARD_MARGIN, "reward_margin"))
-                     if key in record}}
+                  **{name: record[key] for key, name in _STATUS_NAMES if key in record}}
         return logs.json_line(COMPONENT, "INFO", text, fields)
 
     def close(self) -> None:

@@ -9,9 +9,12 @@ SFT (the launcher, the step guard, the reports, the exporter):
   answers, without torch;
 - ``preference_data``: the builder a DPO config's ``dataset`` names
   (``_component_: kubetune.trainer.objectives.preference_data.preference_dataset``);
-- ``choice``: the objective a run asks for (``--objective``) -> recipe and config; a new
-  objective (distillation) is one more entry there and a module beside ``dpo``.
+- ``distill``: knowledge distillation; torchtune's KD recipe and config for a method on
+  a topology, the teacher (named, else the workspace's ``teacher/``) fitted and checked
+  against the student's vocabulary, the methods no KD recipe runs refused;
+- ``choice``: the objective a run asks for (``--objective``) -> recipe and config; each
+  objective is one entry there and a module here.
 
-Imported by ``planning`` (the recipe and the builder) and, by ``_component_`` path, by
+Imported by ``planning`` (the recipe, the builder, the teacher) and, by ``_component_`` path, by
 the recipe process.
 """

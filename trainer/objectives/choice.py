@@ -8,8 +8,8 @@ from kubetune.errors import BadInputError
 from kubetune.trainer.request import methods
 from kubetune.trainer.request.topology import Topology
 
-SFT, DPO = "sft", "dpo"
-OBJECTIVES = (SFT, DPO)
+SFT, DPO, DISTILL = "sft", "dpo", "distill"
+OBJECTIVES = (SFT, DPO, DISTILL)
 
 
 def recipe_for(objective: str, method: str, topology: Topology | None = None
@@ -20,6 +20,10 @@ def recipe_for(objective: str, method: str, topology: Topology | None = None
         raise BadInputError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     if objective == SFT or method not in methods.METHODS:
         return methods.recipe_for(method, topology)  # a bad method: its line names them
+    if objective == DISTILL:
+        from kubetune.trainer.objectives import distill
+
+        return distill.recipe_for(method, topology)
     from kubetune.trainer.objectives import dpo
 
     return dpo.recipe_for(method, topology)
@@ -27,6 +31,8 @@ def recipe_for(objective: str, method: str, topology: Topology | None = None
 
 def objective_of(recipe: str) -> str:
     """The objective a recipe (name or path) trains with."""
-    from kubetune.trainer.objectives import dpo
+    from kubetune.trainer.objectives import distill, dpo
 
+    if distill.is_distill(recipe):
+        return DISTILL
     return DPO if dpo.is_dpo(recipe) else SFT

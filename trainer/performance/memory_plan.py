@@ -55,6 +55,9 @@ class Workload:
     # dpo: each micro-batch row is a pair (chosen and rejected run through the model
     # together), and full DPO holds a frozen reference copy of the weights besides.
     objective: str = "sft"
+    # distill: the frozen teacher's weights (sharded as the student's are) and the logits
+    # it holds for the micro-batch while the student's forward runs.
+    teacher_dims: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def state_bytes(w: Workload) -> float:
         total = n * b + 4 * w.n_adapter * b
     if w.objective == "dpo" and w.method == "full":
         total += n * b
+    if w.teacher_dims:
+        total += parameter_count(w.teacher_dims) * b
     return total / max(1, w.world_size)
 
 
@@ -103,6 +108,8 @@ def activation_bytes(w: Workload, micro_batch: int, checkpointing: bool) -> floa
     else:
         per_token = layers * layer
     logits = w.dims["vocab_size"] * (2 * _bytes(w.dtype) + 4 * 2 / _CE_CHUNKS)
+    if w.teacher_dims:  # the teacher's logits, kept for the KD loss
+        logits += w.teacher_dims["vocab_size"] * _bytes(w.dtype)
     return tokens * (per_token + logits)
 
 

@@ -129,6 +129,7 @@ class Request:
     checkpoint_bytes: int | None
     max_nodes: int | None = None
     objective: str = "sft"  # dpo: pairs per row, and full DPO's frozen reference counted
+    teacher_dims: dict | None = None  # distill: the teacher's shape (Architecture.shape)
 
 
 def trainer_fit(r: Request, nodes: int, gpus: int) -> Fit:
@@ -139,7 +140,7 @@ def trainer_fit(r: Request, nodes: int, gpus: int) -> Fit:
     workload = memory_plan.Workload(
         dims=r.dims, method=r.method, dtype=DTYPE, seq_len=r.seq_len,
         world_size=nodes * gpus, n_adapter=adapter_count(r.dims, BASE_LORA, r.method),
-        optimizer_in_bwd=in_backward, objective=r.objective)
+        optimizer_in_bwd=in_backward, objective=r.objective, teacher_dims=r.teacher_dims)
     return fit(workload, r.gpu_memory_bytes, r.batch_size, accumulation, None, in_backward,
                nodes, r.checkpoint_bytes)
 

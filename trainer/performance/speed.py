@@ -165,6 +165,15 @@ def objective_of_loss(cfg: DictConfig) -> str:
     return "dpo" if loss.startswith("torchtune.rlhf.loss.") else "sft"
 
 
+def _teacher_dims(cfg: DictConfig) -> dict | None:
+    """A distillation config's teacher shape (its ``teacher_model`` section, fitted to the
+    teacher's checkpoint by the plan), for the memory plan to count."""
+    teacher = cfg.get("teacher_model")
+    if not isinstance(teacher, DictConfig) or "vocab_size" not in teacher:
+        return None
+    return {k: v for k, v in OmegaConf.to_container(teacher).items() if k != "_component_"}
+
+
 def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,
                 method: str, dims: dict, gpu_memory_bytes: int, nodes: int,
                 checkpoint_bytes: int | None) -> list[str]:
@@ -182,7 +191,7 @@ def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_l
         # tokenizer's max_seq_len; without one, the pack length the plan defaults to).
         seq_len=int(cfg.tokenizer.get("max_seq_len") or max_seq_len), world_size=world_size,
         n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward,
-        objective=objective_of_loss(cfg))
+        objective=objective_of_loss(cfg), teacher_dims=_teacher_dims(cfg))
     batch, accumulation = batch_sizes(cfg)
     fit = sizing.fit(
         workload, gpu_memory_bytes, batch, accumulation,

@@ -16,7 +16,7 @@ from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import builder_settings, config_keys, lora_scale
-from kubetune.trainer.objectives import dpo
+from kubetune.trainer.objectives import distill, dpo
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
@@ -134,7 +134,8 @@ def _checkpointer_sections(cfg: DictConfig, checkpoint: CheckpointModel,
     unless the user named another directory for that section."""
     _checkpointer_section(cfg, "checkpointer", checkpoint)
     for name in [k for k in cfg.keys() if str(k).endswith("_checkpointer")]:
-        if not isinstance(cfg.get(name), DictConfig):
+        # A teacher is another model, never the one given: `_teacher` fits it.
+        if not isinstance(cfg.get(name), DictConfig) or name == distill.TEACHER_SECTION:
             continue
         named = f"{name}.checkpoint_dir" in user_keys
         other = read_checkpoint_model(Path(cfg[name].checkpoint_dir)) if named else checkpoint
@@ -359,11 +360,18 @@ def plan(request: TuneRunRequest, workspace: Workspace,
     hw, distributed, topo = _place(cfg, request, recipe_path, supports_distributed, method,
                                    settings, resolved, notes)
     notes += _fit_to_checkpoint(cfg, base, request, recipe_path, checkpoint, method, user_keys)
+    teacher = None
+    if isinstance(cfg.get(distill.TEACHER_SECTION), DictConfig):  # a KD config, any recipe
+        teacher, teacher_notes = _teacher(cfg, checkpoint, user_keys, workspace)
+        notes += teacher_notes
     notes += model_shaped.fit(cfg, checkpoint, method, request.config, user_keys,
                               topo.world_size, hardware.gpu_memory_bytes()
                               if hw.device.startswith("cuda") else None)
     checkpoint_bytes = host_memory.checkpoint_bytes(checkpoint.model_dir,
                                                     checkpoint.weight_files)
+    if teacher is not None:  # each process loads the teacher's checkpoint too
+        checkpoint_bytes += host_memory.checkpoint_bytes(teacher.model_dir,
+                                                         teacher.weight_files)
     too_small = host_memory.note(topo.nproc_per_node, checkpoint_bytes,
                                  host_memory.container_memory_bytes())
     notes += [too_small] if too_small else []
@@ -395,8 +403,9 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                                                 topo.world_size)
         if no_step:
             raise BadInputError(no_step)
-    fingerprint, resumed = _resume(cfg, notes, _inputs(checkpoint.model_dir,
-                                                       workspace.dataset_dir))
+    fingerprint, resumed = _resume(cfg, notes, _inputs(
+        checkpoint.model_dir, workspace.dataset_dir,
+        teacher.model_dir if teacher is not None else None))
     return RunPlan(request=request, cfg=cfg, recipe_path=Path(recipe_path),
                    distributed=distributed, topology=topo, method=method,
                    checkpoint=checkpoint, fingerprint=fingerprint, resumed_from=resumed,
@@ -461,7 +470,18 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
         topo = topology.Topology(1, 1, 0, None)
     if dpo.is_dpo(Path(recipe_path).stem):
         dpo.check_method(method, topo)
+    if distill.is_distill(Path(recipe_path).stem):
+        distill.check_method(method)
     return hw, distributed, topo
+
+
+def _teacher(cfg: DictConfig, student: CheckpointModel, user_keys: set[str],
+             workspace: Workspace) -> tuple[CheckpointModel, list[str]]:
+    """A distillation run's teacher: its checkpointer and model sections fitted to the
+    teacher on disk (the one named, else the workspace's), its vocabulary the student's."""
+    teacher = read_checkpoint_model(distill.teacher_dir(cfg, user_keys, workspace.teacher_dir))
+    _checkpointer_section(cfg, distill.TEACHER_SECTION, teacher)
+    return teacher, distill.fit_teacher(cfg, student, teacher)
 
 
 def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunRequest, recipe_path,
@@ -536,11 +556,13 @@ def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
             "would resume)")
 
 
-def _inputs(model_dir: Path, dataset_dir: Path) -> str:
-    """What the initializers fetched into ``model_dir`` and ``dataset_dir``, by content
-    ("" where neither left a manifest: a directory given by hand)."""
-    digests = [(name, InitializerManifest.read(tree).content_digest())
-               for name, tree in (("model", model_dir), ("dataset", dataset_dir))]
+def _inputs(model_dir: Path, dataset_dir: Path, teacher_dir: Path | None = None) -> str:
+    """What the initializers fetched into ``model_dir``, ``dataset_dir`` and a
+    distillation run's ``teacher_dir``, by content ("" where none left a manifest: a
+    directory given by hand): another teacher is another run, never a resumed one."""
+    trees = [("model", model_dir), ("dataset", dataset_dir)]
+    trees += [("teacher", teacher_dir)] if teacher_dir is not None else []
+    digests = [(name, InitializerManifest.read(tree).content_digest()) for name, tree in trees]
     return " ".join(f"{name}={digest}" for name, digest in digests if digest)
 
 

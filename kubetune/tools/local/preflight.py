@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from kubetune import env, storage_uri
 from kubetune.errors import BadInputError, TransientError
+from kubetune.workspace import TEACHER_PATH
 from kubetune.suggest import closest
 from kubetune.tools.local.jobset import SCRATCH_MOUNTS
 from kubetune.tools.local.train_args import arg_key
@@ -85,10 +86,12 @@ def check_combinations(o: Options, option_names: set[str],
         raise BadInputError(f"with --runtime, set {', '.join(o.settings_in_shell)} in the "
                             "TrainJob's spec.trainer.env, not in this shell: the runtime's "
                             "pods get only the TrainJob's env")
-    ignored = sorted(({"method", "objective", "export_uri"} | TRAINER_OPTIONS)
+    ignored = sorted(({"method", "objective", "teacher_uri", "export_uri"} | TRAINER_OPTIONS)
                      & on_command_line)
     if o.runtime_path is not None and ignored:
-        flags = "/".join("--" + name.replace("_", "-") for name in ignored)
+        # The option's flag, where its parameter is named otherwise (--teacher: teacher_uri).
+        flags = "/".join("--teacher" if name == "teacher_uri" else "--" + name.replace("_", "-")
+                         for name in ignored)
         raise BadInputError(f"with --runtime, {flags} would be ignored: the runtime and the "
                             "TrainJob set the method, the export destination and the "
                             "trainer's settings (spec.trainer.env)")
@@ -163,6 +166,20 @@ def resolve_sources(model_uri: str | None, dataset_uri: str | None,
     return model, dataset, export
 
 
+def resolve_teacher(objective: str, teacher_uri: str | None, cwd: Path) -> str | None:
+    """A distillation run's teacher source, absolute and parsed as the model initializer
+    parses it; required by --objective distill and meaningless without it."""
+    from kubetune.trainer.objectives.choice import DISTILL
+
+    if objective == DISTILL and not teacher_uri:
+        raise BadInputError(f"--objective distill needs a teacher: --teacher URI (or "
+                            f"{env.TEACHER_URI}), a model of the student's tokenizer")
+    if objective != DISTILL and teacher_uri:
+        raise BadInputError(f"--teacher is for --objective distill (this run: {objective}): "
+                            "add --objective distill or leave --teacher out")
+    return _typed(teacher_uri, "--teacher", cwd) if teacher_uri else None
+
+
 def check_export_destination(export_uri: str | None, work_dir: Path) -> None:
     """The exporter's own check of ``export_uri`` (absolute; None: the workspace's), made
     before any step rather than after the training: a directory holding what no export
@@ -219,7 +236,7 @@ def _dataset_view(dataset_dir: Path, descriptor: dict, view: Path) -> Path:
 
 
 def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
-                  model_uri: str, dataset_uri: str):
+                  model_uri: str, dataset_uri: str, teacher_uri: str | None = None):
     """Plan the trainer step (``tune_run``: its argv after ``run``) as the trainer will,
     before the initializers have filled the workspace; return the planned config (an
     OmegaConf DictConfig), or None where a source is remote.
@@ -239,13 +256,18 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     if model_dir is not None:
         _verified_model(model_dir)
     descriptor = _verified_dataset(dataset_dir) if dataset_dir is not None else None
-    if model_dir is None or descriptor is None:
+    teacher_dir = local_source(teacher_uri) if teacher_uri else None
+    if teacher_dir is not None:
+        _verified_model(teacher_dir)
+    if model_dir is None or descriptor is None or (teacher_uri and teacher_dir is None):
         for note in check_request(parse_tune_run(tune_run)):
             log.debug("trainer plan: %s", note)
         return None
     # The workspace paths the pipeline gives the trainer, pointed at the model source.
     in_pvc = str(pvc / "model")
     argv = [a.replace(f"={in_pvc}", f"={model_dir}", 1) for a in tune_run]
+    if teacher_dir is not None:
+        argv = [a.replace(f"={pvc / TEACHER_PATH}", f"={teacher_dir}", 1) for a in argv]
     # The step's own environment (PET_*): the topology the trainer will see.
     settings = LauncherSettings({**os.environ, **step_env})  # a child's env, built here
     with tempfile.TemporaryDirectory(prefix="kubetune-preflight-") as tmp:

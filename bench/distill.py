@@ -1,0 +1,136 @@
+"""Distillation benchmark: kubetune's `tune run knowledge_distillation_single_device` vs
+plain torchtune's, the same upstream config (`llama3_2/8B_to_1B_KD_lora_single_device`)
+on the same data, student and teacher, in one script (bench/trainer.py's measurement:
+tokens/s, peak memory of the process tree, start-up to the first step, CPU seconds; each
+repeat runs both sides back to back, ratios are medians of per-repeat ratios).
+
+The student is the tiny Llama-3, the teacher a deeper one of the same tokenizer. The data
+is Alpaca-like input/output rows read by torchtune's ``instruct_dataset`` on both sides,
+unpacked (ours would choose a builder and packing where none is named: naming them keeps
+the batches the same); whether both trained the same batches is checked (every step's loss equal to 1e-5),
+not assumed. Plain torchtune gets what it needs to load the tiny student and teacher
+(``loading_overrides``, for the teacher under ``teacher_model``/``teacher_checkpointer``),
+ours the user's arguments.
+
+    python bench/distill.py [--steps 8] [--rows 512] [--repeats 3] [--threads N]
+                            [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _sft_bench():
+    """bench/trainer.py's measurement, loaded by path (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location("bench_trainer", REPO / "bench" / "trainer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SFT = _sft_bench()
+aggregate, measure_child, measured, median_tps, plain_metrics = (
+    _SFT.aggregate, _SFT.measure_child, _SFT.measured, _SFT.median_tps, _SFT.plain_metrics)
+
+from kubetune.tools.demo import write_tiny_model  # noqa: E402
+from kubetune.tools.demo.alpaca_like import write_alpaca_like  # noqa: E402
+from kubetune.tools.demo.tiny_model import TinyModelSpec  # noqa: E402
+from kubetune.tools.plain_torchtune import loading_overrides  # noqa: E402
+
+RECIPE, CONFIG = "knowledge_distillation_single_device", "llama3_2/8B_to_1B_KD_lora_single_device"
+
+
+def teacher_overrides(teacher: Path) -> list[str]:
+    """What plain torchtune needs to load the teacher: the student's loading overrides,
+    full (no LoRA), under the teacher's sections; the tokenizer is the student's."""
+    renamed = []
+    for arg in loading_overrides(teacher, lora=False):
+        if arg.startswith("model."):
+            renamed.append("teacher_" + arg)
+        elif arg.startswith("checkpointer."):
+            renamed.append("teacher_" + arg)
+    return [*renamed, f"teacher_checkpointer.checkpoint_dir={teacher}"]
+
+
+def run(workdir: Path, model: Path, teacher: Path, data: Path, steps: int,
+        threads: int | None) -> dict:
+    for side in ("plain", "ours"):
+        shutil.rmtree(workdir / side, ignore_errors=True)
+    user_args = ["dataset._component_=torchtune.datasets.instruct_dataset",
+                 "dataset.source=parquet", f"dataset.data_dir={data / 'data'}",
+                 "dataset.split=train", "dataset.packed=False", "epochs=1",
+                 f"max_steps_per_epoch={steps}", "batch_size=8",
+                 "gradient_accumulation_steps=1", "dtype=fp32", "seed=0",
+                 f"checkpointer.checkpoint_dir={model}",
+                 f"tokenizer.path={model / 'original' / 'tokenizer.model'}",
+                 "tokenizer.max_seq_len=512", "lr_scheduler.num_warmup_steps=0",
+                 "model.lora_rank=8", "model.lora_alpha=16", "optimizer.fused=False"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
+    env["TQDM_DISABLE"] = "1"
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    plain_out = workdir / "plain"
+    plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", RECIPE, "--config",
+                 CONFIG, *user_args, f"output_dir={plain_out}", "device=cpu",
+                 *loading_overrides(model), *teacher_overrides(teacher),
+                 "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
+                 f"metric_logger.log_dir={plain_out / 'logs'}", "log_peak_memory_stats=False"]
+    plain = measured(plain_cmd, env, workdir / "plain.log",
+                     lambda: len(plain_metrics(plain_out / "logs")), steps)
+    plain_records = plain_metrics(plain_out / "logs")
+    ours_out = workdir / "ours"
+    ours_cmd = [sys.executable, "-m", "kubetune.entrypoints.tune", "run", RECIPE, "--config",
+                CONFIG, f"output_dir={ours_out}", *user_args,
+                f"teacher_checkpointer.checkpoint_dir={teacher}"]
+    metrics = ours_out / "metrics.jsonl"
+    ours = measured(ours_cmd, env, workdir / "ours.log",
+                    lambda: metrics.read_text().count('"loss"') if metrics.is_file() else 0,
+                    steps)
+    ours_records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r]
+    matched = len(plain_records) == len(ours_records) > 1 and all(
+        abs(p["loss"] - o["loss"]) <= 1e-5 for p, o in zip(plain_records, ours_records))
+    plain["tokens_per_s"] = median_tps(plain_records, "tokens_per_second_per_gpu", 1)
+    ours["tokens_per_s"] = median_tps(ours_records, "tokens_per_second", 1)
+    steady = matched and plain["cpu_s_steady"] and ours["cpu_s_steady"]
+    return {"device": "cpu", "recipe": RECIPE, "config": CONFIG, "steps": steps,
+            "plain": plain, "ours": ours, "same_batches": matched,
+            "ratios": {
+                "tokens_per_s_ours_over_plain": ours["tokens_per_s"] / plain["tokens_per_s"],
+                "tokens_per_cpu_s_ours_over_plain": plain["cpu_s_steady"]
+                / ours["cpu_s_steady"] if steady else None,
+                "peak_rss_ours_over_plain": ours["peak_rss"] / plain["peak_rss"],
+                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"]}}
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--measure":
+        sys.exit(measure_child(sys.argv[3:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-distill"))
+    args = parser.parse_args()
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    model = write_tiny_model(args.workdir / "model")
+    teacher = write_tiny_model(args.workdir / "teacher",
+                               TinyModelSpec(num_hidden_layers=4, seed=7))
+    write_alpaca_like(args.workdir / "data", args.rows, scale=0.25)
+    data = args.workdir / "data"
+    print(json.dumps(aggregate([run(args.workdir, model, teacher, data, args.steps,
+                                    args.threads) for _ in range(args.repeats)]), indent=2))
+
+
+if __name__ == "__main__":
+    main()
