@@ -12,6 +12,10 @@ not assumed. Plain torchtune gets what it needs to load the tiny student and tea
 (``loading_overrides``, for the teacher under ``teacher_model``/``teacher_checkpointer``),
 ours the user's arguments.
 
+CPU: the tiny Llama-3 student, fp32. GPU (when CUDA is present): bench/trainer.py's
+Llama-3.2-1B-shaped student and a Llama-3.2-3B-shaped teacher (random weights, one
+tokenizer), bf16, peak CUDA memory as each recipe logs it.
+
     python bench/distill.py [--steps 8] [--rows 512] [--repeats 3] [--threads N]
                             [--workdir DIR]
 """
@@ -48,6 +52,10 @@ from kubetune.tools.demo.tiny_model import TinyModelSpec  # noqa: E402
 from kubetune.tools.plain_torchtune import loading_overrides  # noqa: E402
 
 RECIPE, CONFIG = "knowledge_distillation_single_device", "llama3_2/8B_to_1B_KD_lora_single_device"
+LLAMA_3_2_3B = TinyModelSpec(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                             num_attention_heads=24, num_key_value_heads=8,
+                             max_position_embeddings=131072, vocab_size=128256,
+                             tie_word_embeddings=True, torch_dtype="bfloat16", seed=7)
 
 
 def teacher_overrides(teacher: Path) -> list[str]:
@@ -63,28 +71,29 @@ def teacher_overrides(teacher: Path) -> list[str]:
 
 
 def run(workdir: Path, model: Path, teacher: Path, data: Path, steps: int,
-        threads: int | None) -> dict:
+        threads: int | None, gpu: bool = False) -> dict:
     for side in ("plain", "ours"):
         shutil.rmtree(workdir / side, ignore_errors=True)
+    device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
     user_args = ["dataset._component_=torchtune.datasets.instruct_dataset",
                  "dataset.source=parquet", f"dataset.data_dir={data / 'data'}",
                  "dataset.split=train", "dataset.packed=False", "epochs=1",
-                 f"max_steps_per_epoch={steps}", "batch_size=8",
-                 "gradient_accumulation_steps=1", "dtype=fp32", "seed=0",
+                 f"max_steps_per_epoch={steps}", f"batch_size={4 if gpu else 8}",
+                 "gradient_accumulation_steps=1", f"dtype={dtype}", "seed=0",
                  f"checkpointer.checkpoint_dir={model}",
                  f"tokenizer.path={model / 'original' / 'tokenizer.model'}",
                  "tokenizer.max_seq_len=512", "lr_scheduler.num_warmup_steps=0",
-                 "model.lora_rank=8", "model.lora_alpha=16", "optimizer.fused=False"]
+                 "model.lora_rank=8", "model.lora_alpha=16", f"optimizer.fused={gpu}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
     env["TQDM_DISABLE"] = "1"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     plain_out = workdir / "plain"
     plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", RECIPE, "--config",
-                 CONFIG, *user_args, f"output_dir={plain_out}", "device=cpu",
+                 CONFIG, *user_args, f"output_dir={plain_out}", f"device={device}",
                  *loading_overrides(model), *teacher_overrides(teacher),
                  "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
-                 f"metric_logger.log_dir={plain_out / 'logs'}", "log_peak_memory_stats=False"]
+                 f"metric_logger.log_dir={plain_out / 'logs'}", f"log_peak_memory_stats={gpu}"]
     plain = measured(plain_cmd, env, workdir / "plain.log",
                      lambda: len(plain_metrics(plain_out / "logs")), steps)
     plain_records = plain_metrics(plain_out / "logs")
@@ -102,14 +111,22 @@ def run(workdir: Path, model: Path, teacher: Path, data: Path, steps: int,
     plain["tokens_per_s"] = median_tps(plain_records, "tokens_per_second_per_gpu", 1)
     ours["tokens_per_s"] = median_tps(ours_records, "tokens_per_second", 1)
     steady = matched and plain["cpu_s_steady"] and ours["cpu_s_steady"]
-    return {"device": "cpu", "recipe": RECIPE, "config": CONFIG, "steps": steps,
+    memory = {}
+    if gpu:
+        memory = {"peak_cuda_reserved_gib_ours_over_plain": max(
+            r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3 / max(
+            r.get("peak_memory_reserved", 0) for r in plain_records)}
+    return {"device": device, "student": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
+            "teacher": "Llama-3.2-3B-shaped" if gpu else "tiny Llama-3, 4 layers",
+            "recipe": RECIPE, "config": CONFIG, "steps": steps,
             "plain": plain, "ours": ours, "same_batches": matched,
             "ratios": {
                 "tokens_per_s_ours_over_plain": ours["tokens_per_s"] / plain["tokens_per_s"],
                 "tokens_per_cpu_s_ours_over_plain": plain["cpu_s_steady"]
                 / ours["cpu_s_steady"] if steady else None,
                 "peak_rss_ours_over_plain": ours["peak_rss"] / plain["peak_rss"],
-                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"]}}
+                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"],
+                **memory}}
 
 
 def main() -> None:
@@ -122,14 +139,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-distill"))
     args = parser.parse_args()
+    import torch
+
+    gpu = torch.cuda.is_available()
     shutil.rmtree(args.workdir, ignore_errors=True)
-    model = write_tiny_model(args.workdir / "model")
-    teacher = write_tiny_model(args.workdir / "teacher",
-                               TinyModelSpec(num_hidden_layers=4, seed=7))
+    model = write_tiny_model(args.workdir / "model", _SFT.LLAMA_3_2_1B if gpu
+                             else TinyModelSpec())
+    teacher = write_tiny_model(args.workdir / "teacher", LLAMA_3_2_3B if gpu
+                               else TinyModelSpec(num_hidden_layers=4, seed=7))
     write_alpaca_like(args.workdir / "data", args.rows, scale=0.25)
     data = args.workdir / "data"
     print(json.dumps(aggregate([run(args.workdir, model, teacher, data, args.steps,
-                                    args.threads) for _ in range(args.repeats)]), indent=2))
+                                    args.threads, gpu) for _ in range(args.repeats)]),
+                     indent=2))
 
 
 if __name__ == "__main__":
