@@ -169,7 +169,7 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
-        checkpoint, serving_python, tiny_dataset_dir, tmp_path):
+        checkpoint, serving_python, tiny_dataset_dir, tmp_path, tmp_path_factory):
     from tests.support.torchtune_logits import logits
 
     name, model_dir = checkpoint
@@ -183,15 +183,22 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
 
     if name == "qwen3":  # through its ClusterTrainingRuntime, as a TrainJob runs it
         model_dir, output = lora_run_through_the_runtime(model_dir, tiny_dataset_dir, tmp_path)
+    elif (family.method, family.targets) == ("lora", "all-linear"):
+        # The same LoRA (every linear layer, 3 steps at 3e-3) as tests/test_sdk_any_model.py's
+        # TrainJob of this family, which checks its config: that run, trained once.
+        from tests.test_sdk_any_model import sdk_run
+
+        ws = sdk_run(name, serving_python, tiny_dataset_dir, tmp_path_factory)
+        model_dir, output = ws / "model", ws / "output"
     else:
         output = tmp_path / "output"
         trained = train(model_dir, tiny_dataset_dir, output, *LORA_STEPS, "--method",
                         family.method, "--lora-target-modules", family.targets)
         assert trained.returncode == 0, trained.stderr[-3000:]
-        # The builder and checkpointer resolved from config.json, as the dry run shows.
-        merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
-        assert merged["model"]["_component_"] == family.lora_component
-        assert merged["checkpointer"]["_component_"] == family.checkpointer
+    # The builder and checkpointer resolved from config.json, as the dry run shows.
+    merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
+    assert merged["model"]["_component_"] == family.lora_component
+    assert merged["checkpointer"]["_component_"] == family.checkpointer
     export = tmp_path / "export"
     exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir", str(output),
                         "--export-uri", str(export), "--export-format", "both",
