@@ -9,6 +9,7 @@ why); the trainer and the exporter run as `kubetune` processes, as in a pod.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import tiny_tokenizers
+from tests.support import shared_runs, tiny_tokenizers
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
 
@@ -80,10 +81,17 @@ _WRITTEN: dict[tuple[str, str], Path] = {}
 def write_checkpoint(python: Path, name: str, dest: Path) -> Path:
     key = (str(python), name)
     if key not in _WRITTEN:
-        pristine = Path(tempfile.mkdtemp(prefix=f"kubetune-checkpoint-{name}-"))
-        atexit.register(shutil.rmtree, pristine, ignore_errors=True)
-        _write_checkpoint(python, name, pristine / "model")
-        _WRITTEN[key] = pristine / "model"
+        if (factory := shared_runs.session_factory()) is not None:
+            # Once for both xdist workers: three files on either write the same families.
+            venv = hashlib.sha256(str(python).encode()).hexdigest()[:12]
+            _WRITTEN[key] = shared_runs.shared_run(
+                factory, f"checkpoint-{name}-{venv}",
+                lambda root: _write_checkpoint(python, name, root / "model")) / "model"
+        else:
+            pristine = Path(tempfile.mkdtemp(prefix=f"kubetune-checkpoint-{name}-"))
+            atexit.register(shutil.rmtree, pristine, ignore_errors=True)
+            _write_checkpoint(python, name, pristine / "model")
+            _WRITTEN[key] = pristine / "model"
     shutil.copytree(_WRITTEN[key], dest, dirs_exist_ok=True)
     return dest
 

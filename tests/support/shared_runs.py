@@ -21,6 +21,20 @@ from pathlib import Path
 import pytest
 
 
+# The session's TempPathFactory (conftest's autouse fixture records it): for helpers that
+# no fixture reaches, such as test_model_families.write_checkpoint.
+_FACTORY: list[pytest.TempPathFactory] = []
+
+
+def record_factory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _FACTORY[:] = [tmp_path_factory]
+
+
+def session_factory() -> pytest.TempPathFactory | None:
+    """The recorded factory; None outside a pytest session (e.g. a matrix worker)."""
+    return _FACTORY[0] if _FACTORY else None
+
+
 def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tmp directory all workers of this session share (the basetemp without xdist)."""
     base = tmp_path_factory.getbasetemp()
