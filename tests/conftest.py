@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 
 from kubetune.tools.demo import write_tiny_dataset, write_tiny_model
-from tests.support import s3_server
+from tests.support import s3_server, shared_runs
 from tests.support.trained import trained_run  # noqa: F401 (a session fixture)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_runs_factory(tmp_path_factory) -> None:
+    shared_runs.record_factory(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ why); the trainer and the exporter run as `kubetune` processes, as in a pod.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import tiny_tokenizers
+from tests.support import shared_runs, tiny_tokenizers
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
 
@@ -80,10 +81,17 @@ _WRITTEN: dict[tuple[str, str], Path] = {}
 def write_checkpoint(python: Path, name: str, dest: Path) -> Path:
     key = (str(python), name)
     if key not in _WRITTEN:
-        pristine = Path(tempfile.mkdtemp(prefix=f"kubetune-checkpoint-{name}-"))
-        atexit.register(shutil.rmtree, pristine, ignore_errors=True)
-        _write_checkpoint(python, name, pristine / "model")
-        _WRITTEN[key] = pristine / "model"
+        if (factory := shared_runs.session_factory()) is not None:
+            # Once for both xdist workers: three files on either write the same families.
+            venv = hashlib.sha256(str(python).encode()).hexdigest()[:12]
+            _WRITTEN[key] = shared_runs.shared_run(
+                factory, f"checkpoint-{name}-{venv}",
+                lambda root: _write_checkpoint(python, name, root / "model")) / "model"
+        else:
+            pristine = Path(tempfile.mkdtemp(prefix=f"kubetune-checkpoint-{name}-"))
+            atexit.register(shutil.rmtree, pristine, ignore_errors=True)
+            _write_checkpoint(python, name, pristine / "model")
+            _WRITTEN[key] = pristine / "model"
     shutil.copytree(_WRITTEN[key], dest, dirs_exist_ok=True)
     return dest
 
@@ -169,7 +177,7 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
-        checkpoint, serving_python, tiny_dataset_dir, tmp_path):
+        checkpoint, serving_python, tiny_dataset_dir, tmp_path, tmp_path_factory):
     from tests.support.torchtune_logits import logits
 
     name, model_dir = checkpoint
@@ -183,15 +191,22 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
 
     if name == "qwen3":  # through its ClusterTrainingRuntime, as a TrainJob runs it
         model_dir, output = lora_run_through_the_runtime(model_dir, tiny_dataset_dir, tmp_path)
+    elif (family.method, family.targets) == ("lora", "all-linear"):
+        # The same LoRA (every linear layer, 3 steps at 3e-3) as tests/test_sdk_any_model.py's
+        # TrainJob of this family, which checks its config: that run, trained once.
+        from tests.test_sdk_any_model import sdk_run
+
+        ws = sdk_run(name, serving_python, tiny_dataset_dir, tmp_path_factory)
+        model_dir, output = ws / "model", ws / "output"
     else:
         output = tmp_path / "output"
         trained = train(model_dir, tiny_dataset_dir, output, *LORA_STEPS, "--method",
                         family.method, "--lora-target-modules", family.targets)
         assert trained.returncode == 0, trained.stderr[-3000:]
-        # The builder and checkpointer resolved from config.json, as the dry run shows.
-        merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
-        assert merged["model"]["_component_"] == family.lora_component
-        assert merged["checkpointer"]["_component_"] == family.checkpointer
+    # The builder and checkpointer resolved from config.json, as the dry run shows.
+    merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
+    assert merged["model"]["_component_"] == family.lora_component
+    assert merged["checkpointer"]["_component_"] == family.checkpointer
     export = tmp_path / "export"
     exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir", str(output),
                         "--export-uri", str(export), "--export-format", "both",

@@ -9,6 +9,7 @@ base model."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,13 +18,14 @@ from kubetune.tools.local.runtime_merge import merge
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.runtimes import runtime_file
 from tests.support.sdk_trainjob import sdk_container_trainjob_spec, sdk_runtime
+from tests.support.shared_runs import shared_run
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
 from tests.test_model_families import FAMILIES, serving, write_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 
 RUNTIME = runtime_file("kubetune-byo-model")
-STEPS = 2
+STEPS = 3
 # What docs/runtimes.md tells a user to pass; the model's own size decides resources.
 ENV = {"KUBETUNE_METHOD": "lora", "KUBETUNE_EPOCHS": "1", "KUBETUNE_LORA_RANK": "8",
        "KUBETUNE_LORA_ALPHA": "16", "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
@@ -64,25 +66,35 @@ def test_documented_sdk_trainjob_is_admitted(family):
     assert container["command"] == ["kubetune", "train"]  # the runtime's, kept
 
 
+def sdk_run(family: str, python, dataset_dir, tmp_path_factory) -> Path:
+    """The workspace of the documented SDK TrainJob's `kubetune local` run on ``family``'s
+    tiny checkpoint, trained once a session: tests/test_model_families.py exports and
+    serves the same run (LoRA on every linear layer, as ENV)."""
+
+    def build(workdir: Path) -> None:
+        model_dir = write_checkpoint(python, family, workdir / "model-src")
+        spec = sdk_container_trainjob_spec(
+            RUNTIME, f"hf://org/tiny-{family}", "hf://org/tiny-data",
+            {**ENV, "KUBETUNE_MAX_STEPS": str(STEPS), "KUBETUNE_BATCH_SIZE": "8",
+             "KUBETUNE_LEARNING_RATE": "3e-3", "KUBETUNE_WARMUP_STEPS": "1",
+             "KUBETUNE_DTYPE": "fp32", "KUBETUNE_SEED": "0"}, RESOURCES)
+        # The SDK builds hub sources only; the same TrainJob with local copies of them.
+        spec["initializer"]["model"]["storageUri"] = f"file://{model_dir}"
+        spec["initializer"]["dataset"]["storageUri"] = f"file://{dataset_dir}"
+        job = workdir / "job.yaml"
+        job.write_text(yaml.safe_dump(trainjob(spec)))
+        result = kubetune("local", "--workdir", str(workdir / "run"), "--runtime",
+                          str(RUNTIME), "--trainjob", str(job), env=clean_env(), timeout=900)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    return shared_run(tmp_path_factory, f"sdk-{family}", build) / "run" / "workspace"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "phi3", "phi4"])
 def test_sdk_trainjob_trains_and_exports_the_model_it_names(family, serving_python,  # noqa: F811
-                                                            tiny_dataset_dir, tmp_path):
-    model_dir = write_checkpoint(serving_python, family, tmp_path / "model")
-    spec = sdk_container_trainjob_spec(RUNTIME, f"hf://org/tiny-{family}",
-                                       "hf://org/tiny-data",
-                                       {**ENV, "KUBETUNE_MAX_STEPS": str(STEPS),
-                                        "KUBETUNE_BATCH_SIZE": "8", "KUBETUNE_DTYPE": "fp32",
-                                        "KUBETUNE_SEED": "0"}, RESOURCES)
-    # The SDK builds hub sources only; the same TrainJob with local copies of them.
-    spec["initializer"]["model"]["storageUri"] = f"file://{model_dir}"
-    spec["initializer"]["dataset"]["storageUri"] = f"file://{tiny_dataset_dir}"
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(trainjob(spec)))
-    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(RUNTIME),
-                      "--trainjob", str(job), env=clean_env(), timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ws = tmp_path / "run" / "workspace"
+                                                            tiny_dataset_dir, tmp_path_factory):
+    ws = sdk_run(family, serving_python, tiny_dataset_dir, tmp_path_factory)
     assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == STEPS
     merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
     assert merged["model"]["_component_"] == FAMILIES[family].lora_component

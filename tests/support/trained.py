@@ -1,4 +1,5 @@
-"""One real LoRA run of the tiny model per test session, for the exporter's tests.
+"""One real LoRA run of the tiny model per test session (shared by the xdist workers:
+`shared_runs.py`), for the exporter's tests.
 
 `kubetune local` runs both initializers, a short torchtune LoRA run and the default
 export, each as its own process, exactly as `make demo` does, only with fewer steps.
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import clean_env, kubetune
+from tests.support.shared_runs import shared_run
 from tests.support.trainer import Pvc
 
 TRAIN_ARGS = [
@@ -53,4 +55,5 @@ def train(workdir: Path, method: str = "lora") -> TrainedRun:
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> TrainedRun:
-    return train(tmp_path_factory.mktemp("trained"))
+    # Read by a dozen files that xdist spreads over both workers: trained once for both.
+    return TrainedRun(shared_run(tmp_path_factory, "trained-lora", train))
