@@ -25,8 +25,9 @@ TRAINER_IMAGE = f"{REGISTRY}/trainer:{VERSION}"
 EXPORTER_IMAGE = f"{REGISTRY}/exporter:{VERSION}"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 # Which replicatedJobs a runtime has, for kustomize components that target a step:
-# "staged" (dataset-initializer, model-initializer, node, exporter) or "gang" (node
-# alone, running every step; see gang_runtime).
+# "staged" (dataset-initializer, model-initializer, node, exporter), "staged-teacher"
+# (a teacher-initializer after the model's: distillation) or "gang" (node alone, running
+# every step; see gang_runtime).
 LAYOUT = "kubetune.io/layout"
 UID = 65532
 # Exit codes (kubetune/errors.py): usage, bad input and internal errors fail for good;
@@ -293,7 +294,8 @@ def runtime(spec: Spec) -> dict:
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": spec.name,
                          "labels": {"trainer.kubeflow.org/framework": spec.framework,
-                                    LAYOUT: "staged"},
+                                    LAYOUT: "staged-teacher" if spec.teacher_uri
+                                    else "staged"},
                          "annotations": {"kubetune.io/description": spec.description}},
             "spec": body}
 

@@ -26,7 +26,7 @@ needs_crds = pytest.mark.skipif(not CRDS.is_dir(),
                                 reason=f"Kubeflow Trainer CRDs not found at {CRDS}")
 COMPONENTS = REPO / "runtimes" / "components"
 EXAMPLE = REPO / "runtimes" / "overlays" / "example"
-CPU_STEPS = ("dataset-initializer", "model-initializer", "exporter")
+CPU_STEPS = ("dataset-initializer", "model-initializer", "teacher-initializer", "exporter")
 IMAGES = ("initializer", "trainer", "exporter")
 
 
