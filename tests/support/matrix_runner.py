@@ -15,7 +15,8 @@ the family's tokenizer and model, not on the method or topology: the fast subset
 A cell of another objective (`Cell.objective`, `--objective` on `kubetune train`) trains
 the same way on that objective's data (`write_objective_data`; SFT's where it has none):
 DPO on 16 preference pairs with 8 held-out pairs in a test split
-(tests/support/preference_data.py), which it leaves out (`Objective.held_out`).
+(tests/support/preference_data.py), which it leaves out (`Objective.held_out`);
+distillation on SFT's data, on its own runtime, the teacher named by a runtimePatch.
 """
 
 from __future__ import annotations
@@ -205,9 +206,22 @@ def trainjob_spec(cell: Cell, runtime: str, model_dir: Path, dataset_dir: Path) 
            **({} if cell.objective == SFT else {"KUBETUNE_OBJECTIVE": cell.objective}),
            **(PEFT_ENV if cell.method != "full" else {}),
            **({} if cell in FAST else {"KUBETUNE_VAL_PROMPTS": "0"})}
-    return {**initializer_uris(f"file://{model_dir}", f"file://{dataset_dir}"),
+    spec = {**initializer_uris(f"file://{model_dir}", f"file://{dataset_dir}"),
             "trainer": {"numNodes": nodes, "numProcPerNode": processes,
                         "env": [{"name": k, "value": v} for k, v in env.items()]}}
+    if cell.objective == "distill":  # the teacher: the student's own checkpoint
+        spec["runtimePatches"] = [teacher_patch(f"file://{model_dir}")]
+    return spec
+
+
+def teacher_patch(uri: str) -> dict:
+    """A TrainJob's runtimePatch naming the distillation runtime's teacher (its third
+    initializer takes no TrainJob initializer block), as examples/trainjobs shows users."""
+    container = {"name": "teacher-initializer", "env": [{"name": "STORAGE_URI", "value": uri}]}
+    job = {"name": "teacher-initializer",
+           "template": {"spec": {"template": {"spec": {"containers": [container]}}}}}
+    return {"manager": "kubetune.io/teacher",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
 
 
 def _slug(cell: Cell) -> str:

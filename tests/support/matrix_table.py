@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 from tests.support.support_matrix import (BYO, CHAT_TEMPLATE, GANG, METHOD_NAMES, METHODS,
-                                          MODEL, MODELS, OBJECTIVE_CELLS, OBJECTIVES,
-                                          TOPOLOGIES, Cell)
+                                          MODEL, MODELS, OBJECTIVES, TOPOLOGIES, Cell)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "support-matrix.json"
@@ -74,7 +73,7 @@ def render(results: dict[str, dict]) -> str:
     # The objective axis: a row per objective beyond SFT and family that carries it.
     for key, objective in OBJECTIVES.items():
         for name in objective.models:
-            runtime = MODEL[name].runtime
+            runtime = objective.runtime or MODEL[name].runtime
             why = notes.ref(objective.why)  # numbered before its cells' notes
             cells = [_cell_text(c, results[c.key], runtime, notes)
                      if m in objective.methods else "—"
@@ -95,22 +94,13 @@ def render(results: dict[str, dict]) -> str:
               "docs/trainer.md). A row **model, DPO**: the objective axis, the same cells "
               "trained with `--objective dpo` on preference pairs; a DPO run measures no "
               "held-out loss (kubetune's is SFT's; its test split is left out of training), "
-              "its export is loaded as an SFT run's. —: a method the objective's row has no "
-              "cell for.")
+              "its export is loaded as an SFT run's. A row **model, Distillation**: the same "
+              "cells trained with `--objective distill` on the distillation runtime, the "
+              "teacher fetched by its third initializer (a TrainJob's runtimePatch names it), "
+              "the held-out loss the student's, its export loaded as an SFT run's. —: a "
+              "method the objective's row has no cell for.")
     footnotes = [f"{i}. {text}" for i, text in enumerate(notes.texts, 1)]
-    return "\n".join([BEGIN, "", *lines, "", legend, "", *footnotes, "",
-                      *_objective_lines(), "", END])
-
-
-def _objective_lines() -> list[str]:
-    """Objectives beyond imitation: what runs them (a test), or the line that refuses."""
-    lines = ["| objective, method | topology | outcome |", "|---|---|---|"]
-    for (objective, method, topology), (outcome, what) in OBJECTIVE_CELLS.items():
-        text = f"✓ `{what.split('::')[-1]}`" if outcome == "run" else f"65: {what}"
-        lines.append(f"| {objective}, {METHOD_NAMES[method]} | {topology} | {text} |")
-    return lines + ["", "Objectives: ✓ a real run of the Llama 3 tiny checkpoint in "
-                    "the test named (`tests/test_objective_*.py`); 65: refused before any "
-                    "step, one line naming what can run."]
+    return "\n".join([BEGIN, "", *lines, "", legend, "", *footnotes, "", END])
 
 
 def rewrite(doc: str, block: str) -> str:

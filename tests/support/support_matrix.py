@@ -87,6 +87,7 @@ class Objective:
     why: str  # why those families carry it, for the docs
     methods: tuple[str, ...] = METHODS  # the columns it has cells in
     held_out: bool = True  # its runs measure the held-out loss (the runner checks it)
+    runtime: str | None = None  # a runtime of its own (else the family's, as SFT's)
 
 
 OBJECTIVES = {
@@ -97,6 +98,15 @@ OBJECTIVES = {
         "the family's builder, checkpointer, tokenizer and FSDP units are the ones its SFT "
         "cells run, for every family; Llama 3's tiny checkpoint carries DPO's cells",
         held_out=False),  # kubetune's held-out loss is SFT's (trainer/objectives/dpo.py)
+    "distill": Objective(
+        "Distillation", ("Llama 3",),
+        "distillation changes the recipe (torchtune's knowledge_distillation_single_device "
+        "and _distributed), adds a frozen teacher (its runtime's third initializer, into "
+        "/workspace/teacher) and the loss, not the student's model, whose builder, "
+        "checkpointer and FSDP units every family's SFT cells run; Llama 3's tiny checkpoint "
+        "carries its cells, the same checkpoint its teacher (one tokenizer, as distillation "
+        "needs: the cell proves the path, tests/test_objective_distill.py a deeper teacher)",
+        runtime="kubetune-llama3.2-1b-distill-lora"),
 }
 OBJECTIVE_NAMES = {SFT: "SFT", **{key: o.name for key, o in OBJECTIVES.items()}}
 
@@ -180,7 +190,11 @@ def _objective_coverage(cell: Cell) -> tuple[Cell, str] | None:
         return (Cell(cell.model, cell.method, "2 processes", cell.objective),
                 "the same DPO recipe and config on a world of 2, sharded alike; the 2-node "
                 "launch of a DPO recipe is LoRA's 2-node cell, run")
-    return None  # run; a method torchtune's DPO recipes cannot train is refused (65)
+    if cell.objective == "distill" and cell.topology == "2 nodes" and cell.method == "dora":
+        return (Cell(cell.model, cell.method, "2 processes", cell.objective),
+                "the same KD recipe and config on a world of 2, sharded alike; the 2-node "
+                "launch of a KD recipe is LoRA's 2-node cell, run")
+    return None  # run; a method the objective's recipes cannot train is refused (65)
 
 
 def run_cells() -> list[Cell]:
@@ -193,6 +207,8 @@ def runtime_for(cell: Cell) -> str:
     rules upstream's webhook applies)."""
     model = MODEL[cell.model]
     if cell.objective != SFT:  # chosen by `kubetune train --objective`: no drop-in's
+        if OBJECTIVES[cell.objective].runtime:
+            return OBJECTIVES[cell.objective].runtime
         return model.runtime if not model.runtime.startswith("torchtune-") else BYO
     if cell.model == "Llama 3.1" and cell.method == "full" and cell.topology == "2 nodes":
         return GANG
@@ -237,25 +253,3 @@ FAST = (
     Cell("Phi-3", "qlora", "2 processes"),
     Cell("Phi-4", "dora", "1 process"),
 )
-
-
-# Objectives beyond imitation, on the Llama 3 tiny checkpoint (the family does not change
-# the objective's code path: the recipe and its teacher or reference sections do): each
-# (objective, method, topology) -> the test that runs it, or why it cannot run. Rendered
-# under the matrix in docs/runtimes.md; `tests/test_support_matrix.py` checks each test
-# named exists.
-OBJECTIVE_CELLS = {
-    ("Distillation", "lora", "1 process"):
-        ("run", "tests/test_objective_distill.py::"
-                "test_drop_in_kd_run_fits_the_teachers_checkpoint_and_reports_both_loss_parts"),
-    ("Distillation", "lora", "2 processes"):
-        ("run", "tests/test_objective_distill.py::"
-                "test_two_processes_distil_from_the_workspace_teacher"),
-    ("Distillation", "lora", "2 nodes"):
-        ("run", "tests/test_objective_distill.py::"
-                "test_the_distillation_runtime_on_two_nodes_with_the_teacher_patched"),
-    ("Distillation", "full", "1 process"):
-        ("65", "torchtune's KD recipes train a LoRA student only"),
-    ("Distillation", "qlora", "1 process"):
-        ("65", "torchtune's KD recipes do not save an NF4-quantized base"),
-}
