@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -43,8 +42,8 @@ def _sft_bench():
 
 
 _SFT = _sft_bench()
-aggregate, measure_child, measured, median_tps, plain_metrics = (
-    _SFT.aggregate, _SFT.measure_child, _SFT.measured, _SFT.median_tps, _SFT.plain_metrics)
+aggregate, measure_child, recipe_against_plain = (
+    _SFT.aggregate, _SFT.measure_child, _SFT.recipe_against_plain)
 
 from kubetune.tools.demo import write_tiny_model  # noqa: E402
 from kubetune.tools.demo.alpaca_like import write_alpaca_like  # noqa: E402
@@ -72,61 +71,21 @@ def teacher_overrides(teacher: Path) -> list[str]:
 
 def run(workdir: Path, model: Path, teacher: Path, data: Path, steps: int,
         threads: int | None, gpu: bool = False) -> dict:
-    for side in ("plain", "ours"):
-        shutil.rmtree(workdir / side, ignore_errors=True)
-    device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
     user_args = ["dataset._component_=torchtune.datasets.instruct_dataset",
                  "dataset.source=parquet", f"dataset.data_dir={data / 'data'}",
                  "dataset.split=train", "dataset.packed=False", "epochs=1",
                  f"max_steps_per_epoch={steps}", f"batch_size={4 if gpu else 8}",
-                 "gradient_accumulation_steps=1", f"dtype={dtype}", "seed=0",
-                 f"checkpointer.checkpoint_dir={model}",
+                 "gradient_accumulation_steps=1", f"dtype={'bf16' if gpu else 'fp32'}",
+                 "seed=0", f"checkpointer.checkpoint_dir={model}",
                  f"tokenizer.path={model / 'original' / 'tokenizer.model'}",
                  "tokenizer.max_seq_len=512", "lr_scheduler.num_warmup_steps=0",
                  "model.lora_rank=8", "model.lora_alpha=16", f"optimizer.fused={gpu}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
-    env["TQDM_DISABLE"] = "1"
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    plain_out = workdir / "plain"
-    plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", RECIPE, "--config",
-                 CONFIG, *user_args, f"output_dir={plain_out}", f"device={device}",
-                 *loading_overrides(model), *teacher_overrides(teacher),
-                 "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
-                 f"metric_logger.log_dir={plain_out / 'logs'}", f"log_peak_memory_stats={gpu}"]
-    plain = measured(plain_cmd, env, workdir / "plain.log",
-                     lambda: len(plain_metrics(plain_out / "logs")), steps)
-    plain_records = plain_metrics(plain_out / "logs")
-    ours_out = workdir / "ours"
-    ours_cmd = [sys.executable, "-m", "kubetune.entrypoints.tune", "run", RECIPE, "--config",
-                CONFIG, f"output_dir={ours_out}", *user_args,
-                f"teacher_checkpointer.checkpoint_dir={teacher}"]
-    metrics = ours_out / "metrics.jsonl"
-    ours = measured(ours_cmd, env, workdir / "ours.log",
-                    lambda: metrics.read_text().count('"loss"') if metrics.is_file() else 0,
-                    steps)
-    ours_records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r]
-    matched = len(plain_records) == len(ours_records) > 1 and all(
-        abs(p["loss"] - o["loss"]) <= 1e-5 for p, o in zip(plain_records, ours_records))
-    plain["tokens_per_s"] = median_tps(plain_records, "tokens_per_second_per_gpu", 1)
-    ours["tokens_per_s"] = median_tps(ours_records, "tokens_per_second", 1)
-    steady = matched and plain["cpu_s_steady"] and ours["cpu_s_steady"]
-    memory = {}
-    if gpu:
-        memory = {"peak_cuda_reserved_gib_ours_over_plain": max(
-            r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3 / max(
-            r.get("peak_memory_reserved", 0) for r in plain_records)}
-    return {"device": device, "student": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
-            "teacher": "Llama-3.2-3B-shaped" if gpu else "tiny Llama-3, 4 layers",
-            "recipe": RECIPE, "config": CONFIG, "steps": steps,
-            "plain": plain, "ours": ours, "same_batches": matched,
-            "ratios": {
-                "tokens_per_s_ours_over_plain": ours["tokens_per_s"] / plain["tokens_per_s"],
-                "tokens_per_cpu_s_ours_over_plain": plain["cpu_s_steady"]
-                / ours["cpu_s_steady"] if steady else None,
-                "peak_rss_ours_over_plain": ours["peak_rss"] / plain["peak_rss"],
-                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"],
-                **memory}}
+    result = recipe_against_plain(
+        workdir, RECIPE, CONFIG, user_args,
+        [*loading_overrides(model), *teacher_overrides(teacher)],
+        [f"teacher_checkpointer.checkpoint_dir={teacher}"], steps, threads, gpu)
+    return {"student": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
+            "teacher": "Llama-3.2-3B-shaped" if gpu else "tiny Llama-3, 4 layers", **result}
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -42,8 +41,8 @@ def _sft_bench():
 
 
 _SFT = _sft_bench()
-aggregate, measure_child, measured, median_tps, plain_metrics = (
-    _SFT.aggregate, _SFT.measure_child, _SFT.measured, _SFT.median_tps, _SFT.plain_metrics)
+aggregate, measure_child, recipe_against_plain = (
+    _SFT.aggregate, _SFT.measure_child, _SFT.recipe_against_plain)
 
 from kubetune.tools.demo import write_tiny_model  # noqa: E402
 from kubetune.tools.plain_torchtune import loading_overrides  # noqa: E402
@@ -70,61 +69,18 @@ def write_pairs(directory: Path, rows: int, context_words: int = 0) -> Path:
 
 def run(workdir: Path, model: Path, data: Path, steps: int, threads: int | None,
         gpu: bool = False) -> dict:
-    for side in ("plain", "ours"):
-        shutil.rmtree(workdir / side, ignore_errors=True)
-    device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
     user_args = ["dataset._component_=torchtune.datasets.preference_dataset",
                  "dataset.source=json", f"dataset.data_files={data}", "epochs=1",
                  f"max_steps_per_epoch={steps}", f"batch_size={4 if gpu else 8}",
-                 "gradient_accumulation_steps=1", f"dtype={dtype}", "seed=0",
-                 f"checkpointer.checkpoint_dir={model}",
+                 "gradient_accumulation_steps=1", f"dtype={'bf16' if gpu else 'fp32'}",
+                 "seed=0", f"checkpointer.checkpoint_dir={model}",
                  f"tokenizer.path={model / 'original' / 'tokenizer.model'}",
                  # The config's 1024 exceeds the tiny model's positions; ours caps it alike.
                  f"tokenizer.max_seq_len={1024 if gpu else 512}",
-                 "lr_scheduler.num_warmup_steps=0"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
-    env["TQDM_DISABLE"] = "1"
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    plain_out = workdir / "plain"
-    plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", RECIPE, "--config",
-                 CONFIG, *user_args, f"output_dir={plain_out}", f"device={device}",
-                 *loading_overrides(model),
-                 "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
-                 f"metric_logger.log_dir={plain_out / 'logs'}", f"log_peak_memory_stats={gpu}",
-                 "enable_activation_checkpointing=False"]
-    plain = measured(plain_cmd, env, workdir / "plain.log",
-                     lambda: len(plain_metrics(plain_out / "logs")), steps)
-    plain_records = plain_metrics(plain_out / "logs")
-    ours_out = workdir / "ours"
-    ours_cmd = [sys.executable, "-m", "kubetune.entrypoints.tune", "run", RECIPE, "--config",
-                CONFIG, f"output_dir={ours_out}", *user_args,
-                "enable_activation_checkpointing=False"]
-    metrics = ours_out / "metrics.jsonl"
-    ours = measured(ours_cmd, env, workdir / "ours.log",
-                    lambda: metrics.read_text().count('"loss"') if metrics.is_file() else 0,
-                    steps)
-    ours_records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r]
-    matched = len(plain_records) == len(ours_records) > 1 and all(
-        abs(p["loss"] - o["loss"]) <= 1e-5 for p, o in zip(plain_records, ours_records))
-    plain["tokens_per_s"] = median_tps(plain_records, "tokens_per_second_per_gpu", 1)
-    ours["tokens_per_s"] = median_tps(ours_records, "tokens_per_second", 1)
-    steady = matched and plain["cpu_s_steady"] and ours["cpu_s_steady"]
-    memory = {}
-    if gpu:
-        memory = {"peak_cuda_reserved_gib_ours_over_plain": max(
-            r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3 / max(
-            r.get("peak_memory_reserved", 0) for r in plain_records)}
-    return {"device": device, "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
-            "recipe": RECIPE, "config": CONFIG, "steps": steps,
-            "plain": plain, "ours": ours, "same_batches": matched,
-            "ratios": {
-                "tokens_per_s_ours_over_plain": ours["tokens_per_s"] / plain["tokens_per_s"],
-                "tokens_per_cpu_s_ours_over_plain": plain["cpu_s_steady"]
-                / ours["cpu_s_steady"] if steady else None,
-                "peak_rss_ours_over_plain": ours["peak_rss"] / plain["peak_rss"],
-                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"],
-                **memory}}
+                 "lr_scheduler.num_warmup_steps=0", "enable_activation_checkpointing=False"]
+    result = recipe_against_plain(workdir, RECIPE, CONFIG, user_args, loading_overrides(model),
+                                  [], steps, threads, gpu)
+    return {"model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3", **result}
 
 
 def main() -> None:

@@ -289,6 +289,57 @@ def ratios(p: dict, o: dict, matched: bool) -> dict:
     }
 
 
+def recipe_against_plain(workdir: Path, recipe: str, config: str, user_args: list[str],
+                         plain_args: list[str], ours_args: list[str], steps: int,
+                         threads: int | None, gpu: bool) -> dict:
+    """One repeat of an objective's recipe (bench/dpo.py, bench/distill.py): plain
+    torchtune's `tune run` with ``plain_args`` (what it needs to load the checkpoints),
+    then ours with ``ours_args``, both with the user's ``user_args``; whether they trained
+    the same batches is every step's loss equal to 1e-5."""
+    for side in ("plain", "ours"):
+        shutil.rmtree(workdir / side, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
+    env["TQDM_DISABLE"] = "1"
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    plain_out = workdir / "plain"
+    plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", recipe, "--config",
+                 config, *user_args, f"output_dir={plain_out}",
+                 f"device={'cuda' if gpu else 'cpu'}", *plain_args,
+                 "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
+                 f"metric_logger.log_dir={plain_out / 'logs'}", f"log_peak_memory_stats={gpu}"]
+    plain = measured(plain_cmd, env, workdir / "plain.log",
+                     lambda: len(plain_metrics(plain_out / "logs")), steps)
+    plain_records = plain_metrics(plain_out / "logs")
+    ours_out = workdir / "ours"
+    ours_cmd = [sys.executable, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config",
+                config, f"output_dir={ours_out}", *user_args, *ours_args]
+    metrics = ours_out / "metrics.jsonl"
+    ours = measured(ours_cmd, env, workdir / "ours.log",
+                    lambda: metrics.read_text().count('"loss"') if metrics.is_file() else 0,
+                    steps)
+    ours_records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r]
+    matched = len(plain_records) == len(ours_records) > 1 and all(
+        abs(p["loss"] - o["loss"]) <= 1e-5 for p, o in zip(plain_records, ours_records))
+    plain["tokens_per_s"] = median_tps(plain_records, "tokens_per_second_per_gpu", 1)
+    ours["tokens_per_s"] = median_tps(ours_records, "tokens_per_second", 1)
+    steady = matched and plain["cpu_s_steady"] and ours["cpu_s_steady"]
+    memory = {}
+    if gpu:
+        memory = {"peak_cuda_reserved_gib_ours_over_plain": max(
+            r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3 / max(
+            r.get("peak_memory_reserved", 0) for r in plain_records)}
+    return {"device": "cuda" if gpu else "cpu", "recipe": recipe, "config": config,
+            "steps": steps, "plain": plain, "ours": ours, "same_batches": matched,
+            "ratios": {
+                "tokens_per_s_ours_over_plain": ours["tokens_per_s"] / plain["tokens_per_s"],
+                "tokens_per_cpu_s_ours_over_plain": plain["cpu_s_steady"]
+                / ours["cpu_s_steady"] if steady else None,
+                "peak_rss_ours_over_plain": ours["peak_rss"] / plain["peak_rss"],
+                "startup_overhead_s": ours["first_step_s"] - plain["first_step_s"],
+                **memory}}
+
+
 def measure_child(command: list[str]) -> int:
     code = subprocess.call(command)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
