@@ -1,21 +1,49 @@
-"""The local tree a remote export (S3, the hub) is built in before it is uploaded."""
+"""The local tree a remote export (S3, the hub) is built in before it is uploaded.
+
+One tree per destination, under a lock held for the whole export. Exports of one run to
+two destinations at once (a user's two `kubetune export`s over one workspace) build in
+two trees: one shared tree had each rebuild it under the other, and the slower one read
+files the faster had already removed. A second export to the same destination (a
+restarted pod beside the one still terminating) waits for the first, then finds its
+manifest at the destination and uploads nothing. The tree is named by a hash of the
+destination: its name carries no bucket or repository (nor anything a URI may hold).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import shutil
 from pathlib import Path
+from typing import Iterator
 
-from kubetune import staging
+from kubetune import file_lock, staging
 from kubetune.errors import BadInputError
 
+log = logging.getLogger("exporter")
 
-def fresh_build_dir(work_dir: Path) -> Path:
-    """An empty local tree (beside the workspace, on its volume) for a remote export."""
-    tree = staging.staging_dir_for(work_dir / "export-upload")
-    try:
-        if tree.exists():
-            shutil.rmtree(tree)
-        tree.mkdir(parents=True)
-    except OSError as exc:
-        raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
-    return tree
+
+def tree_path(work_dir: Path, destination: str) -> Path:
+    """Where the export to ``destination`` is built, on the workspace's volume."""
+    key = hashlib.sha256(destination.encode("utf-8")).hexdigest()[:16]
+    return staging.staging_dir_for(work_dir / f"export-upload-{key}")
+
+
+@contextlib.contextmanager
+def build_tree(work_dir: Path, destination: str) -> Iterator[Path]:
+    """An empty tree for one export to ``destination``, held for the block and removed
+    after it (a killed export leaves it; the next one to that destination starts it over)."""
+    tree = tree_path(work_dir, destination)
+    with file_lock.hold(tree.with_name(f"{tree.name}.lock"), on_wait=lambda holder: log.info(
+            "another export to %s is running (%s): waiting for it", destination, holder)):
+        try:
+            if tree.exists():
+                shutil.rmtree(tree)
+            tree.mkdir(parents=True)
+        except OSError as exc:
+            raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
+        try:
+            yield tree
+        finally:
+            shutil.rmtree(tree, ignore_errors=True)

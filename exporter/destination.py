@@ -1,14 +1,15 @@
 """Where an export goes, chosen by EXPORT_URI's scheme.
 
-Every destination offers the same five methods, so the flow never knows which it has:
-``check`` (fail fast on a bad location or credentials), ``build_dir`` (a local tree to
-write the export into), ``read_manifest`` (the export already there, if any),
-``publish`` (make the tree visible atomically, then read back what was written) and
-``discard`` (remove a tree that will not be published).
+Every destination offers the same four methods, so the flow never knows which it has:
+``check`` (fail fast on a bad location or credentials), ``build_dir`` (a context holding
+a local tree to write the export into, removed when it ends unless published),
+``read_manifest`` (the export already there, if any) and ``publish`` (make the tree
+visible atomically, then read back what was written).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Protocol
 
@@ -20,13 +21,11 @@ class Destination(Protocol):
 
     def check(self) -> None: ...
 
-    def build_dir(self) -> Path: ...
+    def build_dir(self) -> contextlib.AbstractContextManager[Path]: ...
 
     def read_manifest(self) -> dict | None: ...
 
     def publish(self, tree: Path, manifest: dict, previous: dict | None) -> None: ...
-
-    def discard(self, tree: Path) -> None: ...
 
 
 # A probe's bound on one request (connect, answer), in seconds: a check made before the

@@ -9,10 +9,10 @@ from the bytes it stored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import shutil
 from pathlib import Path
 
 # First: it sets huggingface_hub's environment before huggingface_hub reads it.
@@ -25,7 +25,7 @@ from huggingface_hub.utils import build_hf_headers, get_session  # noqa: E402
 from kubetune import retry  # noqa: E402
 from kubetune.errors import BadInputError, TransientError  # noqa: E402
 from kubetune.exporter import export_manifest  # noqa: E402
-from kubetune.exporter.build_tree import fresh_build_dir  # noqa: E402
+from kubetune.exporter.build_tree import build_tree  # noqa: E402
 from kubetune.remote import hub_errors  # noqa: E402
 from kubetune.storage_uri import HubUri  # noqa: E402
 from kubetune.workspace import EXPORT_MANIFEST_NAME  # noqa: E402
@@ -90,8 +90,8 @@ class HubDestination:
             raise BadInputError(f"the token is read-only; {self.description} needs a token with "
                                 "write access (ACCESS_TOKEN / HF_TOKEN)")
 
-    def build_dir(self) -> Path:
-        return fresh_build_dir(self.work_dir)
+    def build_dir(self) -> contextlib.AbstractContextManager[Path]:
+        return build_tree(self.work_dir, self.description)
 
     def read_manifest(self) -> dict | None:
         url = hf_hub_url(self.repo_id, EXPORT_MANIFEST_NAME, revision=self.revision,
@@ -154,5 +154,3 @@ class HubDestination:
                 raise TransientError(f"{path} on {self.description} differs from what was "
                                      "uploaded; re-run the export")
 
-    def discard(self, tree: Path) -> None:
-        shutil.rmtree(tree, ignore_errors=True)

@@ -9,9 +9,11 @@ ever replaced: a destination holding anything else is refused before the export 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 from kubetune.exporter import export_manifest
 from kubetune import staging
@@ -40,7 +42,8 @@ class LocalDestination:
     def _is_mount(self) -> bool:
         return staging.is_mount_point(self.path)  # a subPath bind mount included
 
-    def build_dir(self) -> Path:
+    @contextlib.contextmanager
+    def build_dir(self) -> Iterator[Path]:
         staged = (self.path / f"{STAGING_PREFIX}export" if self._is_mount()
                   else staging.staging_dir_for(self.path))
         try:
@@ -50,7 +53,11 @@ class LocalDestination:
         except OSError as exc:
             raise BadInputError(f"export destination {self.path} is not writable: "
                                 f"{exc.strerror}") from None
-        return staged
+        try:
+            yield staged
+        finally:
+            # Published: moved into place already. Otherwise nothing half-built stays.
+            shutil.rmtree(staged, ignore_errors=True)
 
     def read_manifest(self) -> dict | None:
         try:
@@ -72,6 +79,3 @@ class LocalDestination:
         except OSError as exc:
             raise BadInputError(f"cannot move the export into {self.path}: "
                                 f"{exc.strerror}") from None
-
-    def discard(self, tree: Path) -> None:
-        shutil.rmtree(tree, ignore_errors=True)

@@ -9,10 +9,10 @@ its sha256 as metadata: a re-run after a kill skips the objects already whole.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import shutil
 from pathlib import Path
 
 from boto3.exceptions import S3UploadFailedError
@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from kubetune import retry
 from kubetune.errors import BadInputError, TransientError
 from kubetune.exporter import export_manifest
-from kubetune.exporter.build_tree import fresh_build_dir
+from kubetune.exporter.build_tree import build_tree
 from kubetune.remote import s3 as remote_s3
 from kubetune.remote import s3_errors
 from kubetune.storage_uri import S3Uri
@@ -100,8 +100,8 @@ class S3Destination:
         client = self.client
         self._call("read", lambda: client.head_bucket(Bucket=self.bucket))
 
-    def build_dir(self) -> Path:
-        return fresh_build_dir(self.work_dir)
+    def build_dir(self) -> contextlib.AbstractContextManager[Path]:
+        return build_tree(self.work_dir, self.description)
 
     def read_manifest(self) -> dict | None:
         def get():
@@ -174,5 +174,3 @@ class S3Destination:
             self._call("delete", lambda: self.client.delete_object(Bucket=self.bucket,
                                                                    Key=self.key(path)))
 
-    def discard(self, tree: Path) -> None:
-        shutil.rmtree(tree, ignore_errors=True)

@@ -138,50 +138,49 @@ def export(request: ExportRequest) -> dict:
     # Each initializer's manifest, read once for the whole export.
     base = base_model.source(request.model_dir, InitializerManifest.read(request.model_dir))
     dataset = base_model.dataset_source(InitializerManifest.read(request.dataset_dir))
-    tree = destination.build_dir()
-    try:
-        adapter_sub, merged_sub = artifact.subdirs(fmt)
-        if adapter_sub is not None:
-            artifact.write_adapter(training, request.model_dir, base, tree / adapter_sub, chat)
-        if merged_sub is not None:
-            artifact.write_merged(training, request.model_dir, tree / merged_sub, chat)
-        metrics = training.summary()
-        carried = training.carry_report(tree)
-        # The files the card's snippet loads the tokenizer from.
-        loaded = tree / (adapter_sub if adapter_sub is not None else merged_sub)
-        (tree / "README.md").write_text(model_card.render(
-            fmt, base, dataset, metrics, adapter_sub, merged_sub, training.method,
-            config=training.config(),
-            model_dir=request.model_dir, curves=carried.get("curves"),
-            report=carried.get("report"), destination=request.destination,
-            checkpoint=training.chosen,
-            target_modules=(artifact.adapter_config(training, base).get("target_modules")
-                            if training.is_peft else None),
-            chat_template=find_template(loaded) is not None,
-            generation_config=(loaded / GENERATION_CONFIG_NAME).is_file()))
-        result = export_manifest.build(
-            tree, fmt=fmt, base_model=base, dataset=dataset,
-            training_config=training.config_text(), metrics=metrics,
-            checkpoint=training.checkpoint, verification={},
-            checkpoint_by=training.chosen.by if training.chosen else None,
-            checkpoint_val_loss=training.chosen.val_loss if training.chosen else None)
-        previous = destination.read_manifest()
-        if export_manifest.same_export(previous, result):
-            log.info("%s already holds this export (manifest matches): nothing to upload",
-                     destination.description)
-            return previous
-        result["verification"] = {**chat.report, **_verify(request, training, tree, fmt, base)}
-        destination.publish(tree, result, previous)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        # The build tree goes (finally): nothing half-written is left to be taken as an export.
-        free = shutil.disk_usage(tree if tree.exists() else tree.parent).free
-        raise BadInputError(f"no space left on the volume of {tree} while writing the export "
-                            f"({free / 1e6:.1f} MB free): enlarge that volume or export "
-                            f"elsewhere with {env.EXPORT_URI}") from None
-    finally:
-        destination.discard(tree)
+    with destination.build_dir() as tree:
+        try:
+            adapter_sub, merged_sub = artifact.subdirs(fmt)
+            if adapter_sub is not None:
+                artifact.write_adapter(training, request.model_dir, base, tree / adapter_sub, chat)
+            if merged_sub is not None:
+                artifact.write_merged(training, request.model_dir, tree / merged_sub, chat)
+            metrics = training.summary()
+            carried = training.carry_report(tree)
+            # The files the card's snippet loads the tokenizer from.
+            loaded = tree / (adapter_sub if adapter_sub is not None else merged_sub)
+            (tree / "README.md").write_text(model_card.render(
+                fmt, base, dataset, metrics, adapter_sub, merged_sub, training.method,
+                config=training.config(),
+                model_dir=request.model_dir, curves=carried.get("curves"),
+                report=carried.get("report"), destination=request.destination,
+                checkpoint=training.chosen,
+                target_modules=(artifact.adapter_config(training, base).get("target_modules")
+                                if training.is_peft else None),
+                chat_template=find_template(loaded) is not None,
+                generation_config=(loaded / GENERATION_CONFIG_NAME).is_file()))
+            result = export_manifest.build(
+                tree, fmt=fmt, base_model=base, dataset=dataset,
+                training_config=training.config_text(), metrics=metrics,
+                checkpoint=training.checkpoint, verification={},
+                checkpoint_by=training.chosen.by if training.chosen else None,
+                checkpoint_val_loss=training.chosen.val_loss if training.chosen else None)
+            previous = destination.read_manifest()
+            if export_manifest.same_export(previous, result):
+                log.info("%s already holds this export (manifest matches): nothing to upload",
+                         destination.description)
+                return previous
+            result["verification"] = {**chat.report, **_verify(request, training, tree, fmt, base)}
+            destination.publish(tree, result, previous)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # The build tree goes with its context: nothing half-written is left to be taken
+            # as an export.
+            free = shutil.disk_usage(tree if tree.exists() else tree.parent).free
+            raise BadInputError(f"no space left on the volume of {tree} while writing the export "
+                                f"({free / 1e6:.1f} MB free): enlarge that volume or export "
+                                f"elsewhere with {env.EXPORT_URI}") from None
     log.info("exported %s to %s", fmt, destination.description)
     _report_status(result)
     return result

@@ -75,6 +75,7 @@ def test_export_to_s3_is_whole_resumable_and_a_rerun_is_a_no_op(trained_run, s3,
     deadline = time.monotonic() + 180
     while not objects(s3, bucket) and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
+    assert process.poll() is None, "the exporter ended before its first upload"
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     proxy.delays.clear()
@@ -141,6 +142,27 @@ def test_a_different_export_replaces_the_previous_one_whole(trained_run, s3, pro
     assert set(stored) == {f"m/{f['path']}" for f in manifest["files"]} | {"m/manifest.json"}
     assert "m/adapter_model.safetensors" not in stored
 
+
+
+def test_exports_of_one_run_at_once_each_build_their_own_tree(trained_run, s3, proxy, tmp_path):
+    # Two destinations at once build apart; a second export to the same destination waits
+    # for the first, then finds its manifest there. One shared build tree had each rebuild
+    # it under the other: the slower read files the faster had removed (exit 70).
+    buckets = [fresh_bucket(s3, "together") for _ in range(2)]
+    env = s3_env(trained_run, s3, proxy, tmp_path)
+    uris = [f"s3://{buckets[0]}/m", f"s3://{buckets[1]}/m", f"s3://{buckets[0]}/m"]
+    processes = [subprocess.Popen([sys.executable, "-m", "kubetune.entrypoints", "export",
+                                   "--export-uri", uri, "--no-verify-logits"], cwd=REPO, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for uri in uris]
+    errors = [process.communicate(timeout=600)[1] for process in processes]
+    for process, stderr in zip(processes, errors):
+        assert process.returncode == 0, stderr[-3000:]
+    assert "nothing to upload" in errors[0] + errors[2]
+    for bucket in buckets:
+        stored = objects(s3, bucket)
+        manifest = json.loads(stored["m/manifest.json"])
+        assert set(stored) == {f"m/{f['path']}" for f in manifest["files"]} | {"m/manifest.json"}
 
 @pytest.fixture
 def read_only_s3(tmp_path):
