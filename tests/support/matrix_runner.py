@@ -256,10 +256,14 @@ def run_cells(cells: list[Cell], checkpoints: dict[str, Path], datasets: dict[st
     """Run ``cells``, ``workers`` at a time (each a `kubetune local` of its own), each on
     its objective's data (``datasets``: objective -> directory; SFT's where it has none of
     its own)."""
+    # The longest first (two processes, full weights, a reference model or a teacher):
+    # in table order a long cell could start last and run alone, one CPU idle.
+    ordered = sorted(cells, key=lambda c: (-_world_size(c), c.method != "full",
+                                           c.objective == SFT))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda c: run_cell(c, checkpoints[c.model],
                                                 datasets.get(c.objective, datasets[SFT]), root),
-                             cells))
+                             ordered))
 
 
 def serve_exports(python: Path, runs: list[CellRun], root: Path, workers: int = 1) -> None:
