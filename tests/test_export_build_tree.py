@@ -55,3 +55,17 @@ def test_a_second_export_to_one_destination_waits_for_the_first(tmp_path, caplog
     # The second began after the first ended, on an empty tree of its own.
     assert order == [("first", ["README.md"]), ("second", [])]
     assert "another export to s3://b/x is running" in caplog.text
+
+
+def test_a_tree_a_dead_export_left_goes_and_a_running_ones_stays(tmp_path):
+    dead = tree_path(tmp_path, "s3://gone/run")
+    (dead / "adapter").mkdir(parents=True)
+    (dead / "adapter" / "adapter_model.safetensors").write_bytes(b"half")
+    # The one shared tree's name, before each destination had its own.
+    older = tmp_path / ".kubetune-staging-export-upload"
+    older.mkdir()
+    with build_tree(tmp_path, "hf://team/running@main") as running:
+        (running / "README.md").write_text("being written")
+        with build_tree(tmp_path, "s3://b/x"):
+            assert not dead.exists() and not older.exists()
+            assert (running / "README.md").read_text() == "being written"
