@@ -1,6 +1,7 @@
-"""The local tree a remote export (S3, the hub) is built in before it is uploaded.
+"""The local tree an export is built in: ``empty_tree`` for every destination, and for a
+remote one (S3, the hub) ``build_tree``, where it is built before it is uploaded.
 
-One tree per destination, under a lock held for the whole export. Exports of one run to
+A remote export: one tree per destination, under a lock held for the whole export. Exports of one run to
 two destinations at once (a user's two `kubetune export`s over one workspace) build in
 two trees: one shared tree had each rebuild it under the other, and the slower one read
 files the faster had already removed. A second export to the same destination (a
@@ -24,6 +25,23 @@ from kubetune import file_lock, staging
 from kubetune.errors import BadInputError
 
 log = logging.getLogger("exporter")
+
+
+@contextlib.contextmanager
+def empty_tree(tree: Path, cannot: str) -> Iterator[Path]:
+    """``tree`` made empty (what a killed export left goes) for the block, removed after it
+    unless published (moved away) by then; ``cannot``: the error's words when it cannot
+    be made."""
+    try:
+        if tree.exists():
+            shutil.rmtree(tree)
+        tree.mkdir(parents=True)
+    except OSError as exc:
+        raise BadInputError(f"{cannot}: {exc.strerror}") from None
+    try:
+        yield tree
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 _NAME = "export-upload"
@@ -59,14 +77,6 @@ def build_tree(work_dir: Path, destination: str) -> Iterator[Path]:
     _remove_abandoned(work_dir)
     tree = tree_path(work_dir, destination)
     with file_lock.hold(_lock_of(tree), on_wait=lambda holder: log.info(
-            "another export to %s is running (%s): waiting for it", destination, holder)):
-        try:
-            if tree.exists():
-                shutil.rmtree(tree)
-            tree.mkdir(parents=True)
-        except OSError as exc:
-            raise BadInputError(f"cannot build the export in {tree}: {exc.strerror}") from None
-        try:
-            yield tree
-        finally:
-            shutil.rmtree(tree, ignore_errors=True)
+            "another export to %s is running (%s): waiting for it", destination, holder)), \
+            empty_tree(tree, f"cannot build the export in {tree}"):
+        yield tree

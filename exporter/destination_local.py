@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from pathlib import Path
-from typing import Iterator
 
 from kubetune.exporter import export_manifest
+from kubetune.exporter.build_tree import empty_tree
 from kubetune import staging
 from kubetune.errors import BadInputError
 from kubetune.storage_uri import FileUri
@@ -42,22 +41,10 @@ class LocalDestination:
     def _is_mount(self) -> bool:
         return staging.is_mount_point(self.path)  # a subPath bind mount included
 
-    @contextlib.contextmanager
-    def build_dir(self) -> Iterator[Path]:
+    def build_dir(self) -> contextlib.AbstractContextManager[Path]:
         staged = (self.path / f"{STAGING_PREFIX}export" if self._is_mount()
                   else staging.staging_dir_for(self.path))
-        try:
-            if staged.exists():
-                shutil.rmtree(staged)
-            staged.mkdir(parents=True)
-        except OSError as exc:
-            raise BadInputError(f"export destination {self.path} is not writable: "
-                                f"{exc.strerror}") from None
-        try:
-            yield staged
-        finally:
-            # Published: moved into place already. Otherwise nothing half-built stays.
-            shutil.rmtree(staged, ignore_errors=True)
+        return empty_tree(staged, f"export destination {self.path} is not writable")
 
     def read_manifest(self) -> dict | None:
         try:

@@ -184,16 +184,17 @@ def coverage(cell: Cell) -> tuple[Cell, str] | None:
     return None
 
 
+# An objective's 2-node cells its 2-process ones cover (LoRA's 2-node cell runs the
+# launch), with the name its recipe goes by.
+_TWO_NODE_COVERED = {("dpo", "dora"): "DPO", ("dpo", "full"): "DPO", ("distill", "dora"): "KD"}
+
+
 def _objective_coverage(cell: Cell) -> tuple[Cell, str] | None:
-    if cell.objective == "dpo" and cell.topology == "2 nodes" and cell.method in ("dora",
-                                                                                "full"):
+    recipe = _TWO_NODE_COVERED.get((cell.objective, cell.method))
+    if recipe is not None and cell.topology == "2 nodes":
         return (Cell(cell.model, cell.method, "2 processes", cell.objective),
-                "the same DPO recipe and config on a world of 2, sharded alike; the 2-node "
-                "launch of a DPO recipe is LoRA's 2-node cell, run")
-    if cell.objective == "distill" and cell.topology == "2 nodes" and cell.method == "dora":
-        return (Cell(cell.model, cell.method, "2 processes", cell.objective),
-                "the same KD recipe and config on a world of 2, sharded alike; the 2-node "
-                "launch of a KD recipe is LoRA's 2-node cell, run")
+                f"the same {recipe} recipe and config on a world of 2, sharded alike; the "
+                f"2-node launch of a {recipe} recipe is LoRA's 2-node cell, run")
     return None  # run; a method the objective's recipes cannot train is refused (65)
 
 
