@@ -186,6 +186,8 @@ def test_drop_in_lora_dpo_single_device_on_trl_rows(tmp_path, tiny_model_dir):
     assert "2 of 32 preference pairs dropped (1 chosen == rejected, 1 empty); training on 30" \
         in result.stderr
     assert "| loss 0.6931 | reward acc 0.00 | margin 0.0000 |" in result.stdout
+    # No test split: DPO says it measures none, not SFT's hint to hold a fraction out.
+    assert "validation: none under DPO" in result.stderr and "--val-fraction" not in result.stderr
     summary = pvc.summary()
     assert summary["steps"] == 3 and summary["tokens"] > 0
     assert summary["first_loss"] == pytest.approx(LN2, abs=1e-4)

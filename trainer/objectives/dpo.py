@@ -68,11 +68,15 @@ def check_method(method: str, topology: Topology | None) -> None:
 def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
     """A DPO run trains on every training row and measures no held-out loss: kubetune's
     held-out loop measures SFT's cross-entropy over tokens and labels, and torchtune's DPO
-    recipes have none of their own. The held-out set the plan chose is dropped, saying so
-    (``notes``: the plan's lines so far, its own line about the held-out set replaced)."""
+    recipes have none of their own. The held-out set the plan chose is dropped, saying so;
+    with none, the line says so too (``notes``: the plan's lines so far, its own line about
+    the held-out set replaced)."""
+    why = ("validation: none under DPO (kubetune measures held-out SFT loss; torchtune's DPO "
+           "recipes have no held-out loop)")
     validation = (cfg.get("kubetune") or {}).get("validation")
     if validation is None:
-        return notes
+        # No held-out set: the SFT hint to hold a fraction out would only lead to this line.
+        return [n.split("; no held-out set")[0] for n in notes] + [why]
     for key in ("dataset_val", "run_val_every_n_steps"):
         cfg.pop(key, None)
     cfg.kubetune.pop("validation", None)
@@ -80,9 +84,7 @@ def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
     held = {"split": f"split '{validation.get('split')}'", "config": "dataset_val",
             "fraction": "a held-out fraction"}.get(validation.get("source"), "held-out data")
     kept = [n.split("; validation on")[0] for n in notes]
-    return kept + [f"validation: none under DPO (kubetune measures held-out SFT loss; "
-                   f"torchtune's DPO recipes have no held-out loop): {held} not used, "
-                   "training on every row of the training split"]
+    return kept + [f"{why}: {held} not used, training on every row of the training split"]
 
 
 # Builders the plan replaces with ours where data is preference-shaped: a DPO config's
