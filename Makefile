@@ -96,6 +96,8 @@ images-ci-build:
 	bash images/ci/bases.sh
 	$(MAKE) images ENGINE=podman IMAGE_BUILD_FLAGS="--network host --no-cache" PYTHON_IMAGE=$(CI_PYTHON_IMAGE) \
 		TORCH_IMAGE=$(CI_TORCH_IMAGE) EXPORTER_BASE_IMAGE=$(CI_TORCH_IMAGE)
+	# The builder stages stay behind untagged (a GB each); docker's copy needs that disk.
+	podman image prune -f
 	bash images/ci/docker-setup.sh $(IMAGE_REFS)
 	bash images/ci/rootless-user.sh
 
