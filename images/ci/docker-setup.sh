@@ -22,4 +22,6 @@ docker version --format 'docker {{.Server.Version}}'
 if [ "$#" -gt 0 ]; then
   # One archive: the layers the images share are copied once.
   podman save -m "$@" | docker load
+  # A machine that ran this before: the images these tags named then, now untagged.
+  docker image prune -f >/dev/null
 fi

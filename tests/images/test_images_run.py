@@ -384,14 +384,19 @@ def other_user(engine) -> OtherUser:
         if "docker" not in groups:
             pytest.skip(f"{user.name} is not in the docker group")
         return user
-    # Rootless podman keeps its own image store: the images under test, copied there.
-    if user.run(["podman", "image", "inspect", IMAGES["trainer"]]).returncode != 0:
-        refs = [IMAGES[name] for name in ("initializer", "trainer", "exporter")]
+    # Rootless podman keeps its own image store: the images under test, copied there. By
+    # ID, not by tag: a store a former build filled holds the same tags on other images.
+    refs = [IMAGES[name] for name in ("initializer", "trainer", "exporter")]
+    ids = ["podman", "image", "inspect", "--format", "{{.Id}}", *refs]
+    if user.run(ids).stdout != PODMAN(*ids[1:], timeout=60).stdout:
         save = subprocess.Popen(["podman", "save", "-m", *refs], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL)
         loaded = user.run(["podman", "load"], stdin=save.stdout, timeout=1500)
         save.wait(timeout=60)
         assert loaded.returncode == 0, loaded.stderr[-2000:]
+        # The images those tags named before, now untagged: GBs of the user's disk.
+        user.run(["podman", "image", "prune", "-f"])
+        assert user.run(ids).stdout == PODMAN(*ids[1:], timeout=60).stdout
     return user
 
 
