@@ -388,7 +388,8 @@ def other_user(engine) -> OtherUser:
     # ID, not by tag: a store a former build filled holds the same tags on other images.
     refs = [IMAGES[name] for name in ("initializer", "trainer", "exporter")]
     ids = ["podman", "image", "inspect", "--format", "{{.Id}}", *refs]
-    if user.run(ids).stdout != PODMAN(*ids[1:], timeout=60).stdout:
+    wanted = PODMAN(*ids[1:], timeout=60).stdout
+    if user.run(ids).stdout != wanted:
         save = subprocess.Popen(["podman", "save", "-m", *refs], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL)
         loaded = user.run(["podman", "load"], stdin=save.stdout, timeout=1500)
@@ -396,7 +397,7 @@ def other_user(engine) -> OtherUser:
         assert loaded.returncode == 0, loaded.stderr[-2000:]
         # The images those tags named before, now untagged: GBs of the user's disk.
         user.run(["podman", "image", "prune", "-f"])
-        assert user.run(ids).stdout == PODMAN(*ids[1:], timeout=60).stdout
+        assert user.run(ids).stdout == wanted
     return user
 
 

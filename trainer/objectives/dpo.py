@@ -20,6 +20,7 @@ from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.objectives import preference_rows
 from kubetune.trainer.request.spelling import spelling
 from kubetune.trainer.request.topology import Topology
+from kubetune.trainer.validation import heldout_set
 
 PREFERENCE_BUILDER = "kubetune.trainer.objectives.preference_data.preference_dataset"
 # (method is full, one process?) -> (recipe, base config).
@@ -76,15 +77,15 @@ def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
     validation = (cfg.get("kubetune") or {}).get("validation")
     if validation is None:
         # No held-out set: the SFT hint to hold a fraction out would only lead to this line.
-        return [n.split("; no held-out set")[0] for n in notes] + [why]
+        return heldout_set.without_held_out_clause(notes) + [why]
     for key in ("dataset_val", "run_val_every_n_steps"):
         cfg.pop(key, None)
     cfg.kubetune.pop("validation", None)
     cfg.kubetune.pop("holdout", None)
     held = {"split": f"split '{validation.get('split')}'", "config": "dataset_val",
             "fraction": "a held-out fraction"}.get(validation.get("source"), "held-out data")
-    kept = [n.split("; validation on")[0] for n in notes]
-    return kept + [f"{why}: {held} not used, training on every row of the training split"]
+    return heldout_set.without_held_out_clause(notes) + [
+        f"{why}: {held} not used, training on every row of the training split"]
 
 
 # Builders the plan replaces with ours where data is preference-shaped: a DPO config's

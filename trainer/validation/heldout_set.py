@@ -33,6 +33,10 @@ DEFAULT_PROMPTS = 3
 DEFAULT_MAX_NEW_TOKENS = 64
 # The data's own held-out splits, the first one present wins.
 HELDOUT_SPLITS = ("validation", "test")
+# The dataset line's held-out clause begins with one of these (``_describe``); an objective
+# that measures no held-out data cuts it off (``without_held_out_clause``).
+_VALIDATION_ON = "; validation on"
+_NO_HELD_OUT = "; no held-out set"
 
 
 def _number(cfg: DictConfig, key: str, spellings: dict[str, str], kind: type,
@@ -178,22 +182,27 @@ def _describe(train_split: str | None, found: DatasetSample | None, source: str 
             if exact and not sliced else None
         taken = round(rows * fraction) if counted is None else counted
         about = "" if counted is not None else "about "
-        line = (f"{train} ({about}{rows - taken} of its {rows} rows); validation "
-                f"on a held-out {fraction:.0%} of it ({about}{taken} rows, chosen by content)")
+        line = (f"{train} ({about}{rows - taken} of its {rows} rows){_VALIDATION_ON} "
+                f"a held-out {fraction:.0%} of it ({about}{taken} rows, chosen by content)")
         return line, rows - taken, counted is not None, taken
     line = f"{train} ({_rows_text(found, rows)})"
     val_rows = None if val_found is None else val_found.total_rows
     if source == "split":
-        line += f"; validation on split '{held}' ({_rows_text(val_found)})"
+        line += f"{_VALIDATION_ON} split '{held}' ({_rows_text(val_found)})"
     elif source == "config":
         where = f" split '{held}'" if held else ""
-        line += f"; validation on dataset_val{where} ({_rows_text(val_found)})"
+        line += f"{_VALIDATION_ON} dataset_val{where} ({_rows_text(val_found)})"
     elif source == "fraction":
-        line += f"; validation on a held-out {fraction:.0%} of it (chosen by content)"
+        line += f"{_VALIDATION_ON} a held-out {fraction:.0%} of it (chosen by content)"
     else:
-        line += ("; no held-out set (no validation or test split besides the one trained "
+        line += (f"{_NO_HELD_OUT} (no validation or test split besides the one trained "
                  f"on; --val-fraction 0.1 or {env.VAL_FRACTION}=0.1 holds a tenth out)")
     return line, rows, exact, val_rows
+
+
+def without_held_out_clause(notes: list[str]) -> list[str]:
+    """``notes`` (``plan``'s lines) with the dataset line's held-out clause cut off."""
+    return [n.split(_VALIDATION_ON)[0].split(_NO_HELD_OUT)[0] for n in notes]
 
 
 def _larger_than_training(val_rows: int | None, train_rows: int | None) -> list[str]:
