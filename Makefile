@@ -27,15 +27,20 @@ IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
 IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
 	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
-.PHONY: venv demo test matrix-test matrix-results clean images images-test images-ci-build images-run image-initializer image-trainer image-exporter image-kubetune release-manifests
+.PHONY: venv demo test test-profile matrix-test matrix-results clean images images-test images-ci-build images-run image-initializer image-trainer image-exporter image-kubetune release-manifests
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[all,test]"
+	# uv installs in half a minute what pip took 7 to install on 2 cores (CI's budget:
+	# docs/testing.md); it reads no pip.conf, so pip's indexes, local wheels and
+	# constraints are handed to it (.ci/pip_config_for_uv.py).
+	$(BIN)/pip install --quiet uv==0.13.9
+	eval "$$($(BIN)/python .ci/pip_config_for_uv.py)" && \
+		$(BIN)/uv pip install --quiet --python $(BIN)/python \
+			$(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)" && \
+		$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[all,test]"
 	# torchtune owns the `tune` console script; ours replaces it in the venv and
 	# torchtune's CLI is reachable as tune-torchtune (both written by install-tune).
 	$(BIN)/kubetune install-tune --bin-dir $(BIN)
@@ -48,8 +53,28 @@ demo: venv
 # its fixtures): most of a test's time is processes starting and importing torch, on one
 # core each. On 2 cores the suite took 19 minutes this way, 42 one file after another.
 TEST_WORKERS ?= 2
+# The 20 slowest tests close its output: what a new slow test costs is seen where it lands.
 test: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(PYTEST_ARGS)
+
+# `make test` profiled (docs/testing.md): pytest's durations, every Python process the
+# suite starts (which test started it, whether it imported torch; a .pth hook copied into
+# the venv for this run only) and py-spy's samples of them all, summed per test file and
+# per phase into $(PROFILE_DIR)/report.md by bench/suite_profile.py.
+PROFILE_DIR ?= test-profile
+SITE_PACKAGES = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+test-profile: venv
+	$(BIN)/pip install --quiet py-spy==0.4.3
+	rm -rf $(PROFILE_DIR) && mkdir -p $(PROFILE_DIR)
+	cp tests/support/process_log.py $(SITE_PACKAGES)/_kubetune_process_log.py
+	echo "import _kubetune_process_log" > $(SITE_PACKAGES)/_kubetune_process_log.pth
+	SUITE_PROCESS_LOG="$(abspath $(PROFILE_DIR))/processes.jsonl" PATH="$(abspath $(BIN)):$$PATH" \
+		$(BIN)/py-spy record --subprocesses --rate 10 --format raw --output $(PROFILE_DIR)/stacks.txt -- \
+		$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=0 \
+		--junitxml=$(PROFILE_DIR)/junit.xml $(PYTEST_ARGS) 2>&1 | tee $(PROFILE_DIR)/pytest.log; \
+		rm -f $(SITE_PACKAGES)/_kubetune_process_log.pth $(SITE_PACKAGES)/_kubetune_process_log.py
+	$(BIN)/python bench/suite_profile.py $(PROFILE_DIR) > $(PROFILE_DIR)/report.md
+	cat $(PROFILE_DIR)/report.md
 
 # Every cell of the support matrix (tests/test_support_matrix.py; `make test` runs a fast
 # subset), cells in parallel, one per CPU; matrix-results reruns them and records the
