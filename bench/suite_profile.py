@@ -41,15 +41,24 @@ PHASES = [
     ("tokenization", re.compile(r"token_cache/|tokenizers?/|_tokenizer\.py|sample_capture\.py")),
     ("checkpoint saves", re.compile(r"save_checkpoint|checkpoint_store\.py")),
     ("export", re.compile(r"exporter/")),
-    ("training steps", re.compile(r"^train \(.*recipes/")),
-    ("recipe setup (model build, weights load)", re.compile(r"^setup \(.*recipes/|recipe_process/")),
+    # A recipe's methods are sampled as "Class.train (recipes/...)".
+    ("training steps", re.compile(r"\btrain \((recipes/|.*recipe_hooks)")),
+    ("recipe setup (model build, weights load)", re.compile(r"\bsetup \(recipes/|recipe_process/")),
     ("initializers", re.compile(r"initializers/")),
     ("transformers/peft (serving checks)", re.compile(r"transformers/|peft/")),
     ("kubetune local, launcher, plans", re.compile(r"tools/local/|trainer/(launch|launcher|planning|request|config)")),
 ]
+# py-spy counts a thread as busy in a few blocking calls it cannot tell from work: a
+# sample whose innermost frame waits is counted apart, not as its phase.
+WAITING = re.compile(r"^(\w+\.)?(wait|_wait|_try_wait|sleep|select|poll|communicate|"
+                     r"_communicate|acquire|join|read|readline|recv|recv_into|accept)\b")
 
 
 def phase_of(frames: list[str]) -> str:
+    if not frames:
+        return "no Python frame (interpreter start-up, native threads)"
+    if WAITING.match(frames[-1]):
+        return "waiting (counted busy by py-spy)"
     for name, pattern in PHASES:
         if any(pattern.search(frame) for frame in frames):
             return name

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from tests.support.cli import REPO, kubetune
 from tests.support.trained import TrainedRun, train
+from tests.support.uv_settings import uv_environment
 
 pytestmark = pytest.mark.slow
 
@@ -40,12 +42,21 @@ def serving_python() -> Path:
         if not marker.is_file():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(SERVING_VENV)],
                            check=True)
-            installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet",
-                                        *SERVING_PINS], capture_output=True, text=True,
-                                       timeout=1200)
+            installed = subprocess.run(_install_command(python), capture_output=True,
+                                       text=True, timeout=1200,
+                                       env={**os.environ, **uv_environment()})
             assert installed.returncode == 0, installed.stderr[-3000:]
             marker.write_text("")
     return python
+
+
+def _install_command(python: Path) -> list[str]:
+    """uv where `make venv` installed it (seconds; pip took minutes, and every test that
+    serves waits on this), else pip."""
+    uv = Path(sys.executable).with_name("uv")
+    if uv.is_file():
+        return [str(uv), "pip", "install", "--quiet", "--python", str(python), *SERVING_PINS]
+    return [str(python), "-m", "pip", "install", "--quiet", *SERVING_PINS]
 
 
 @pytest.fixture(scope="module")

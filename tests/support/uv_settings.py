@@ -1,10 +1,12 @@
-"""pip's configuration as uv's environment: `make venv` installs with uv, which reads no
+"""pip's configuration as uv's environment: `make venv` and the tests' serving venv
+install with uv (seconds where pip took minutes: docs/testing.md), which reads no
 pip.conf, and must still see the indexes, local wheels and constraints this machine set
 up for pip (on a build machine: a CPU torch wheel on disk instead of GBs of CUDA ones).
 
-Prints `export UV_...='...'` lines for `eval`. pip treats every index alike and takes the
-best version from any; uv by default stops at the first index that has the name, so the
-strategy is set to pip's.
+Run as a script (by `make venv`, before any venv exists: standard library only), it
+prints `export UV_...='...'` lines for `eval`. pip treats every index alike and takes
+the best version from any; uv by default stops at the first index that has the name, so
+the strategy is set to pip's.
 """
 
 from __future__ import annotations
@@ -39,14 +41,19 @@ def pip_settings() -> dict[str, str]:
     return {**from_files, **from_env}
 
 
-def main() -> None:
-    lines = ["export UV_INDEX_STRATEGY=unsafe-best-match"]
+def uv_environment() -> dict[str, str]:
+    """The variables that make uv install from where pip would."""
+    env = {"UV_INDEX_STRATEGY": "unsafe-best-match"}
     for key, value in pip_settings().items():
         if key in UV_NAMES:
             # uv reads find-links as a comma-separated list, the others space-separated.
-            value = ",".join(value.split()) if key == "find-links" else value
-            lines.append(f"export {UV_NAMES[key]}={shlex.quote(value)}")
-    print("\n".join(lines))
+            env[UV_NAMES[key]] = ",".join(value.split()) if key == "find-links" else value
+    return env
+
+
+def main() -> None:
+    print("\n".join(f"export {name}={shlex.quote(value)}"
+                    for name, value in uv_environment().items()))
 
 
 if __name__ == "__main__":
