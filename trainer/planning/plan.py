@@ -320,7 +320,7 @@ def check_request(request: TuneRunRequest) -> list[str]:
     check_paths(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
-    check_values(cfg)
+    check_values(cfg, request.spellings)
     if _builder_named(_override_keys(request.overrides), request.config):
         notes += builder_settings.fit(cfg, _override_keys(request.overrides),
                                       request.spellings, _user_config_file(request.config))
@@ -395,7 +395,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                            compile_before, sizes_before)
     notes += _objective_and_held_out(cfg, request, recipe_path, topo, workspace, found,
                                      user_keys, users_config)
-    check_values(cfg)
+    check_values(cfg, request.spellings)
     if found is not None:
         # The rows trained on: a held-out fraction's are not.
         trained = cfg.kubetune.data
@@ -494,7 +494,7 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     notes += _lr_scheduler_section(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
-    check_values(cfg)
+    check_values(cfg, request.spellings)
     if method != "full":
         excess = lora_rank_excess(cfg.model, checkpoint.architecture.dims)
         if excess and "model.lora_rank" in user_keys:

@@ -236,7 +236,8 @@ def _dataset_view(dataset_dir: Path, descriptor: dict, view: Path) -> Path:
 
 
 def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
-                  model_uri: str, dataset_uri: str, teacher_uri: str | None = None):
+                  model_uri: str, dataset_uri: str, teacher_uri: str | None = None,
+                  spellings: dict[str, str] | None = None):
     """Plan the trainer step (``tune_run``: its argv after ``run``) as the trainer will,
     before the initializers have filled the workspace; return the planned config (an
     OmegaConf DictConfig), or None where a source is remote.
@@ -245,7 +246,8 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     local, the trainer's whole `plan` then runs against them: keys, values, the
     method against the model, the LoRA rank, the dataset's columns and split, whether the
     rows make a step. With a remote source, only the checks that need no checkpoint and
-    no data."""
+    no data. ``spellings``: config key -> the option or variable that set it, which a
+    refusal names (``--val-fraction``, not ``kubetune.val_fraction``)."""
     from kubetune.trainer.planning.plan import check_request, plan
     from kubetune.trainer.request.settings import LauncherSettings
     from kubetune.trainer.request.tune_command import parse_tune_run
@@ -260,7 +262,9 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     if teacher_dir is not None:
         _verified_model(teacher_dir)
     if model_dir is None or descriptor is None or (teacher_uri and teacher_dir is None):
-        for note in check_request(parse_tune_run(tune_run)):
+        request = parse_tune_run(tune_run)
+        request.spellings = dict(spellings or {})
+        for note in check_request(request):
             log.debug("trainer plan: %s", note)
         return None
     # The workspace paths the pipeline gives the trainer, pointed at the model source.
@@ -274,7 +278,9 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
         dataset_view = _dataset_view(dataset_dir, descriptor, Path(tmp))
         here = Workspace(root=pvc, dataset_dir=dataset_view, model_dir=model_dir,
                          output_dir=pvc / "output", export_dir=pvc / "export")
-        planned = plan(parse_tune_run(argv), here, settings)
+        request = parse_tune_run(argv)
+        request.spellings = dict(spellings or {})
+        planned = plan(request, here, settings)
     for note in planned.notes:  # the trainer logs them itself when it runs
         log.debug("trainer plan: %s", note)
     return planned.cfg

@@ -1,0 +1,239 @@
+"""The values of the ``KUBETUNE_*`` settings a runtime, a TrainJob or this shell carries,
+checked before any container or process starts, by the parsers their steps will use.
+
+Names are `runtime_contract`'s; values are checked here. A runtime whose env holds
+``KUBETUNE_VAL_FRACTION: "0.9"`` passes every name check, and on a cluster its pods
+download the model and the data before the trainer refuses the value. Each value is read
+as its step reads it: a step's click option (type, choices, booleans: `kubetune train`,
+`kubetune export`, the initializers), the trainer's ranges (``value_rules``, which the
+trainer's own check of the merged config reads too) and its option parsers
+(``train_options``: a LoRA JSON config, target modules, a column map, overrides), the
+numbers ``env_numbers`` parses (the initializers' settings, the request timeout), and a
+source or destination URI's scheme. Every bad value is one line naming it as the user
+wrote it: a YAML path (``spec.trainer.env[2]``), a variable or an option.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Callable, Iterator
+
+import click
+
+from kubetune import env as envnames
+from kubetune.errors import BadInputError
+
+
+@functools.lru_cache(maxsize=None)
+def _options() -> dict[str, tuple[click.Command, click.Parameter]]:
+    """Variable -> (the step command, its option) for every step's click option."""
+    from kubetune.entrypoints.export import export_command
+    from kubetune.entrypoints.init_storage import init_dataset, init_model
+    from kubetune.entrypoints.train import train
+
+    found: dict[str, tuple[click.Command, click.Parameter]] = {}
+    for command in (train, export_command, init_dataset, init_model):
+        for param in command.params:
+            if isinstance(param.envvar, str):
+                found.setdefault(param.envvar, (command, param))
+    return found
+
+
+def _click_value(name: str, text: str):
+    """(the value ``text`` stands for, None), or (None, why not) as click says it."""
+    command, param = _options()[name]
+    ctx = click.Context(command, resilient_parsing=False)
+    try:
+        return param.type_cast_value(ctx, text), None
+    except click.BadParameter as exc:
+        return None, exc.message
+
+
+def _trainer_problem(option: str, value) -> str | None:
+    """The trainer's own refusal of one `kubetune train` option's value: its range
+    (``value_rules``), else the parser of its override (``train_options``)."""
+    from kubetune.trainer.request.train_options import (OPTION_KEYS, TrainOptions,
+                                                        split_overrides, train_overrides)
+    from kubetune.trainer.request.value_rules import key_problem
+
+    if option in OPTION_KEYS:
+        problem = key_problem(OPTION_KEYS[option], value)
+        if problem is not None:
+            return problem
+    try:
+        if option == "train_overrides_text":
+            split_overrides(value)
+        elif option in TrainOptions.__dataclass_fields__ and option != "method":
+            train_overrides(TrainOptions(**{option: value}))
+    except BadInputError as exc:
+        return exc.message
+    return None
+
+
+def _uri_problem(name: str, text: str) -> str | None:
+    """A source's or destination's URI parsed as its step parses it (the scheme, the
+    shape); whether a path exists is the step's, on its own volume."""
+    from kubetune import storage_uri
+
+    if "$(" in text:
+        return None  # the kubelet expands it in the pod
+    try:
+        if name == envnames.EXPORT_URI:
+            storage_uri.export_destination(storage_uri.absolute(text, Path.cwd()))
+        else:
+            from kubetune.initializers.storage_uri import parse, source_class
+
+            typed = parse(storage_uri.absolute(text, Path.cwd()))
+            source_class(typed.scheme)
+            if typed.scheme == "hf":
+                storage_uri.hub(typed, name)
+            elif typed.scheme == "s3":
+                storage_uri.s3(typed, name)
+    except BadInputError as exc:
+        return exc.message
+    return None
+
+
+def _number_problem(name: str, text: str) -> str | None:
+    """The numbers ``env_numbers`` parses, read by the settings object that reads them."""
+    from kubetune.initializers.settings import InitializerSettings
+    from kubetune.remote.settings import http_timeout_s
+
+    readers: dict[str, Callable[[dict], object]] = {
+        envnames.DOWNLOAD_WORKERS: lambda e: InitializerSettings(e).download_workers,
+        envnames.S3_PART_SIZE_MB: lambda e: InitializerSettings(e).s3_part_size,
+        envnames.S3_PART_WORKERS: lambda e: InitializerSettings(e).s3_part_workers,
+        envnames.PROGRESS_INTERVAL_S: lambda e: InitializerSettings(e).progress_interval_s,
+        envnames.HTTP_TIMEOUT_S: http_timeout_s,
+    }
+    if name not in readers:
+        return None
+    try:
+        readers[name]({name: text})
+    except BadInputError as exc:
+        # env_numbers names the variable; the caller names it as the user wrote it.
+        return exc.message.split(f"{name}={text.strip()!r} ", 1)[-1]
+    return None
+
+
+def value_problem(name: str, text: str) -> str | None:
+    """Why the step that reads variable ``name`` would refuse ``text``, or None."""
+    if name in (envnames.STORAGE_URI, envnames.EXPORT_URI, envnames.TEACHER_URI):
+        return _uri_problem(name, text)
+    if name == envnames.EXPORT_FORMAT:
+        from kubetune.exporter.artifact import FORMATS
+
+        return None if text in FORMATS else f"is not one of {', '.join(FORMATS)}"
+    problem = _number_problem(name, text)
+    if problem is not None or name not in _options():
+        return problem
+    value, problem = _click_value(name, text)
+    if problem is not None:
+        return problem
+    _, param = _options()[name]
+    if value is None or _options()[name][0].name != "train":
+        return None
+    return _trainer_problem(param.name, value)
+
+
+def flag_of(name: str) -> str | None:
+    """The option of the step that reads variable ``name`` (``--val-fraction``)."""
+    found = _options().get(name)
+    return found[1].opts[0] if found and found[1].opts else None
+
+
+def _read_by_a_step(name: str) -> bool:
+    """A variable one of our steps reads (KUBETUNE_*, and the names Kubeflow's own
+    initializers and our exporter share: STORAGE_URI, EXPORT_FORMAT, LORA_CONFIG ...)."""
+    return name.startswith(envnames.KUBETUNE_PREFIX) or name in _options() or name in (
+        envnames.STORAGE_URI, envnames.EXPORT_URI, envnames.EXPORT_FORMAT)
+
+
+def env_list_problems(env_list: list, where: str) -> Iterator[str]:
+    """Every literal value of an env list (a container's, a TrainJob's) its step would
+    refuse, one line each: ``<where>.env[<i>]: NAME="value": why``."""
+    for i, var in enumerate(env_list or []):
+        if not isinstance(var, dict) or not isinstance(var.get("value"), str):
+            continue  # valueFrom: the kubelet's; a non-string: the schema's
+        name = var.get("name")
+        if not isinstance(name, str) or not _read_by_a_step(name):
+            continue
+        problem = value_problem(name, var["value"]) if var["value"].strip() else None
+        if problem is not None:
+            yield f"{where}.env[{i}]: {name}={json.dumps(var['value'])}: {problem}"
+
+
+def _container_envs(spec: dict, prefix: str) -> Iterator[tuple[list, str]]:
+    from kubetune.tools.local.runtime_contract import POD, _containers, _jobs
+
+    for index, rjob in enumerate(_jobs({"spec": spec})):
+        if not isinstance(rjob, dict):
+            continue
+        for kind, i, container in _containers(rjob):
+            yield (container.get("env") or [],
+                   f"{prefix}replicatedJobs[{rjob.get('name') or index}].{POD}.{kind}"
+                   f"[{container.get('name') or i}]")
+
+
+def runtime_value_problems(runtime: dict) -> list[str]:
+    """Every bad setting value in a runtime's containers (without the file)."""
+    lines: list[str] = []
+    for env_list, where in _container_envs(runtime.get("spec") or {}, ""):
+        lines += env_list_problems(env_list, where)
+    return lines
+
+
+def trainjob_value_problems(trainjob: dict) -> list[str]:
+    """Every bad setting value a TrainJob carries: its trainer's and initializers' env,
+    their storage URIs, and its runtimePatches' containers (without the file)."""
+    spec = trainjob.get("spec") or {}
+    lines = list(env_list_problems((spec.get("trainer") or {}).get("env") or [],
+                                   "spec.trainer"))
+    for kind in ("dataset", "model"):
+        section = (spec.get("initializer") or {}).get(kind) or {}
+        lines += env_list_problems(section.get("env") or [], f"spec.initializer.{kind}")
+        uri = section.get("storageUri")
+        problem = _uri_problem(envnames.STORAGE_URI, uri) if isinstance(uri, str) else None
+        if problem is not None:
+            lines.append(f"spec.initializer.{kind}.storageUri: {uri!r}: {problem}")
+    for p, patch in enumerate(spec.get("runtimePatches") or []):
+        patched = (((patch or {}).get("trainingRuntimeSpec") or {}))
+        for env_list, where in _container_envs(
+                patched, f"spec.runtimePatches[{p}].trainingRuntimeSpec.template.spec."):
+            lines += env_list_problems(env_list, where)
+    return lines
+
+
+def manifest_value_problems(runtime: dict, runtime_path: Path, trainjob: dict | None,
+                            trainjob_path: Path | None) -> list[str]:
+    """Both files' bad setting values, each line naming its file."""
+    lines = [f"{runtime_path}: {line}" for line in runtime_value_problems(runtime)]
+    if trainjob is not None:
+        lines += [f"{trainjob_path}: {line}" for line in trainjob_value_problems(trainjob)]
+    return lines
+
+
+def shell_problems(environ: dict[str, str], typed: dict[str, object]) -> list[str]:
+    """`kubetune local`'s trainer settings, checked as the trainer will check them: each
+    option typed (``typed``: `kubetune train`'s option name -> value, said as
+    ``--val-fraction 0.9``), then each variable of ``environ`` that `kubetune train` reads
+    and no typed option overrides (said as ``KUBETUNE_VAL_FRACTION=0.9``)."""
+    from kubetune.entrypoints.train import train
+
+    variables = {p.name: p.envvar for p in train.params if isinstance(p.envvar, str)}
+    lines = []
+    for option, value in sorted(typed.items()):
+        name = variables.get(option)
+        problem = value_problem(name, str(value)) if name and value is not None else None
+        if problem is not None:
+            lines.append(f"--{option.replace('_', '-')} {value}: {problem}")
+    overridden = {variables.get(option) for option in typed}
+    for name, text in sorted(environ.items()):
+        if name in overridden or name not in variables.values() or not text.strip():
+            continue
+        problem = value_problem(name, text)
+        if problem is not None:
+            lines.append(f"{name}={text}: {problem}")
+    return lines
