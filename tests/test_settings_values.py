@@ -1,0 +1,156 @@
+"""Settings' values checked before any step, by the parsers their steps use, and named as
+the user wrote them (issue 53 §2, §3): a YAML path (`spec.trainer.env[2]`), a variable
+(`KUBETUNE_VAL_FRACTION`), an option (`--val-fraction`) or, in a `tune run` override, the
+key itself. In-process where no process boundary is under test; no torch, no training."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from kubetune.entrypoints.validate import check
+from kubetune.tools.local.settings_check import (shell_problems, trainjob_value_problems,
+                                                 value_problem)
+from tests.support.cli import clean_env, error_lines, kubetune
+from tests.support.runtimes import runtime_file, write_trainjob
+
+BYO = "kubetune-byo-model"
+RANGE = "the held-out fraction must be more than 0 and at most 0.5"
+
+# (variable, value, what the refusal says): one per kind of value the issue names.
+BAD_VALUES = [
+    ("KUBETUNE_VAL_FRACTION", "0.9", RANGE),
+    ("KUBETUNE_EPOCHS", "0", "must be a whole number >= 1"),
+    ("KUBETUNE_EPOCHS", "two", "'two' is not a valid integer"),
+    ("KUBETUNE_LORA_DROPOUT", "1.5", "must be a number in [0, 1)"),
+    ("KUBETUNE_LEARNING_RATE", "0", "must be a number > 0"),
+    ("KUBETUNE_VAL_PROMPTS", "-1", "must be 0 or more"),
+    ("KUBETUNE_METHOD", "lorax", "'lorax' is not one of 'lora', 'qlora', 'dora', 'full'"),
+    ("KUBETUNE_OBJECTIVE", "ppo", "'ppo' is not one of"),
+    ("EXPORT_FORMAT", "gguf", "is not one of adapter, merged, both"),
+    ("KUBETUNE_EXPORT_CHECKPOINT", "middle", "'middle' is not one of 'last', 'best'"),
+    ("KUBETUNE_PACKING", "maybe", "'maybe' is not a valid boolean"),
+    ("KUBETUNE_DOWNLOAD_WORKERS", "0", "must be at least 1"),
+    ("KUBETUNE_S3_PART_SIZE_MB", "16MB", "is not a whole number"),
+    ("KUBETUNE_HTTP_TIMEOUT_S", "60s", "is not a number"),
+    ("LORA_CONFIG", "{r: 8}", "LORA_CONFIG is not a JSON object"),
+    ("KUBETUNE_LORA_TARGET_MODULES", "attn", "LoRA target module 'attn' is not one of"),
+    ("STORAGE_URI", "ftp://host/data", "unsupported storage scheme 'ftp'"),
+    ("EXPORT_URI", "gs://bucket/out", "EXPORT_URI 'gs://bucket/out' is not supported"),
+    ("KUBETUNE_TEACHER_URI", "s3://", "names nothing after s3://"),
+]
+GOOD_VALUES = [("KUBETUNE_VAL_FRACTION", "0.1"), ("KUBETUNE_EPOCHS", "2"),
+               ("KUBETUNE_PACKING", "true"), ("EXPORT_FORMAT", "merged"),
+               ("KUBETUNE_EXPORT_CHECKPOINT", "best"), ("STORAGE_URI", "hf://org/model"),
+               ("KUBETUNE_DOWNLOAD_WORKERS", "4"), ("KUBETUNE_METHOD", "qlora")]
+
+
+@pytest.mark.parametrize("name, value, said", BAD_VALUES,
+                         ids=[f"{n}={v}" for n, v, _ in BAD_VALUES])
+def test_a_bad_value_is_refused_by_its_steps_parser(name, value, said):
+    problem = value_problem(name, value)
+    assert problem is not None and said in problem, problem
+
+
+@pytest.mark.parametrize("name, value", GOOD_VALUES)
+def test_a_good_value_passes(name, value):
+    assert value_problem(name, value) is None
+
+
+def _runtime_with(tmp_path, name: str, value: str) -> tuple:
+    runtime = yaml.safe_load(runtime_file(BYO).read_text())
+    node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                if j["name"] == "node")["template"]["spec"]["template"]["spec"]["containers"][0]
+    node["env"].append({"name": name, "value": value})
+    path = tmp_path / "runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    return path, len(node["env"]) - 1
+
+
+def test_validate_refuses_a_runtimes_value_naming_the_env_entry(tmp_path, capsys):
+    path, i = _runtime_with(tmp_path, "KUBETUNE_VAL_FRACTION", "0.9")
+    assert check(path, None) == 65
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: validate: {path}: replicatedJobs[node].template.spec.template.spec."
+        f"containers[node].env[{i}]: KUBETUNE_VAL_FRACTION=\"0.9\": {RANGE}"]
+
+
+def test_local_refuses_a_runtimes_value_before_either_initializer(tmp_path):
+    path, i = _runtime_with(tmp_path, "KUBETUNE_VAL_FRACTION", "0.9")
+    workdir = tmp_path / "run"
+    result = kubetune("local", "--workdir", str(workdir), "--runtime", str(path),
+                      env=clean_env())
+    assert result.returncode == 65, result.stdout + result.stderr
+    assert error_lines(result) == [
+        f"error: local: {path}: replicatedJobs[node].template.spec.template.spec."
+        f"containers[node].env[{i}]: KUBETUNE_VAL_FRACTION=\"0.9\": {RANGE}"]
+    assert "==> " not in result.stdout and not workdir.exists()
+
+
+def test_a_trainjobs_values_are_named_by_their_yaml_path(tmp_path, capsys):
+    job = write_trainjob(tmp_path / "job.yaml", BYO, {
+        "initializer": {"model": {"storageUri": "ftp://host/model"}},
+        "trainer": {"env": [{"name": "KUBETUNE_EPOCHS", "value": "1"},
+                            {"name": "KUBETUNE_LORA_RANK", "value": "8"},
+                            {"name": "KUBETUNE_VAL_FRACTION", "value": "0.9"},
+                            {"name": "KUBETUNE_PACKING", "value": "maybe"}]}})
+    assert check(runtime_file(BYO), job) == 65
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == sorted(lines) and len(lines) == 3, lines
+    assert lines[0].startswith(f"error: validate: {job}: spec.initializer.model.storageUri: "
+                               "'ftp://host/model': unsupported storage scheme 'ftp'")
+    assert lines[1] == (f"error: validate: {job}: spec.trainer.env[2]: "
+                        f"KUBETUNE_VAL_FRACTION=\"0.9\": {RANGE}")
+    assert lines[2].startswith(f"error: validate: {job}: spec.trainer.env[3]: "
+                               "KUBETUNE_PACKING=\"maybe\": 'maybe' is not a valid boolean")
+    assert trainjob_value_problems(yaml.safe_load(job.read_text()))  # the same, without file
+
+
+def test_local_names_the_option_and_the_variable_as_set(tmp_path):
+    """`--val-fraction 0.9` names --val-fraction; KUBETUNE_VAL_FRACTION=0.9 names the
+    variable; neither names kubetune.val_fraction, and neither leaves a workdir."""
+    workdir = tmp_path / "run"
+    result = kubetune("local", "--workdir", str(workdir), "--val-fraction", "0.9",
+                      env=clean_env())
+    assert result.returncode == 65, result.stderr
+    assert error_lines(result) == [f"error: local: --val-fraction 0.9: {RANGE}"]
+    result = kubetune("local", "--workdir", str(workdir), env=clean_env(
+        KUBETUNE_VAL_FRACTION="0.9", KUBETUNE_EPOCHS="0"))
+    assert result.returncode == 65, result.stderr
+    assert error_lines(result) == ["error: local: KUBETUNE_EPOCHS=0: must be a whole number >= 1",
+                                   f"error: local: KUBETUNE_VAL_FRACTION=0.9: {RANGE}"]
+    assert not workdir.exists()
+
+
+def test_a_typed_option_wins_over_its_variable():
+    assert shell_problems({"KUBETUNE_VAL_FRACTION": "0.9"}, {"val_fraction": 0.2}) == []
+    assert shell_problems({"KUBETUNE_VAL_FRACTION": "0.2"}, {"val_fraction": 0.9}) == [
+        f"--val-fraction 0.9: {RANGE}"]
+
+
+@pytest.mark.parametrize("spellings, said", [
+    ({}, "kubetune.val_fraction=0.9: "),  # a `tune run` override: the key as written
+    ({"kubetune.val_fraction": "--val-fraction"}, "--val-fraction 0.9: "),
+    ({"kubetune.val_fraction": "KUBETUNE_VAL_FRACTION"}, "KUBETUNE_VAL_FRACTION=0.9: "),
+])
+def test_the_trainers_own_check_names_the_setting(spellings, said):
+    """The trainer's check stays for values that reach it another way, and names what
+    set them: the plan's held-out fraction and its ranges of the merged config."""
+    from omegaconf import OmegaConf
+
+    from kubetune.errors import BadInputError
+    from kubetune.trainer.config.validate import check_values
+    from kubetune.trainer.validation.heldout_set import fraction_of
+
+    with pytest.raises(BadInputError) as err:
+        fraction_of(OmegaConf.create({"kubetune": {"val_fraction": 0.9}}), spellings)
+    assert str(err.value).startswith(said + RANGE), err.value
+    epochs = {key.replace("kubetune.val_fraction", "epochs"): name.replace(
+        "val-fraction", "epochs").replace("VAL_FRACTION", "EPOCHS")
+        for key, name in spellings.items()}
+    with pytest.raises(BadInputError) as err:
+        check_values(OmegaConf.create({"epochs": 0, "batch_size": 1,
+                                       "gradient_accumulation_steps": 1}), epochs)
+    assert str(err.value) == said.replace("kubetune.val_fraction", "epochs").replace(
+        "val-fraction", "epochs").replace("VAL_FRACTION", "EPOCHS").replace(
+        "0.9", "0") + "must be a whole number >= 1"
