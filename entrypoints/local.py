@@ -202,7 +202,7 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
     demo defaults that apply (`kubetune.tools.local.train_args`) key by key."""
     from kubetune.entrypoints.train import environment_settings
-    from kubetune.tools.local.settings_check import shell_problems
+    from kubetune.entrypoints.step_options import settings_check
     from kubetune.tools.local.violations import raise_all
     from kubetune.trainer.request.train_options import (TrainOptions, spellings_of,
                                                         train_overrides)
@@ -212,7 +212,7 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     workdir = Path(workdir)
     # Every trainer setting's value as the trainer will check it, all at once, named as
     # typed (--val-fraction) or set (KUBETUNE_VAL_FRACTION): os.environ scanned whole.
-    raise_all(shell_problems(dict(os.environ), options or {}))
+    raise_all(settings_check().shell_problems(dict(os.environ), options or {}))
     from_env, _, set_by = environment_settings(method)
     set_by.update({name: "--" + name.replace("_", "-") for name in options or {}})
     # Relative paths mean the directory the user ran us in: made absolute once, here.
@@ -241,10 +241,11 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
 
 def merged_jobset(runtime_path: Path, trainjob_path: Path | None) -> dict:
     """The JobSet the controller would create from the runtime and the TrainJob."""
+    from kubetune.entrypoints.step_options import settings_check
     from kubetune.tools.local.runtime_contract import checked_jobset
 
     # Every violation of both files at once (ContractError), before anything runs.
-    return checked_jobset(runtime_path, trainjob_path)
+    return checked_jobset(runtime_path, trainjob_path, settings_check())
 
 
 def jobset_yaml(jobset: dict) -> str:

@@ -34,10 +34,11 @@ def validate(runtime_path: Path, trainjob_path: Path | None) -> None:
 
 def check(runtime_path: Path, trainjob_path: Path | None) -> int:
     """0, with one `ok` line, when the files pass; else every violation reported, 65."""
+    from kubetune.entrypoints.step_options import settings_check
     from kubetune.tools.local.runtime_contract import ContractError, checked_jobset, report
 
     try:
-        jobset = checked_jobset(runtime_path, trainjob_path)
+        jobset = checked_jobset(runtime_path, trainjob_path, settings_check())
     except ContractError as exc:
         return report(exc, "validate")
     jobs = " -> ".join(j["name"] for j in jobset["spec"]["replicatedJobs"])

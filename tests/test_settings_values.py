@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from kubetune.entrypoints.step_options import settings_check
 from kubetune.entrypoints.validate import check
-from kubetune.tools.local.settings_check import (shell_problems, trainjob_value_problems,
-                                                 value_problem)
 from tests.support.cli import clean_env, error_lines, kubetune
 from tests.support.runtimes import runtime_file, write_trainjob
 
 BYO = "kubetune-byo-model"
+CHECK = settings_check()
 RANGE = "the held-out fraction must be more than 0 and at most 0.5"
 
 # (variable, value, what the refusal says): one per kind of value the issue names.
@@ -48,13 +48,13 @@ GOOD_VALUES = [("KUBETUNE_VAL_FRACTION", "0.1"), ("KUBETUNE_EPOCHS", "2"),
 @pytest.mark.parametrize("name, value, said", BAD_VALUES,
                          ids=[f"{n}={v}" for n, v, _ in BAD_VALUES])
 def test_a_bad_value_is_refused_by_its_steps_parser(name, value, said):
-    problem = value_problem(name, value)
+    problem = CHECK.value_problem(name, value)
     assert problem is not None and said in problem, problem
 
 
 @pytest.mark.parametrize("name, value", GOOD_VALUES)
 def test_a_good_value_passes(name, value):
-    assert value_problem(name, value) is None
+    assert CHECK.value_problem(name, value) is None
 
 
 def _runtime_with(tmp_path, name: str, value: str) -> tuple:
@@ -103,7 +103,7 @@ def test_a_trainjobs_values_are_named_by_their_yaml_path(tmp_path, capsys):
                         f"KUBETUNE_VAL_FRACTION=\"0.9\": {RANGE}")
     assert lines[2].startswith(f"error: validate: {job}: spec.trainer.env[3]: "
                                "KUBETUNE_PACKING=\"maybe\": 'maybe' is not a valid boolean")
-    assert trainjob_value_problems(yaml.safe_load(job.read_text()))  # the same, without file
+    assert CHECK.trainjob_problems(yaml.safe_load(job.read_text()))  # the same, without file
 
 
 def test_local_names_the_option_and_the_variable_as_set(tmp_path):
@@ -123,8 +123,8 @@ def test_local_names_the_option_and_the_variable_as_set(tmp_path):
 
 
 def test_a_typed_option_wins_over_its_variable():
-    assert shell_problems({"KUBETUNE_VAL_FRACTION": "0.9"}, {"val_fraction": 0.2}) == []
-    assert shell_problems({"KUBETUNE_VAL_FRACTION": "0.2"}, {"val_fraction": 0.9}) == [
+    assert CHECK.shell_problems({"KUBETUNE_VAL_FRACTION": "0.9"}, {"val_fraction": 0.2}) == []
+    assert CHECK.shell_problems({"KUBETUNE_VAL_FRACTION": "0.2"}, {"val_fraction": 0.9}) == [
         f"--val-fraction 0.9: {RANGE}"]
 
 

@@ -14,13 +14,23 @@ cannot run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from kubetune import env as envnames
 from kubetune.suggest import closest
+# Where a replicatedJob's containers are, shared with the settings check.
+from kubetune.tools.local.manifest_walk import POD
+from kubetune.tools.local.manifest_walk import container_ref as _container_ref
+from kubetune.tools.local.manifest_walk import containers as _containers
+from kubetune.tools.local.manifest_walk import job_ref as _job_ref
+from kubetune.tools.local.manifest_walk import jobs as _jobs
+from kubetune.tools.local.manifest_walk import pod as _pod
 from kubetune.tools.local.violations import ContractError, raise_all, report  # noqa: F401
 from kubetune.unknown_env import known_names
 from kubetune.workspace import DEFAULT_ROOT
+
+if TYPE_CHECKING:
+    from kubetune.tools.local.settings_check import SettingsCheck
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER = "trainer"
@@ -29,39 +39,11 @@ INITIALIZERS = ("dataset-initializer", "model-initializer")
 # The words of a container's command that run one of our steps.
 _STEP_WORDS = {"init-dataset": "initializer", "init-model": "initializer",
                "train": TRAINER, "tune": TRAINER, "export": "exporter"}
-POD = "template.spec.template.spec"
-
-
-def _jobs(runtime: dict) -> list:
-    spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
-    jobs = spec.get("replicatedJobs")
-    return jobs if isinstance(jobs, list) else []
-
-
-def _pod(rjob: dict) -> dict:
-    return ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {})
-            .get("spec") or {})
 
 
 def _ancestor(rjob: dict) -> str | None:
     return (((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}) \
         .get(ANCESTOR_LABEL)
-
-
-def _containers(rjob: dict) -> Iterator[tuple[str, int, dict]]:
-    pod = _pod(rjob)
-    for kind in ("initContainers", "containers"):
-        for i, container in enumerate(pod.get(kind) or []):
-            if isinstance(container, dict):
-                yield kind, i, container
-
-
-def _job_ref(rjob: dict, index: int) -> str:
-    return f"replicatedJobs[{rjob.get('name') or index}]"
-
-
-def _container_ref(rjob: dict, index: int, kind: str, i: int, container: dict) -> str:
-    return f"{_job_ref(rjob, index)}.{POD}.{kind}[{container.get('name') or i}]"
 
 
 def _role(rjob: dict, container: dict) -> str | None:
@@ -312,16 +294,15 @@ def problems(runtime: dict, runtime_path: Path, trainjob: dict | None = None,
     return lines
 
 
-def check_files(runtime_path: Path, trainjob_path: Path | None = None
-                ) -> tuple[dict, dict | None]:
+def check_files(runtime_path: Path, trainjob_path: Path | None = None,
+                settings: "SettingsCheck | None" = None) -> tuple[dict, dict | None]:
     """The runtime and the TrainJob read, then checked: raise ContractError naming every
     violation, before anything merges or runs. Reading them checks them against the CRD
     schema first (``runtime_spec`` through ``manifest_schema``, as `kubectl apply` would),
     both files' problems at once; then our contract and the ``KUBETUNE_*`` values the
-    steps will parse (``settings_check``), all at once. A file that cannot be read as a
-    runtime or TrainJob at all is one BadInputError."""
+    steps will parse (``settings``, the steps' options: ``settings_check``), all at once.
+    A file that cannot be read as a runtime or TrainJob at all is one BadInputError."""
     from kubetune.tools.local.runtime_spec import load_runtime, load_trainjob
-    from kubetune.tools.local.settings_check import manifest_value_problems
 
     loaded: list[dict | None] = []
     schema: list[str] = []
@@ -334,16 +315,18 @@ def check_files(runtime_path: Path, trainjob_path: Path | None = None
     raise_all(schema)
     runtime, trainjob = loaded
     lines = problems(runtime, runtime_path, trainjob, trainjob_path)
-    lines += manifest_value_problems(runtime, runtime_path, trainjob, trainjob_path)
+    if settings is not None:
+        lines += settings.manifest_problems(runtime, runtime_path, trainjob, trainjob_path)
     raise_all(lines)
     return runtime, trainjob
 
 
-def checked_jobset(runtime_path: Path, trainjob_path: Path | None = None) -> dict:
+def checked_jobset(runtime_path: Path, trainjob_path: Path | None = None,
+                   settings: "SettingsCheck | None" = None) -> dict:
     """The JobSet the controller would create from the two files, every check passed
     (``check_files``, then admission as the controller's webhook answers)."""
     from kubetune.tools.local.runtime_merge import merge
     from kubetune.tools.local.runtime_spec import default_trainjob
 
-    runtime, trainjob = check_files(runtime_path, trainjob_path)
+    runtime, trainjob = check_files(runtime_path, trainjob_path, settings)
     return merge(runtime, trainjob or default_trainjob(runtime))

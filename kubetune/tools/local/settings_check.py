@@ -11,11 +11,13 @@ trainer's own check of the merged config reads too) and its option parsers
 numbers ``env_numbers`` parses (the initializers' settings, the request timeout), and a
 source or destination URI's scheme. Every bad value is one line naming it as the user
 wrote it: a YAML path (``spec.trainer.env[2]``), a variable or an option.
+
+The steps' click commands are the entrypoints' (a room above this one): the caller hands
+them in (``kubetune.entrypoints.step_options.settings_check``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Callable, Iterator
@@ -24,31 +26,140 @@ import click
 
 from kubetune import env as envnames
 from kubetune.errors import BadInputError
+from kubetune.tools.local.manifest_walk import container_ref, containers, jobs
 
 
-@functools.lru_cache(maxsize=None)
-def _options() -> dict[str, tuple[click.Command, click.Parameter]]:
-    """Variable -> (the step command, its option) for every step's click option."""
-    from kubetune.entrypoints.export import export_command
-    from kubetune.entrypoints.init_storage import init_dataset, init_model
-    from kubetune.entrypoints.train import train
+# Variable -> (the step's click command, its option).
+StepOptions = dict[str, tuple[click.Command, click.Parameter]]
 
-    found: dict[str, tuple[click.Command, click.Parameter]] = {}
-    for command in (train, export_command, init_dataset, init_model):
+
+def step_options(*commands: click.Command) -> StepOptions:
+    """Variable -> (command, option) for every option of ``commands`` read from one (the
+    first command that reads a variable wins: `kubetune train` before the exporter)."""
+    found: StepOptions = {}
+    for command in commands:
         for param in command.params:
             if isinstance(param.envvar, str):
                 found.setdefault(param.envvar, (command, param))
     return found
 
 
-def _click_value(name: str, text: str):
-    """(the value ``text`` stands for, None), or (None, why not) as click says it."""
-    command, param = _options()[name]
-    ctx = click.Context(command, resilient_parsing=False)
-    try:
-        return param.type_cast_value(ctx, text), None
-    except click.BadParameter as exc:
-        return None, exc.message
+def _read_by_any_step(name: str, options: StepOptions) -> bool:
+    """A variable one of our steps reads (KUBETUNE_*, and the names Kubeflow's own
+    initializers and our exporter share: STORAGE_URI, EXPORT_FORMAT, LORA_CONFIG ...)."""
+    return name.startswith(envnames.KUBETUNE_PREFIX) or name in options or name in (
+        envnames.STORAGE_URI, envnames.EXPORT_URI, envnames.EXPORT_FORMAT)
+
+
+class SettingsCheck:
+    """The checks, over the steps' options (``options``: ``step_options``' mapping;
+    ``trainer``: the name of the command whose values the trainer also plans)."""
+
+    def __init__(self, options: StepOptions, trainer: str = "train") -> None:
+        self.options = options
+        self.trainer = trainer
+
+    def _click_value(self, name: str, text: str):
+        """(the value ``text`` stands for, None), or (None, why not) as click says it."""
+        command, param = self.options[name]
+        ctx = click.Context(command, resilient_parsing=False)
+        try:
+            return param.type_cast_value(ctx, text), None
+        except click.BadParameter as exc:
+            return None, exc.message
+
+    def value_problem(self, name: str, text: str) -> str | None:
+        """Why the step that reads variable ``name`` would refuse ``text``, or None."""
+        if name in (envnames.STORAGE_URI, envnames.EXPORT_URI, envnames.TEACHER_URI):
+            return _uri_problem(name, text)
+        if name == envnames.EXPORT_FORMAT:
+            from kubetune.exporter.artifact import FORMATS
+
+            return None if text in FORMATS else f"is not one of {', '.join(FORMATS)}"
+        problem = _number_problem(name, text)
+        if problem is not None or name not in self.options:
+            return problem
+        value, problem = self._click_value(name, text)
+        if problem is not None:
+            return problem
+        command, param = self.options[name]
+        if value is None or command.name != self.trainer:
+            return None
+        return _trainer_problem(param.name, value)
+
+    def env_list_problems(self, env_list: list, where: str) -> Iterator[str]:
+        """Every literal value of an env list (a container's, a TrainJob's) its step would
+        refuse, one line each: ``<where>.env[<i>]: NAME="value": why``."""
+        for i, var in enumerate(env_list or []):
+            if not isinstance(var, dict) or not isinstance(var.get("value"), str):
+                continue  # valueFrom: the kubelet's; a non-string: the schema's
+            name = var.get("name")
+            if not isinstance(name, str) or not _read_by_any_step(name, self.options):
+                continue
+            text = var["value"]
+            problem = self.value_problem(name, text) if text.strip() else None
+            if problem is not None:
+                yield f"{where}.env[{i}]: {name}={json.dumps(text)}: {problem}"
+
+    def runtime_problems(self, runtime: dict) -> list[str]:
+        """Every bad setting value in a runtime's containers (without the file)."""
+        lines: list[str] = []
+        for env_list, where in _container_envs(runtime.get("spec") or {}, ""):
+            lines += self.env_list_problems(env_list, where)
+        return lines
+
+    def trainjob_problems(self, trainjob: dict) -> list[str]:
+        """Every bad setting value a TrainJob carries: its trainer's and initializers'
+        env, their storage URIs, and its runtimePatches' containers (without the file)."""
+        spec = trainjob.get("spec") or {}
+        lines = list(self.env_list_problems((spec.get("trainer") or {}).get("env") or [],
+                                            "spec.trainer"))
+        for kind in ("dataset", "model"):
+            section = (spec.get("initializer") or {}).get(kind) or {}
+            lines += self.env_list_problems(section.get("env") or [],
+                                            f"spec.initializer.{kind}")
+            uri = section.get("storageUri")
+            problem = _uri_problem(envnames.STORAGE_URI, uri) if isinstance(uri, str) \
+                else None
+            if problem is not None:
+                lines.append(f"spec.initializer.{kind}.storageUri: {uri!r}: {problem}")
+        for p, patch in enumerate(spec.get("runtimePatches") or []):
+            patched = (patch or {}).get("trainingRuntimeSpec") or {}
+            for env_list, where in _container_envs(
+                    patched, f"spec.runtimePatches[{p}].trainingRuntimeSpec.template.spec."):
+                lines += self.env_list_problems(env_list, where)
+        return lines
+
+    def manifest_problems(self, runtime: dict, runtime_path: Path, trainjob: dict | None,
+                          trainjob_path: Path | None) -> list[str]:
+        """Both files' bad setting values, each line naming its file."""
+        lines = [f"{runtime_path}: {line}" for line in self.runtime_problems(runtime)]
+        if trainjob is not None:
+            lines += [f"{trainjob_path}: {line}" for line in self.trainjob_problems(trainjob)]
+        return lines
+
+    def shell_problems(self, environ: dict[str, str], typed: dict[str, object]) -> list[str]:
+        """`kubetune local`'s trainer settings, checked as the trainer will check them:
+        each option typed (``typed``: `kubetune train`'s option name -> value, said as
+        ``--val-fraction 0.9``), then each variable of ``environ`` the trainer reads that
+        no typed option overrides (said as ``KUBETUNE_VAL_FRACTION=0.9``)."""
+        variables = {param.name: name for name, (command, param) in self.options.items()
+                     if command.name == self.trainer}
+        lines = []
+        for option, value in sorted(typed.items()):
+            name = variables.get(option)
+            problem = self.value_problem(name, str(value)) \
+                if name and value is not None else None
+            if problem is not None:
+                lines.append(f"--{option.replace('_', '-')} {value}: {problem}")
+        overridden = {variables.get(option) for option in typed}
+        for name, text in sorted(environ.items()):
+            if name in overridden or name not in variables.values() or not text.strip():
+                continue
+            problem = self.value_problem(name, text)
+            if problem is not None:
+                lines.append(f"{name}={text}: {problem}")
+        return lines
 
 
 def _trainer_problem(option: str, value) -> str | None:
@@ -118,122 +229,10 @@ def _number_problem(name: str, text: str) -> str | None:
     return None
 
 
-def value_problem(name: str, text: str) -> str | None:
-    """Why the step that reads variable ``name`` would refuse ``text``, or None."""
-    if name in (envnames.STORAGE_URI, envnames.EXPORT_URI, envnames.TEACHER_URI):
-        return _uri_problem(name, text)
-    if name == envnames.EXPORT_FORMAT:
-        from kubetune.exporter.artifact import FORMATS
-
-        return None if text in FORMATS else f"is not one of {', '.join(FORMATS)}"
-    problem = _number_problem(name, text)
-    if problem is not None or name not in _options():
-        return problem
-    value, problem = _click_value(name, text)
-    if problem is not None:
-        return problem
-    _, param = _options()[name]
-    if value is None or _options()[name][0].name != "train":
-        return None
-    return _trainer_problem(param.name, value)
-
-
-def flag_of(name: str) -> str | None:
-    """The option of the step that reads variable ``name`` (``--val-fraction``)."""
-    found = _options().get(name)
-    return found[1].opts[0] if found and found[1].opts else None
-
-
-def _read_by_a_step(name: str) -> bool:
-    """A variable one of our steps reads (KUBETUNE_*, and the names Kubeflow's own
-    initializers and our exporter share: STORAGE_URI, EXPORT_FORMAT, LORA_CONFIG ...)."""
-    return name.startswith(envnames.KUBETUNE_PREFIX) or name in _options() or name in (
-        envnames.STORAGE_URI, envnames.EXPORT_URI, envnames.EXPORT_FORMAT)
-
-
-def env_list_problems(env_list: list, where: str) -> Iterator[str]:
-    """Every literal value of an env list (a container's, a TrainJob's) its step would
-    refuse, one line each: ``<where>.env[<i>]: NAME="value": why``."""
-    for i, var in enumerate(env_list or []):
-        if not isinstance(var, dict) or not isinstance(var.get("value"), str):
-            continue  # valueFrom: the kubelet's; a non-string: the schema's
-        name = var.get("name")
-        if not isinstance(name, str) or not _read_by_a_step(name):
-            continue
-        problem = value_problem(name, var["value"]) if var["value"].strip() else None
-        if problem is not None:
-            yield f"{where}.env[{i}]: {name}={json.dumps(var['value'])}: {problem}"
-
-
 def _container_envs(spec: dict, prefix: str) -> Iterator[tuple[list, str]]:
-    from kubetune.tools.local.runtime_contract import POD, _containers, _jobs
-
-    for index, rjob in enumerate(_jobs({"spec": spec})):
+    for index, rjob in enumerate(jobs({"spec": spec})):
         if not isinstance(rjob, dict):
             continue
-        for kind, i, container in _containers(rjob):
+        for kind, i, container in containers(rjob):
             yield (container.get("env") or [],
-                   f"{prefix}replicatedJobs[{rjob.get('name') or index}].{POD}.{kind}"
-                   f"[{container.get('name') or i}]")
-
-
-def runtime_value_problems(runtime: dict) -> list[str]:
-    """Every bad setting value in a runtime's containers (without the file)."""
-    lines: list[str] = []
-    for env_list, where in _container_envs(runtime.get("spec") or {}, ""):
-        lines += env_list_problems(env_list, where)
-    return lines
-
-
-def trainjob_value_problems(trainjob: dict) -> list[str]:
-    """Every bad setting value a TrainJob carries: its trainer's and initializers' env,
-    their storage URIs, and its runtimePatches' containers (without the file)."""
-    spec = trainjob.get("spec") or {}
-    lines = list(env_list_problems((spec.get("trainer") or {}).get("env") or [],
-                                   "spec.trainer"))
-    for kind in ("dataset", "model"):
-        section = (spec.get("initializer") or {}).get(kind) or {}
-        lines += env_list_problems(section.get("env") or [], f"spec.initializer.{kind}")
-        uri = section.get("storageUri")
-        problem = _uri_problem(envnames.STORAGE_URI, uri) if isinstance(uri, str) else None
-        if problem is not None:
-            lines.append(f"spec.initializer.{kind}.storageUri: {uri!r}: {problem}")
-    for p, patch in enumerate(spec.get("runtimePatches") or []):
-        patched = (((patch or {}).get("trainingRuntimeSpec") or {}))
-        for env_list, where in _container_envs(
-                patched, f"spec.runtimePatches[{p}].trainingRuntimeSpec.template.spec."):
-            lines += env_list_problems(env_list, where)
-    return lines
-
-
-def manifest_value_problems(runtime: dict, runtime_path: Path, trainjob: dict | None,
-                            trainjob_path: Path | None) -> list[str]:
-    """Both files' bad setting values, each line naming its file."""
-    lines = [f"{runtime_path}: {line}" for line in runtime_value_problems(runtime)]
-    if trainjob is not None:
-        lines += [f"{trainjob_path}: {line}" for line in trainjob_value_problems(trainjob)]
-    return lines
-
-
-def shell_problems(environ: dict[str, str], typed: dict[str, object]) -> list[str]:
-    """`kubetune local`'s trainer settings, checked as the trainer will check them: each
-    option typed (``typed``: `kubetune train`'s option name -> value, said as
-    ``--val-fraction 0.9``), then each variable of ``environ`` that `kubetune train` reads
-    and no typed option overrides (said as ``KUBETUNE_VAL_FRACTION=0.9``)."""
-    from kubetune.entrypoints.train import train
-
-    variables = {p.name: p.envvar for p in train.params if isinstance(p.envvar, str)}
-    lines = []
-    for option, value in sorted(typed.items()):
-        name = variables.get(option)
-        problem = value_problem(name, str(value)) if name and value is not None else None
-        if problem is not None:
-            lines.append(f"--{option.replace('_', '-')} {value}: {problem}")
-    overridden = {variables.get(option) for option in typed}
-    for name, text in sorted(environ.items()):
-        if name in overridden or name not in variables.values() or not text.strip():
-            continue
-        problem = value_problem(name, text)
-        if problem is not None:
-            lines.append(f"{name}={text}: {problem}")
-    return lines
+                   prefix + container_ref(rjob, index, kind, i, container))
