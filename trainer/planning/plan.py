@@ -385,7 +385,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         notes += builder_settings.fit(cfg, user_keys, request.spellings, users_config)
     found = _locate_data(cfg, workspace, notes, builder_named, request.spellings,
                          dpo.is_dpo(request.recipe) or dpo.is_dpo(Path(recipe_path).stem))
-    notes += chat_template_plan.plan(cfg, checkpoint.model_dir, found)
+    notes += chat_template_plan.plan(cfg, checkpoint.model_dir, found, request.spellings)
     compile_before = bool(cfg.get("compile"))
     sizes_before = speed.batch_sizes(cfg)
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
@@ -517,7 +517,7 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builde
         return None
     notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
     if isinstance(cfg.dataset, DictConfig) and dataset_check.sample_files(cfg.dataset):
-        dataset_check.check_split(cfg.dataset)
+        dataset_check.check_split(cfg.dataset, spellings=spellings)
     found = dataset_check.sample(cfg.dataset)  # the training split's rows only
     if found is not None:
         if preference and isinstance(cfg.dataset, DictConfig):
