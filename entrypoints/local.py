@@ -225,6 +225,7 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
         setting_args=train_args_rules.merge(
             environment_settings(method)[0],
             train_overrides(TrainOptions(method=method, **(options or {})))))
+    preflight.check_named_paths(args, (workdir / "workspace").resolve())
     with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
         stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri)
         # What was checked and will run: the demo defaults kept, then the user's.

@@ -154,3 +154,37 @@ def test_the_trainers_own_check_names_the_setting(spellings, said):
     assert str(err.value) == said.replace("kubetune.val_fraction", "epochs").replace(
         "val-fraction", "epochs").replace("VAL_FRACTION", "EPOCHS").replace(
         "0.9", "0") + "must be a whole number >= 1"
+
+
+def test_a_held_out_set_or_teacher_named_on_a_missing_path_is_refused(tmp_path):
+    """Before any step, also where a remote source keeps the trainer's plan from running
+    here; a path in the workspace is the steps' to fill."""
+    from kubetune.errors import BadInputError
+    from kubetune.tools.local.preflight import check_named_paths
+
+    pvc = tmp_path / "run" / "workspace"
+    there = tmp_path / "val.json"
+    there.write_text("[]")
+    check_named_paths([f"dataset_val.data_files={there}", f"dataset_val.data_dir={pvc}/val",
+                       "dataset.data_dir=/nowhere", "epochs=1"], pvc)
+    for arg, said in [
+            ("dataset_val.data_files=/nowhere/val.json", "/nowhere/val.json does not exist"),
+            (f"dataset_val.data_files=[{there}, /nowhere/b.json]",
+             "/nowhere/b.json does not exist"),
+            ("dataset_val.data_dir=/nowhere", "/nowhere does not exist"),
+            ("teacher_checkpointer.checkpoint_dir=/nowhere/teacher",
+             "/nowhere/teacher does not exist")]:
+        with pytest.raises(BadInputError) as err:
+            check_named_paths([arg], pvc)
+        assert str(err.value) == f"{arg}: {said}"
+
+
+def test_the_trainer_names_the_held_out_sections_paths_as_dataset_val(tmp_path):
+    from omegaconf import OmegaConf
+
+    from kubetune.errors import BadInputError
+    from kubetune.trainer.data.dataset_location import locate
+
+    cfg = OmegaConf.create({"data_dir": str(tmp_path / "missing")})
+    with pytest.raises(BadInputError, match=r"^dataset_val\.data_dir .*missing does not exist"):
+        locate(cfg, tmp_path, "dataset_val")

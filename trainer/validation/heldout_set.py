@@ -139,7 +139,7 @@ def _choose(cfg: DictConfig, dataset_dir: Path, fraction: float | None,
         else None
     given = _as_component(cfg.get("dataset_val"))
     if given is not None:
-        notes = dataset_location.locate(given, dataset_dir)
+        notes = dataset_location.locate(given, dataset_dir, "dataset_val")
         if given.get("split") is not None:
             dataset_check.check_split(given, "dataset_val.split")
         if fraction is not None:

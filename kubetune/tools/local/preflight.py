@@ -286,6 +286,40 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     return planned.cfg
 
 
+# Trainer arguments naming local data a held-out set or a teacher is read from.
+_NAMED_PATHS = ("dataset_val.data_dir", "dataset_val.data_files",
+                "teacher_checkpointer.checkpoint_dir")
+
+
+def _named_paths(value: str) -> list[str]:
+    """The paths an argument's value names: one, or a YAML list (``[a.json, b.json]``)."""
+    import yaml
+
+    if value.strip().startswith(("[", "{")):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return []
+        items = parsed.values() if isinstance(parsed, dict) else parsed
+        return [str(p) for item in items for p in (item if isinstance(item, list) else [item])]
+    return [value]
+
+
+def check_named_paths(train_args: list[str], pvc: Path) -> None:
+    """A held-out set (``dataset_val.data_dir``/``data_files``) or a teacher checkpoint
+    named on an absolute path of this machine that is not there, refused before any step
+    (with a remote model or dataset the trainer's plan cannot run here, and would find it
+    only after the downloads). A path in the workspace is the steps' to fill."""
+    for arg in train_args:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in _NAMED_PATHS:
+            continue
+        for named in _named_paths(value):
+            path = Path(named)
+            if path.is_absolute() and not path.is_relative_to(pvc) and not path.exists():
+                raise BadInputError(f"{key}={value}: {named} does not exist")
+
+
 def resolve_runtime_uris(jobset: dict, cwd: Path, in_images: bool = False) -> None:
     """STORAGE_URI and EXPORT_URI values of the merged JobSet's containers: relative local
     paths made absolute against ``cwd`` (in place), every value parsed as its step will,
