@@ -168,8 +168,10 @@ def lora_widths(model_cfg: DictConfig, dims: dict) -> dict[str, tuple[int, int]]
     return adapted
 
 
-def lora_rank_excess(model_cfg: DictConfig, dims: dict) -> str | None:
-    """Why ``model.lora_rank`` is larger than every adapted layer can use, or None."""
+def lora_rank_excess(model_cfg: DictConfig, dims: dict,
+                     spellings: dict[str, str] | None = None) -> str | None:
+    """Why ``model.lora_rank`` is larger than every adapted layer can use, or None; named
+    as the user set it (``spellings``: --lora-rank, KUBETUNE_LORA_RANK), else by the key."""
     rank = model_cfg.get("lora_rank")
     adapted = lora_widths(model_cfg, dims)
     if not isinstance(rank, int) or not adapted:
@@ -178,9 +180,10 @@ def lora_rank_excess(model_cfg: DictConfig, dims: dict) -> str | None:
     width = min(fan_in, fan_out)
     if rank <= width:
         return None
-    return (f"model.lora_rank={rank} is larger than the model allows: {name} is "
+    said = spelling(spellings or {}, "model.lora_rank")
+    return (f"{said.assign(str(rank))} is larger than the model allows: {name} is "
             f"{fan_in}x{fan_out}, so a rank above {width} adds parameters and learns nothing "
-            f"more: set model.lora_rank <= {width}")
+            f"more: set {said.assign(str(width))} or less")
 
 
 # How a full volume shows in a recipe's output: Python's OSError, safetensors' Rust

@@ -400,7 +400,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         # The rows trained on: a held-out fraction's are not.
         trained = cfg.kubetune.data
         no_step = step_count.check_makes_a_step(cfg, trained.rows, trained.rows_exact,
-                                                topo.world_size)
+                                                topo.world_size, request.spellings)
         if no_step:
             raise BadInputError(no_step)
     fingerprint, resumed = _resume(cfg, notes, _inputs(
@@ -496,7 +496,7 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
     check_values(cfg, request.spellings)
     if method != "full":
-        excess = lora_rank_excess(cfg.model, checkpoint.architecture.dims)
+        excess = lora_rank_excess(cfg.model, checkpoint.architecture.dims, request.spellings)
         if excess and "model.lora_rank" in user_keys:
             raise BadInputError(excess)
         if excess:  # the config's default, sized for bigger models: the user chose nothing
