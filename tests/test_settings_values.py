@@ -35,7 +35,8 @@ BAD_VALUES = [
     ("KUBETUNE_HTTP_TIMEOUT_S", "60s", "is not a number"),
     ("LORA_CONFIG", "{r: 8}", "LORA_CONFIG is not a JSON object"),
     ("KUBETUNE_LORA_TARGET_MODULES", "attn", "LoRA target module 'attn' is not one of"),
-    ("STORAGE_URI", "ftp://host/data", "unsupported storage scheme 'ftp'"),
+    ("STORAGE_URI", "data/train", "storage URI 'data/train' is malformed"),
+    ("STORAGE_URI", "hf://", "names nothing after hf://"),
     ("EXPORT_URI", "gs://bucket/out", "EXPORT_URI 'gs://bucket/out' is not supported"),
     ("KUBETUNE_TEACHER_URI", "s3://", "names nothing after s3://"),
 ]
@@ -89,7 +90,7 @@ def test_local_refuses_a_runtimes_value_before_either_initializer(tmp_path):
 
 def test_a_trainjobs_values_are_named_by_their_yaml_path(tmp_path, capsys):
     job = write_trainjob(tmp_path / "job.yaml", BYO, {
-        "initializer": {"model": {"storageUri": "ftp://host/model"}},
+        "initializer": {"model": {"storageUri": "s3://"}},
         "trainer": {"env": [{"name": "KUBETUNE_EPOCHS", "value": "1"},
                             {"name": "KUBETUNE_LORA_RANK", "value": "8"},
                             {"name": "KUBETUNE_VAL_FRACTION", "value": "0.9"},
@@ -98,7 +99,7 @@ def test_a_trainjobs_values_are_named_by_their_yaml_path(tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines == sorted(lines) and len(lines) == 3, lines
     assert lines[0].startswith(f"error: validate: {job}: spec.initializer.model.storageUri: "
-                               "'ftp://host/model': unsupported storage scheme 'ftp'")
+                               "'s3://': storage URI 's3://' names nothing after s3://")
     assert lines[1] == (f"error: validate: {job}: spec.trainer.env[2]: "
                         f"KUBETUNE_VAL_FRACTION=\"0.9\": {RANGE}")
     assert lines[2].startswith(f"error: validate: {job}: spec.trainer.env[3]: "

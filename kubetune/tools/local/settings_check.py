@@ -184,8 +184,10 @@ def _trainer_problem(option: str, value) -> str | None:
 
 
 def _uri_problem(name: str, text: str) -> str | None:
-    """A source's or destination's URI parsed as its step parses it (the scheme, the
-    shape); whether a path exists is the step's, on its own volume."""
+    """A source's or destination's URI parsed as its step parses it (its shape, and an
+    hf:// or s3:// one as those sources read it); whether a path exists is the step's, on
+    its own volume, and a scheme no plugin here serves may be a plugin's of the image
+    (`kubetune local` as processes refuses it: `preflight.resolve_runtime_uris`)."""
     from kubetune import storage_uri
 
     if "$(" in text:
@@ -194,10 +196,9 @@ def _uri_problem(name: str, text: str) -> str | None:
         if name == envnames.EXPORT_URI:
             storage_uri.export_destination(storage_uri.absolute(text, Path.cwd()))
         else:
-            from kubetune.initializers.storage_uri import parse, source_class
+            from kubetune.initializers.storage_uri import parse
 
             typed = parse(storage_uri.absolute(text, Path.cwd()))
-            source_class(typed.scheme)
             if typed.scheme == "hf":
                 storage_uri.hub(typed, name)
             elif typed.scheme == "s3":
