@@ -142,6 +142,8 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
 
 def summary_lines(workdir: Path) -> list[str]:
     pvc = workdir / "workspace"
+    if not pvc.is_dir():  # a trainer-only runtime (no volume): its steps' logs are all
+        return [f"logs: {(workdir / 'logs').resolve()}"]
     if not (pvc / "output" / SUMMARY_NAME).is_file():
         return [f"workspace: {pvc.resolve()}"]
     summary = json.loads((pvc / "output" / SUMMARY_NAME).read_text())

@@ -118,3 +118,19 @@ def test_a_runtime_that_hands_over_still_needs_the_workspace(tmp_path, capsys):
     assert check(path, None) == 65
     assert "containers[node].volumeMounts: nothing mounted at /workspace" in \
         capsys.readouterr().err
+
+
+def test_torch_distributed_runs_here_with_the_controllers_env(tmp_path):
+    """Emulated as the controller would run it: the node container's command (the
+    TrainJob's) as a process, with PET_* as the torch plugin sets them; no workspace."""
+    path = _written(tmp_path, "torch_distributed.yaml")
+    show = "import os; print('nnodes', os.environ['PET_NNODES'], 'nproc', " \
+           "os.environ['PET_NPROC_PER_NODE'])"
+    job = write_trainjob(tmp_path / "job.yaml", "torch-distributed", {"trainer": {
+        "command": ["python", "-c", show], "resourcesPerNode": {"limits": {"cpu": 2}}}})
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime", str(path),
+                      "--trainjob", str(job), env=clean_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[node] nnodes 1 nproc 2" in result.stdout
+    assert f"logs: {tmp_path / 'run' / 'logs'}" in result.stdout
+    assert not (tmp_path / "run" / "workspace").exists()
