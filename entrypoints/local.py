@@ -195,6 +195,20 @@ def _tune_run_args(stages: list[list[Step]]) -> list[str]:
     return command[command.index("run") + 1:]
 
 
+# What `kubetune local` sets in each step's environment itself (pipeline), whatever
+# this shell's value.
+_SET_HERE = frozenset({env.WORKSPACE, env.STORAGE_URI, env.OUTPUT_PATH, env.EXPORT_URI,
+                       env.METHOD, env.OBJECTIVE, env.PET_NNODES, env.PET_NPROC_PER_NODE,
+                       env.PET_NODE_RANK})
+
+
+def _own_variables() -> frozenset[str]:
+    """The variables of `kubetune local`'s own options (checked as its options), but for
+    the trainer's it shares (--val-fraction ...: checked as the trainer's)."""
+    return frozenset(p.envvar for p in local.params if isinstance(p.envvar, str)
+                     and p.name not in preflight.TRAINER_OPTIONS)
+
+
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None, options: dict | None = None,
@@ -214,7 +228,8 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     workdir = Path(workdir)
     # Every trainer setting's value as the trainer will check it, all at once, named as
     # typed (--val-fraction) or set (KUBETUNE_VAL_FRACTION): os.environ scanned whole.
-    raise_all(settings_check().shell_problems(dict(os.environ), options or {}))
+    raise_all(settings_check().shell_problems(dict(os.environ), options or {},
+                                              _SET_HERE | _own_variables()))
     from_env, _, set_by = environment_settings(method)
     set_by.update({name: "--" + name.replace("_", "-") for name in options or {}})
     # Relative paths mean the directory the user ran us in: made absolute once, here.

@@ -123,6 +123,16 @@ def test_local_names_the_option_and_the_variable_as_set(tmp_path):
     assert not workdir.exists()
 
 
+def test_the_shells_variables_of_every_step_are_checked():
+    """Every step of `kubetune local` inherits the shell: an initializer's or the
+    exporter's variable is checked too, except those `kubetune local` sets itself."""
+    lines = CHECK.shell_problems({"KUBETUNE_DOWNLOAD_WORKERS": "0", "EXPORT_FORMAT": "gguf",
+                                  "STORAGE_URI": "data/x", "KUBETUNE_EPOCHS": "2"}, {},
+                                 frozenset({"STORAGE_URI"}))
+    assert lines == ["EXPORT_FORMAT=gguf: 'gguf' is not one of adapter, merged, both",
+                     "KUBETUNE_DOWNLOAD_WORKERS=0: must be at least 1"]
+
+
 def test_a_typed_option_wins_over_its_variable():
     assert CHECK.shell_problems({"KUBETUNE_VAL_FRACTION": "0.9"}, {"val_fraction": 0.2}) == []
     assert CHECK.shell_problems({"KUBETUNE_VAL_FRACTION": "0.2"}, {"val_fraction": 0.9}) == [

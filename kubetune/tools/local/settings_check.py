@@ -75,7 +75,7 @@ class SettingsCheck:
         if name == envnames.EXPORT_FORMAT:
             from kubetune.exporter.artifact import FORMATS
 
-            return None if text in FORMATS else f"is not one of {', '.join(FORMATS)}"
+            return None if text in FORMATS else f"{text!r} is not one of {', '.join(FORMATS)}"
         problem = _number_problem(name, text)
         if problem is not None or name not in self.options:
             return problem
@@ -138,11 +138,14 @@ class SettingsCheck:
             lines += [f"{trainjob_path}: {line}" for line in self.trainjob_problems(trainjob)]
         return lines
 
-    def shell_problems(self, environ: dict[str, str], typed: dict[str, object]) -> list[str]:
-        """`kubetune local`'s trainer settings, checked as the trainer will check them:
-        each option typed (``typed``: `kubetune train`'s option name -> value, said as
-        ``--val-fraction 0.9``), then each variable of ``environ`` the trainer reads that
-        no typed option overrides (said as ``KUBETUNE_VAL_FRACTION=0.9``)."""
+    def shell_problems(self, environ: dict[str, str], typed: dict[str, object],
+                       skip: frozenset[str] = frozenset()) -> list[str]:
+        """`kubetune local`'s settings, checked as its steps will check them: each
+        trainer option typed (``typed``: `kubetune train`'s option name -> value, said as
+        ``--val-fraction 0.9``), then each variable of ``environ`` a step reads (every
+        step inherits this shell's) that no typed option overrides, said as
+        ``KUBETUNE_VAL_FRACTION=0.9``. ``skip``: the variables `kubetune local` reads or
+        sets per step itself (its own options, STORAGE_URI ...)."""
         variables = {param.name: name for name, (command, param) in self.options.items()
                      if command.name == self.trainer}
         lines = []
@@ -153,8 +156,9 @@ class SettingsCheck:
             if problem is not None:
                 lines.append(f"--{option.replace('_', '-')} {value}: {problem}")
         overridden = {variables.get(option) for option in typed}
+        read = set(self.options) | set(NUMBER_VARIABLES)
         for name, text in sorted(environ.items()):
-            if name in overridden or name not in variables.values() or not text.strip():
+            if name in overridden or name in skip or name not in read or not text.strip():
                 continue
             problem = self.value_problem(name, text)
             if problem is not None:
@@ -206,6 +210,12 @@ def _uri_problem(name: str, text: str) -> str | None:
     except BadInputError as exc:
         return exc.message
     return None
+
+
+# The variables whose numbers ``env_numbers`` parses (no click option reads them).
+NUMBER_VARIABLES = (envnames.DOWNLOAD_WORKERS, envnames.S3_PART_SIZE_MB,
+                    envnames.S3_PART_WORKERS, envnames.PROGRESS_INTERVAL_S,
+                    envnames.HTTP_TIMEOUT_S)
 
 
 def _number_problem(name: str, text: str) -> str | None:
