@@ -94,7 +94,8 @@ def test_a_trainjobs_values_are_named_by_their_yaml_path(tmp_path, capsys):
         "trainer": {"env": [{"name": "KUBETUNE_EPOCHS", "value": "1"},
                             {"name": "KUBETUNE_LORA_RANK", "value": "8"},
                             {"name": "KUBETUNE_VAL_FRACTION", "value": "0.9"},
-                            {"name": "KUBETUNE_PACKING", "value": "maybe"}]}})
+                            {"name": "KUBETUNE_PACKING", "value": "maybe"},
+                            {"name": "KUBETUNE_EPOCHS", "value": "$(EPOCHS)"}]}})
     assert check(runtime_file(BYO), job) == 65
     lines = capsys.readouterr().err.splitlines()
     assert lines == sorted(lines) and len(lines) == 3, lines

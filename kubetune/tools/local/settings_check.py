@@ -97,7 +97,9 @@ class SettingsCheck:
             if not isinstance(name, str) or not _read_by_any_step(name, self.options):
                 continue
             text = var["value"]
-            problem = self.value_problem(name, text) if text.strip() else None
+            # $(VAR) is the kubelet's to expand in the pod: its value is not known here.
+            problem = self.value_problem(name, text) if text.strip() and "$(" not in text \
+                else None
             if problem is not None:
                 yield f"{where}.env[{i}]: {name}={json.dumps(text)}: {problem}"
 
