@@ -297,6 +297,8 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
     # Relative source paths mean the user's directory; then every container is checked
     # before the first one starts.
     preflight.resolve_runtime_uris(jobset, Path.cwd(), in_images=engine is not None)
+    if engine is None:  # in an image, a path may be the image's own
+        preflight.check_runtime_named_paths(jobset)
     LocalJobSet(jobset, workdir, engine, configmaps=configmaps).check()
     # As processes, a runtime's `tune run` must reach our launcher, as in our images, where
     # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the

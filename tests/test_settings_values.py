@@ -200,3 +200,22 @@ def test_the_trainer_names_the_held_out_sections_paths_as_dataset_val(tmp_path):
     cfg = OmegaConf.create({"data_dir": str(tmp_path / "missing")})
     with pytest.raises(BadInputError, match=r"^dataset_val\.data_dir .*missing does not exist"):
         locate(cfg, tmp_path, "dataset_val")
+
+
+def test_a_runtimes_held_out_set_on_a_missing_path_is_refused_before_any_step(tmp_path):
+    """As processes, a TrainJob's dataset_val on a path of this machine that is not there
+    (not under one of the node container's mounts) is refused before the initializers."""
+    from kubetune.entrypoints.local import merged_jobset
+    from kubetune.errors import BadInputError
+    from kubetune.tools.local.preflight import check_runtime_named_paths
+
+    job = write_trainjob(tmp_path / "job.yaml", BYO, {"trainer": {"args": [
+        "dataset_val=torchtune.datasets.instruct_dataset",
+        "dataset_val.data_files=/nowhere/val.json"]}})
+    with pytest.raises(BadInputError) as err:
+        check_runtime_named_paths(merged_jobset(runtime_file(BYO), job))
+    assert str(err.value) == ("container node of job node: dataset_val.data_files="
+                              "/nowhere/val.json: /nowhere/val.json does not exist")
+    on_the_volume = write_trainjob(tmp_path / "job2.yaml", BYO, {"trainer": {"args": [
+        "dataset_val.data_files=/workspace/val.json"]}})
+    check_runtime_named_paths(merged_jobset(runtime_file(BYO), on_the_volume))

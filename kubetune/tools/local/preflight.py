@@ -305,19 +305,43 @@ def _named_paths(value: str) -> list[str]:
     return [value]
 
 
-def check_named_paths(train_args: list[str], pvc: Path) -> None:
+def check_named_paths(train_args: list[str], *filled: Path) -> None:
     """A held-out set (``dataset_val.data_dir``/``data_files``) or a teacher checkpoint
     named on an absolute path of this machine that is not there, refused before any step
     (with a remote model or dataset the trainer's plan cannot run here, and would find it
-    only after the downloads). A path in the workspace is the steps' to fill."""
+    only after the downloads). A path under ``filled`` (the workspace, a container's
+    mounts) is the steps' to fill."""
     for arg in train_args:
         key, sep, value = arg.partition("=")
         if not sep or key not in _NAMED_PATHS:
             continue
         for named in _named_paths(value):
             path = Path(named)
-            if path.is_absolute() and not path.is_relative_to(pvc) and not path.exists():
+            if path.is_absolute() and not any(path.is_relative_to(f) for f in filled) \
+                    and not path.exists():
                 raise BadInputError(f"{key}={value}: {named} does not exist")
+
+
+def check_runtime_named_paths(jobset: dict) -> None:
+    """``check_named_paths`` for each trainer container of a merged JobSet run as
+    processes (its paths are this machine's, but for its volumes' mounts): its command,
+    arguments and ``KUBETUNE_TRAIN_OVERRIDES``."""
+    for job in jobset["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        for container in pod.get("containers") or []:
+            if container.get("name") != "node":
+                continue
+            overrides = next((v.get("value") or "" for v in container.get("env") or []
+                              if v.get("name") == env.TRAIN_OVERRIDES), "")
+            words = [str(w) for w in (container.get("command") or []) +
+                     (container.get("args") or [])] + overrides.split()
+            mounts = [Path(m["mountPath"]) for m in container.get("volumeMounts") or []
+                      if m.get("mountPath")]
+            try:
+                check_named_paths(words, *mounts)
+            except BadInputError as exc:
+                raise BadInputError(f"container {container['name']} of job {job['name']}: "
+                                    f"{exc.message}") from None
 
 
 def resolve_runtime_uris(jobset: dict, cwd: Path, in_images: bool = False) -> None:
