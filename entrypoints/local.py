@@ -240,8 +240,7 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
         list(train_args or []), demo_model=model_uri is None,
         demo_dataset=dataset_uri is None, method=method,
         setting_args=train_args_rules.merge(
-            environment_settings(method)[0],
-            train_overrides(TrainOptions(method=method, **(options or {})))))
+            from_env, train_overrides(TrainOptions(method=method, **(options or {})))))
     preflight.check_named_paths(args, (workdir / "workspace").resolve())
     with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
         stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri)
