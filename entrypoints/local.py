@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -43,6 +44,26 @@ def workdir_held(workdir: Path) -> Iterator[None]:
         raise TransientError(f"workdir {workdir} is in use by another kubetune local "
                              f"({held.holder}): wait for it to finish, or give this run "
                              "another --workdir") from None
+
+
+# What a run refused before its first step may have made in a work directory it created:
+# the lock (gone with the lock) and the `tune` shim a runtime's processes find first.
+_BEFORE_ANY_STEP = {WORKDIR_LOCK_NAME, "bin"}
+
+
+@contextlib.contextmanager
+def no_workdir_left_on_refusal(workdir: Path) -> Iterator[None]:
+    """A run refused before its first step leaves no work directory it created: the next
+    run (or the user's `ls`) finds nothing that looks like a run. One that existed stays,
+    and so does one a step wrote into (its logs say what happened)."""
+    existed = Path(workdir).exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and Path(workdir).is_dir() and \
+                {p.name for p in Path(workdir).iterdir()} <= _BEFORE_ANY_STEP:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
 
 
 def demo_sources(sources_dir: Path) -> tuple[str, str]:
@@ -121,6 +142,8 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
 
 def summary_lines(workdir: Path) -> list[str]:
     pvc = workdir / "workspace"
+    if not pvc.is_dir():  # a trainer-only runtime (no volume): its steps' logs are all
+        return [f"logs: {(workdir / 'logs').resolve()}"]
     if not (pvc / "output" / SUMMARY_NAME).is_file():
         return [f"workspace: {pvc.resolve()}"]
     summary = json.loads((pvc / "output" / SUMMARY_NAME).read_text())
@@ -172,6 +195,20 @@ def _tune_run_args(stages: list[list[Step]]) -> list[str]:
     return command[command.index("run") + 1:]
 
 
+# What `kubetune local` sets in each step's environment itself (pipeline), whatever
+# this shell's value.
+_SET_HERE = frozenset({env.WORKSPACE, env.STORAGE_URI, env.OUTPUT_PATH, env.EXPORT_URI,
+                       env.METHOD, env.OBJECTIVE, env.PET_NNODES, env.PET_NPROC_PER_NODE,
+                       env.PET_NODE_RANK})
+
+
+def _own_variables() -> frozenset[str]:
+    """The variables of `kubetune local`'s own options (checked as its options), but for
+    the trainer's it shares (--val-fraction ...: checked as the trainer's)."""
+    return frozenset(p.envvar for p in local.params if isinstance(p.envvar, str)
+                     and p.name not in preflight.TRAINER_OPTIONS)
+
+
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None, options: dict | None = None,
@@ -181,11 +218,20 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
     `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
     demo defaults that apply (`kubetune.tools.local.train_args`) key by key."""
     from kubetune.entrypoints.train import environment_settings
-    from kubetune.trainer.request.train_options import TrainOptions, train_overrides
+    from kubetune.entrypoints.step_options import settings_check
+    from kubetune.tools.local.violations import raise_all
+    from kubetune.trainer.request.train_options import (TrainOptions, spellings_of,
+                                                        train_overrides)
 
     # Its steps run here, in this interpreter: every stack, before the demo model is made.
     require("all", "kubetune local")
     workdir = Path(workdir)
+    # Every trainer setting's value as the trainer will check it, all at once, named as
+    # typed (--val-fraction) or set (KUBETUNE_VAL_FRACTION): os.environ scanned whole.
+    raise_all(settings_check().shell_problems(dict(os.environ), options or {},
+                                              _SET_HERE | _own_variables()))
+    from_env, _, set_by = environment_settings(method)
+    set_by.update({name: "--" + name.replace("_", "-") for name in options or {}})
     # Relative paths mean the directory the user ran us in: made absolute once, here.
     model_uri, dataset_uri, export_uri = preflight.resolve_sources(
         model_uri, dataset_uri, export_uri, Path.cwd())
@@ -194,14 +240,15 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
         list(train_args or []), demo_model=model_uri is None,
         demo_dataset=dataset_uri is None, method=method,
         setting_args=train_args_rules.merge(
-            environment_settings(method)[0],
-            train_overrides(TrainOptions(method=method, **(options or {})))))
+            from_env, train_overrides(TrainOptions(method=method, **(options or {})))))
+    preflight.check_named_paths(args, (workdir / "workspace").resolve())
     with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
         stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri)
         # What was checked and will run: the demo defaults kept, then the user's.
         logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
         preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
-                                (workdir / "workspace").resolve(), *checked, teacher_uri)
+                                (workdir / "workspace").resolve(), *checked, teacher_uri,
+                                spellings_of(set_by, list(train_args or [])))
         preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
     # A completed run of the same config and inputs stays: its trainer says so and the
     # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
@@ -211,13 +258,11 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
 
 def merged_jobset(runtime_path: Path, trainjob_path: Path | None) -> dict:
     """The JobSet the controller would create from the runtime and the TrainJob."""
-    from kubetune.tools.local.runtime_contract import check_files
-    from kubetune.tools.local.runtime_merge import merge
-    from kubetune.tools.local.runtime_spec import default_trainjob
+    from kubetune.entrypoints.step_options import settings_check
+    from kubetune.tools.local.runtime_contract import checked_jobset
 
-    # Every contract violation of both files at once (ContractError), before the merge.
-    runtime, trainjob = check_files(runtime_path, trainjob_path)
-    return merge(runtime, trainjob or default_trainjob(runtime))
+    # Every violation of both files at once (ContractError), before anything runs.
+    return checked_jobset(runtime_path, trainjob_path, settings_check())
 
 
 def jobset_yaml(jobset: dict) -> str:
@@ -251,6 +296,8 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
     # Relative source paths mean the user's directory; then every container is checked
     # before the first one starts.
     preflight.resolve_runtime_uris(jobset, Path.cwd(), in_images=engine is not None)
+    if engine is None:  # in an image, a path may be the image's own
+        preflight.check_runtime_named_paths(jobset)
     LocalJobSet(jobset, workdir, engine, configmaps=configmaps).check()
     # As processes, a runtime's `tune run` must reach our launcher, as in our images, where
     # /opt/kubetune/bin is first on PATH: never the `tune` torchtune installs beside the
@@ -364,26 +411,26 @@ def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri,
             p.name) == click.core.ParameterSource.COMMANDLINE)
         preflight.check_combinations(given, {opt for p in ctx.command.params
                                              for opt in p.opts if opt.startswith("--")}, typed)
-        if runtime_path is None:
-            with workdir_held(workdir):
-                # Typed options only: their variables are read with the other settings.
-                typed_options = {name: value for name, value in validation.items()
-                                 if name in typed}
-                lines = run_local(workdir, model_uri, dataset_uri, method,
-                                  list(train_args) if train_args else None, export_uri,
-                                  typed_options, objective, teacher_uri)
-        else:
-            try:
+        try:
+            if runtime_path is None:
+                with no_workdir_left_on_refusal(workdir), workdir_held(workdir):
+                    # Typed options only: their variables are read with the other settings.
+                    typed_options = {name: value for name, value in validation.items()
+                                     if name in typed}
+                    lines = run_local(workdir, model_uri, dataset_uri, method,
+                                      list(train_args) if train_args else None, export_uri,
+                                      typed_options, objective, teacher_uri)
+            else:
                 if print_jobset:
                     emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), raw=True)
                     return 0
                 options = None if engine == "process" else EngineOptions(
                     engine, gpus, parse_image_overrides(images))
-                with workdir_held(workdir):
+                with no_workdir_left_on_refusal(workdir), workdir_held(workdir):
                     lines = run_runtime(workdir, runtime_path, trainjob_path, options,
                                         parse_configmaps(configmaps))
-            except ContractError as exc:
-                return report(exc, "local")  # each violation a line, not only the last
+        except ContractError as exc:
+            return report(exc, "local")  # each violation a line, not only the last
         # Through emit: a reader that went away (`| head -1`) costs the lines, not the run.
         emit(summary_text(lines))
         return 0

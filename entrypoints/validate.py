@@ -23,8 +23,9 @@ def validate(runtime_path: Path, trainjob_path: Path | None) -> None:
     a trainer container not named node, a trainer job without the
     trainer.kubeflow.org/trainjob-ancestor-step: trainer label, a step without the
     workspace mounted at /workspace, a podFailurePolicy naming no container, an unknown
-    KUBETUNE_* variable; then the TrainJob merged as the controller merges it. Exit 0 when
-    the files pass, 65 when not.
+    KUBETUNE_* variable or a value its step would refuse (KUBETUNE_VAL_FRACTION=0.9); then
+    the TrainJob merged as the controller merges it. Every violation at once, sorted by
+    file and path. Exit 0 when the files pass, 65 when not.
     """
     from kubetune.entrypoints.step import run_step
 
@@ -33,15 +34,13 @@ def validate(runtime_path: Path, trainjob_path: Path | None) -> None:
 
 def check(runtime_path: Path, trainjob_path: Path | None) -> int:
     """0, with one `ok` line, when the files pass; else every violation reported, 65."""
-    from kubetune.tools.local.runtime_contract import ContractError, check_files, report
-    from kubetune.tools.local.runtime_merge import merge
-    from kubetune.tools.local.runtime_spec import default_trainjob
+    from kubetune.entrypoints.step_options import settings_check
+    from kubetune.tools.local.runtime_contract import ContractError, checked_jobset, report
 
     try:
-        runtime, trainjob = check_files(runtime_path, trainjob_path)
+        jobset = checked_jobset(runtime_path, trainjob_path, settings_check())
     except ContractError as exc:
         return report(exc, "validate")
-    jobset = merge(runtime, trainjob or default_trainjob(runtime))
     jobs = " -> ".join(j["name"] for j in jobset["spec"]["replicatedJobs"])
     click.echo(f"ok: {runtime_path}" + (f" with {trainjob_path}" if trainjob_path else "")
                + f" ({jobs})")

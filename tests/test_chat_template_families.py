@@ -126,6 +126,10 @@ def test_qwen25_trains_its_default_system_prompt_where_the_row_has_none(tokenize
     assert text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
 
 
+# As the trainer plans a mode its variable set: the plan names the variable.
+SET_BY = {"kubetune.chat_template": "KUBETUNE_CHAT_TEMPLATE"}
+
+
 def _cfg(model_dir: Path, mode: str | None = None, tokenizer: str = "x.gemma_tokenizer"):
     from kubetune.trainer.data.dataset_shape import CHAT
 
@@ -171,7 +175,7 @@ def test_torchtune_asked_for_says_so_and_that_the_export_carries_no_template(tok
     from kubetune.trainer.planning import chat_template_plan
 
     cfg = _cfg(tokenizer_dirs["gemma"], "torchtune")
-    notes = chat_template_plan.plan(cfg, tokenizer_dirs["gemma"], _Found([NO_SYSTEM]))
+    notes = chat_template_plan.plan(cfg, tokenizer_dirs["gemma"], _Found([NO_SYSTEM]), SET_BY)
     assert "chat_template" not in cfg.dataset
     assert "KUBETUNE_CHAT_TEMPLATE=torchtune" in notes[0]
     assert "the export will carry no chat template" in notes[1]
@@ -181,9 +185,17 @@ def test_base_asked_for_without_a_template_is_one_line(tmp_path):
     from kubetune.errors import BadInputError
     from kubetune.trainer.planning import chat_template_plan
 
-    with pytest.raises(BadInputError, match="has no chat template.*KUBETUNE_CHAT_TEMPLATE="
-                                            "torchtune"):
+    with pytest.raises(BadInputError, match="^KUBETUNE_CHAT_TEMPLATE=base: .*has no chat "
+                                            "template.*KUBETUNE_CHAT_TEMPLATE=torchtune"):
+        chat_template_plan.plan(_cfg(tmp_path, "base"), tmp_path, None, SET_BY)
+    # Set as a `tune run` override, it is named by its key (issue 53).
+    with pytest.raises(BadInputError, match=r"^kubetune.chat_template=base: .*set "
+                                            r"kubetune.chat_template=torchtune$"):
         chat_template_plan.plan(_cfg(tmp_path, "base"), tmp_path, None)
+    with pytest.raises(BadInputError, match=r"^--chat-template bases is not one of base, "
+                                            "torchtune$"):
+        chat_template_plan.plan(_cfg(tmp_path, "bases"), tmp_path, None,
+                                {"kubetune.chat_template": "--chat-template"})
     notes = chat_template_plan.plan(_cfg(tmp_path, tokenizer="x.qwen2_5_tokenizer"), tmp_path,
                                     None)
     assert notes == ["chat template: torchtune's format for qwen2_5_tokenizer (the base model "
@@ -210,9 +222,9 @@ def test_torchtune_asked_for_on_a_base_that_prompts_otherwise_is_one_65_before_l
     qwen = tokenizer_dirs["qwen2.5"]
     cfg = _cfg(qwen, "torchtune", tokenizer="torchtune.models.qwen2_5.qwen2_5_tokenizer")
     with pytest.raises(BadInputError) as raised:
-        chat_template_plan.plan(cfg, qwen, _Found([NO_SYSTEM]))
+        chat_template_plan.plan(cfg, qwen, _Found([NO_SYSTEM]), SET_BY)
     line = str(raised.value)
     assert "You are Qwen" in line and line.endswith("set KUBETUNE_CHAT_TEMPLATE=base"), line
     # With a system prompt Qwen2.5's template prompts as torchtune's ChatML does.
-    notes = chat_template_plan.plan(cfg, qwen, _Found([CONVERSATION]))
+    notes = chat_template_plan.plan(cfg, qwen, _Found([CONVERSATION]), SET_BY)
     assert "KUBETUNE_CHAT_TEMPLATE=torchtune" in notes[0] and len(notes) == 1

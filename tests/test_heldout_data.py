@@ -154,8 +154,13 @@ def test_split_test_trains_on_test_and_a_missing_split_names_those_there(
     assert error_lines(result) == [
         "error: trainer: dataset.split=validation: the dataset has no split 'validation'; "
         "its files give train, test: use one of them, e.g. dataset.split=train"]
+    # Set by its variable, the split is named by the variable (issue 53).
     result = _dry_run(tiny_model_dir, source, tmp_path, KUBETUNE_DATASET_SPLIT="validation")
-    assert result.returncode == 65 and "no split 'validation'" in result.stderr
+    assert result.returncode == 65, result.stderr
+    assert error_lines(result) == [
+        "error: trainer: KUBETUNE_DATASET_SPLIT=validation: the dataset has no split "
+        "'validation'; its files give train, test: use one of them, e.g. "
+        "KUBETUNE_DATASET_SPLIT=train"]
 
 
 def test_a_fraction_holds_out_rows_by_content(tmp_path, tiny_model_dir):
@@ -331,21 +336,29 @@ def test_the_recipe_process_trains_on_one_side_and_measures_the_other(
 
 
 def test_kubetune_local_passes_the_validation_options_to_the_trainer(tmp_path, tiny_model_dir):
-    """Checked before any step, by the trainer's own plan; the option wins over its
-    variable."""
+    """Checked before any step, by the trainer's own rules, naming the option as typed
+    (issue 53: not kubetune.val_fraction); the option wins over its variable and reaches
+    the trainer's arguments."""
     source = hub_dataset(tmp_path / "hub", test=None)
-    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--model",
-                      f"file://{tiny_model_dir}", "--dataset", f"file://{source}",
+    sources = ["--model", f"file://{tiny_model_dir}", "--dataset", f"file://{source}"]
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), *sources,
                       "--val-fraction", "0.7", "--val-prompts", "2",
+                      env=clean_env(KUBETUNE_VAL_FRACTION="0.1"))
+    assert result.returncode == 65, result.stderr[-3000:]
+    assert error_lines(result) == [
+        "error: local: --val-fraction 0.7: the held-out fraction must be more than 0 "
+        "and at most 0.5"]
+    assert not (tmp_path / "run").exists()
+    # A plan that refuses a later argument shows what the trainer was given.
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), *sources,
+                      "--val-fraction", "0.3", "--val-prompts", "2", "epochs=0",
                       env=clean_env(KUBETUNE_VAL_FRACTION="0.1"))
     assert result.returncode == 65, result.stderr[-3000:]
     arguments = next(line for line in result.stderr.splitlines()
                      if "trainer arguments:" in line)
-    assert "kubetune.val_fraction=0.7" in arguments and "kubetune.val_prompts=2" in arguments
+    assert "kubetune.val_fraction=0.3" in arguments and "kubetune.val_prompts=2" in arguments
     assert "kubetune.val_fraction=0.1" not in arguments
-    assert error_lines(result) == [
-        "error: local: kubetune.val_fraction=0.7: the held-out fraction must be more than 0 "
-        "and at most 0.5, e.g. kubetune.val_fraction=0.1"]
+    assert error_lines(result) == ["error: local: epochs=0: must be a whole number >= 1"]
     assert not (tmp_path / "run" / "workspace" / "output").exists()
     result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
                       str(REPO / "runtimes" / "base" / "kubetune-byo-model.yaml"),

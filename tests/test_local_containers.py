@@ -160,12 +160,14 @@ def test_a_relative_source_is_mounted_from_the_users_directory(tmp_path, monkeyp
     job = write_trainjob(project / "job.yaml", "kubetune-byo-model",
                          initializer_uris(model_uri, dataset_uri))
     monkeypatch.chdir(project)
-    jobset = merged_jobset(runtime_file("kubetune-byo-model.yaml"), job)
     if not dataset_uri.startswith(("./", "file://")):
-        # A bare relative name is refused before anything runs, as the initializer would.
-        with pytest.raises(BadInputError, match="malformed"):
-            resolve_runtime_uris(jobset, Path.cwd())
+        # A bare relative name is refused before anything runs, as the initializer would:
+        # by the TrainJob's static check, naming its storageUri (issue 53).
+        with pytest.raises(BadInputError, match="spec.initializer.dataset.storageUri: .*"
+                                                "malformed"):
+            merged_jobset(runtime_file("kubetune-byo-model.yaml"), job)
         return
+    jobset = merged_jobset(runtime_file("kubetune-byo-model.yaml"), job)
     resolve_runtime_uris(jobset, Path.cwd())
     js = engine_jobset(jobset, tmp_path / "run", EngineOptions("podman"))
     js.logs.mkdir(parents=True, exist_ok=True)

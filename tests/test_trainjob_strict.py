@@ -5,6 +5,7 @@ path and the field meant; what the SDK and our runtimes write still passes."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,48 @@ def test_a_misspelt_metadata_field_and_several_mistakes_at_once(tmp_path):
     found = manifest_schema.problems(doc)
     assert len(found) == 3, found
     assert "metadata.lables: unknown field (did you mean labels?)" in found
-    with pytest.raises(BadInputError, match=r"\(and 2 more\)"):
+    with pytest.raises(BadInputError) as err:
         load_trainjob(job)
+    # Every one, sorted by path, each its own line (ContractError.lines).
+    assert err.value.lines == [f"{job}: {line}; kubectl apply refuses this TrainJob too"
+                               for line in sorted(found)]
+
+
+def test_three_mistakes_are_three_lines_in_one_run(tmp_path):
+    """The issue's TrainJob: three typos, three `error:` lines, one exit 65, in text and
+    in JSON lines, from `kubetune validate` and `kubetune local --print-jobset` alike."""
+    job = _job(tmp_path, {"initializer": {"model": SOURCES["model"], "dataset": {
+        "storageURI": "file:///data/tiny"}}, "trainer": {
+        "numProcsPerNode": 2, "env": [{"name": "KUBETUNE_EPOCHS", "value": 3}]}})
+    said = [f"{job}: spec.initializer.dataset.storageURI: unknown field (did you mean "
+            "storageUri?)",
+            f"{job}: spec.trainer.env[0].value: expected a string, got the number 3",
+            f"{job}: spec.trainer.numProcsPerNode: unknown field (did you mean "
+            "numProcPerNode?)"]
+    result = kubetune("validate", str(runtime_file(RUNTIME)), str(job))
+    assert result.returncode == 65, result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 3 and all(line.startswith(f"error: validate: {want}")
+                                   for line, want in zip(lines, said)), result.stderr
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
+                      str(runtime_file(RUNTIME)), "--trainjob", str(job), "--print-jobset",
+                      env=clean_env(KUBETUNE_LOG_FORMAT="json"))
+    assert result.returncode == 65 and "apiVersion" not in result.stdout, result.stderr
+    messages = [json.loads(line)["message"] for line in result.stderr.splitlines()]
+    assert len(messages) == 3 and all(m.startswith(f"local: {want}")
+                                      for m, want in zip(messages, said)), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_past_twenty_violations_the_rest_are_counted(capsys, monkeypatch, tmp_path):
+    from kubetune.tools.local.violations import ContractError, report
+
+    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    assert report(ContractError([f"f: spec.x[{i:02}]: bad" for i in range(23)]), "validate") \
+        == 65
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 21 and lines[0] == "error: validate: f: spec.x[00]: bad"
+    assert lines[-1].startswith("error: validate: 3 more violations not shown (23 in all)")
 
 
 def test_a_runtime_with_a_typo_is_refused(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Mapping
 
 from kubetune import env
 from kubetune.env_numbers import env_float
@@ -50,6 +51,7 @@ def hub_endpoint() -> Named | None:
     return first_set(env.HF_ENDPOINT)
 
 
-def http_timeout_s() -> float:
-    """Seconds one request may take to connect or to answer (``KUBETUNE_HTTP_TIMEOUT_S``)."""
-    return env_float(env.HTTP_TIMEOUT_S, DEFAULT_HTTP_TIMEOUT_S, minimum=1)
+def http_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds one request may take to connect or to answer (``KUBETUNE_HTTP_TIMEOUT_S``);
+    ``environ``: a pod spec's values, checked before it runs (default: this process's)."""
+    return env_float(env.HTTP_TIMEOUT_S, DEFAULT_HTTP_TIMEOUT_S, minimum=1, environ=environ)

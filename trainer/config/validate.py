@@ -15,6 +15,8 @@ from omegaconf import DictConfig
 from kubetune.errors import BadInputError
 from kubetune.redact import has_userinfo, strip_userinfo
 from kubetune.staging import refuse_dangling_link
+from kubetune.trainer.request.spelling import spelling
+from kubetune.trainer.request.value_rules import VALUE_RULES, value_problem
 
 # torchao's to_nf4 defaults (block_size=64, scaler_block_size=256): a weight quantizes only
 # when its element count splits into whole blocks whose scalers split into whole blocks.
@@ -120,56 +122,15 @@ def check_writable(output_dir: Path) -> None:
                             "the volume read-write or set output_dir / --output-dir") from None
 
 
-# key -> (kind, lowest allowed, nullable). Kinds: "int" (a whole number), "float".
-_VALUE_RULES: dict[str, tuple[str, float, bool]] = {
-    "epochs": ("int", 1, False),
-    "batch_size": ("int", 1, False),
-    "max_steps_per_epoch": ("int", 1, True),
-    "gradient_accumulation_steps": ("int", 1, False),
-    "log_every_n_steps": ("int", 1, True),
-    "seed": ("int", 0, True),
-    "clip_grad_norm": ("float", 0, True),
-    "optimizer.lr": ("float", 0, False),
-    "optimizer.weight_decay": ("float", 0, True),
-    "lr_scheduler.num_warmup_steps": ("int", 0, True),
-    "model.lora_rank": ("int", 1, False),
-    "model.lora_alpha": ("float", 0, False),
-    "model.lora_dropout": ("float", 0, False),
-    "tokenizer.max_seq_len": ("int", 1, True),
-    "kubetune.save_every_n_steps": ("int", 0, True),
-    "kubetune.grace_period_s": ("float", 0, True),
-}
-# Strictly above the lowest value (a zero learning rate trains nothing).
-_POSITIVE = {"optimizer.lr", "model.lora_alpha"}
-
-
-def _number(key: str, value, kind: str):
-    """``value`` as the kind ``key`` needs; a numeric string (``lr=2e-5`` parses as one
-    in YAML 1.1) is taken as its number."""
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, str):
-        value = float(value.strip())
-    if kind == "int":
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise ValueError
-            value = int(value)
-        if not isinstance(value, int):
-            raise ValueError
-        return value
-    if not isinstance(value, (int, float)) or value != value:  # NaN
-        raise ValueError
-    return value
-
-
-def check_values(cfg: DictConfig) -> None:
+def check_values(cfg: DictConfig, spellings: dict[str, str] | None = None) -> None:
     """Every number a recipe reads is a number in its range, or the run fails here in one
     line instead of as a traceback in the recipe (or, for ``epochs=0``, as a run that
-    trains nothing and is marked complete)."""
+    trains nothing and is marked complete). The ranges are ``value_rules``' (the static
+    check of a runtime's settings reads the same); ``spellings``: the option or variable
+    that set a key, named instead of the key."""
     from omegaconf import OmegaConf
 
-    for key, (kind, lowest, nullable) in _VALUE_RULES.items():
+    for key, (kind, _, nullable) in VALUE_RULES.items():
         parent, _, leaf = key.rpartition(".")
         section = OmegaConf.select(cfg, parent) if parent else cfg
         if not isinstance(section, DictConfig) or leaf not in section:
@@ -182,19 +143,10 @@ def check_values(cfg: DictConfig) -> None:
             if nullable:
                 continue
             raise BadInputError(f"{key} is empty: set {key}=<{kind}>")
-        what = "a whole number" if kind == "int" else "a number"
-        bound = f"> {lowest:g}" if key in _POSITIVE else f">= {lowest:g}"
-        if key == "model.lora_dropout":
-            bound = "in [0, 1)"
-        try:
-            number = _number(key, value, kind)
-        except (TypeError, ValueError):
-            raise BadInputError(f"{key}={value}: must be {what} {bound}") from None
-        bad = number <= lowest if key in _POSITIVE else number < lowest
-        if key == "model.lora_dropout":
-            bad = bad or number >= 1
-        if bad:
-            raise BadInputError(f"{key}={value}: must be {what} {bound}")
+        number, problem = value_problem(key, value)
+        if problem is not None:
+            said = spelling(spellings or {}, key)
+            raise BadInputError(f"{said.assign(str(value))}: {problem}")
         if number != value:
             OmegaConf.update(cfg, key, number, merge=False)
 
@@ -216,8 +168,10 @@ def lora_widths(model_cfg: DictConfig, dims: dict) -> dict[str, tuple[int, int]]
     return adapted
 
 
-def lora_rank_excess(model_cfg: DictConfig, dims: dict) -> str | None:
-    """Why ``model.lora_rank`` is larger than every adapted layer can use, or None."""
+def lora_rank_excess(model_cfg: DictConfig, dims: dict,
+                     spellings: dict[str, str] | None = None) -> str | None:
+    """Why ``model.lora_rank`` is larger than every adapted layer can use, or None; named
+    as the user set it (``spellings``: --lora-rank, KUBETUNE_LORA_RANK), else by the key."""
     rank = model_cfg.get("lora_rank")
     adapted = lora_widths(model_cfg, dims)
     if not isinstance(rank, int) or not adapted:
@@ -226,9 +180,10 @@ def lora_rank_excess(model_cfg: DictConfig, dims: dict) -> str | None:
     width = min(fan_in, fan_out)
     if rank <= width:
         return None
-    return (f"model.lora_rank={rank} is larger than the model allows: {name} is "
+    said = spelling(spellings or {}, "model.lora_rank")
+    return (f"{said.assign(str(rank))} is larger than the model allows: {name} is "
             f"{fan_in}x{fan_out}, so a rank above {width} adds parameters and learns nothing "
-            f"more: set model.lora_rank <= {width}")
+            f"more: set {said.assign(str(width))} or less")
 
 
 # How a full volume shows in a recipe's output: Python's OSError, safetensors' Rust

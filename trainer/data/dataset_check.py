@@ -309,24 +309,27 @@ def splits(dataset_cfg: DictConfig) -> set[str]:
     return _local_splits(dataset_cfg, sample_files(dataset_cfg))
 
 
-def check_split(dataset_cfg: DictConfig, what: str = "dataset.split") -> None:
+def check_split(dataset_cfg: DictConfig, what: str = "dataset.split",
+                spellings: dict[str, str] | None = None) -> None:
     """``dataset.split`` reads in datasets' syntax and names a split the local files
     have: a wrong one fails in the recipe ("Unknown split", "Unrecognized instruction").
-    ``what``: the key it is named by in the message."""
+    ``what``: its key; named in the message as the user set it (``spellings``: --split,
+    KUBETUNE_DATASET_SPLIT), else by the key."""
     text = str(dataset_cfg.get("split") or "train")
+    said = spelling(spellings or {}, what)
     parts = [p.strip() for p in text.split("+")]
     bad = next((p for p in parts if not _SPLIT_PART.fullmatch(p)), None)
     if bad is not None:
-        raise BadInputError(f"{what}={text}: {bad!r} is not a split; write a name with "
+        raise BadInputError(f"{said.assign(text)}: {bad!r} is not a split; write a name with "
                             "an optional slice, e.g. train, train[:90%], train[100:200]")
     found = splits(dataset_cfg)
     unknown = next((_SPLIT_PART.fullmatch(p)["name"] for p in parts
                     if _SPLIT_PART.fullmatch(p)["name"] not in found), None)
     if unknown is not None:
         shown = ", ".join(sorted(found, key=_split_order))
-        raise BadInputError(f"{what}={text}: the dataset has no split {unknown!r}; its "
+        raise BadInputError(f"{said.assign(text)}: the dataset has no split {unknown!r}; its "
                             f"files give {shown}: use one of them, e.g. "
-                            f"{what}={sorted(found, key=_split_order)[0]}")
+                            f"{said.assign(sorted(found, key=_split_order)[0])}")
 
 
 def _split_order(split: str) -> tuple[int, str]:

@@ -91,8 +91,9 @@ def _format_of(files: list[str]) -> str | None:
     return builders.pop() if len(builders) == 1 and None not in builders else None
 
 
-def _read_locally(dataset_cfg: DictConfig, builder: str | None, where: str) -> list[str]:
-    """Make ``dataset.source`` the builder of the local files at ``where``."""
+def _read_locally(dataset_cfg: DictConfig, builder: str | None, where: str,
+                  key: str = "dataset") -> list[str]:
+    """Make ``<key>.source`` the builder of the local files at ``where``."""
     source = dataset_cfg.get("source")
     if source is not None and Path(str(source)).exists():
         return []  # a local dataset directory or loading script the user named
@@ -100,9 +101,9 @@ def _read_locally(dataset_cfg: DictConfig, builder: str | None, where: str) -> l
         if source in LOCAL_BUILDERS:
             return []
         raise BadInputError(
-            f"dataset at {where}: no single data format (parquet, json, jsonl, csv, arrow) "
-            f"to read, and dataset.source={source} is not a local format: set "
-            "dataset.source=parquet (or json, csv) or point dataset.data_files at the files")
+            f"{key} at {where}: no single data format (parquet, json, jsonl, csv, arrow) "
+            f"to read, and {key}.source={source} is not a local format: set "
+            f"{key}.source=parquet (or json, csv) or point {key}.data_files at the files")
     if source == builder:
         return []
     dataset_cfg.source = builder
@@ -123,8 +124,9 @@ def _instead_of(dataset_cfg: DictConfig, source) -> str:
     return f"instead of dataset.source={source} (the trainer never downloads)"
 
 
-def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
-    """Fix ``dataset_cfg`` in place; return log lines saying what changed."""
+def locate(dataset_cfg: DictConfig, dataset_dir: Path, key: str = "dataset") -> list[str]:
+    """Fix ``dataset_cfg`` in place; return log lines saying what changed. ``key``: the
+    section's name in the user's arguments (``dataset_val`` for the held-out set)."""
     if not isinstance(dataset_cfg, DictConfig):
         return []  # a list of datasets: each names its own data
     notes: list[str] = []
@@ -133,13 +135,13 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
     if data_dir:
         normalized = os.path.normpath(str(data_dir))
         if normalized != str(data_dir):
-            notes.append(f"dataset.data_dir {data_dir} normalized to {normalized}")
+            notes.append(f"{key}.data_dir {data_dir} normalized to {normalized}")
             dataset_cfg.data_dir = normalized
         if not Path(normalized).is_dir():
-            raise BadInputError(f"dataset.data_dir {normalized} does not exist: check the "
+            raise BadInputError(f"{key}.data_dir {normalized} does not exist: check the "
                                 "dataset initializer's output or the path you passed")
         found = _scan(Path(normalized))
-        notes += _read_locally(dataset_cfg, found and found["format"], normalized)
+        notes += _read_locally(dataset_cfg, found and found["format"], normalized, key)
         if data_files:  # the user's own, relative to data_dir
             return notes
         return notes + _name_data_files(dataset_cfg, Path(normalized))
@@ -152,9 +154,9 @@ def locate(dataset_cfg: DictConfig, dataset_dir: Path) -> list[str]:
             files = list(data_files)
         missing = [f for f in files if not Path(str(f)).is_file()]
         if missing:
-            raise BadInputError(f"dataset.data_files {missing[0]} does not exist")
+            raise BadInputError(f"{key}.data_files {missing[0]} does not exist")
         where = str(files[0]) if len(files) == 1 else f"{len(files)} files"
-        return notes + _read_locally(dataset_cfg, _format_of(files), where)
+        return notes + _read_locally(dataset_cfg, _format_of(files), where, key)
     descriptor = read_descriptor(dataset_dir) or _scan(Path(dataset_dir))
     if descriptor is None:
         source = dataset_cfg.get("source")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from kubetune.trainer.request.spelling import spelling
+
 
 def batches_per_process(samples: int, batch_size: int, world_size: int) -> int:
     """A ``DistributedSampler`` (no drop_last) hands each process ceil(samples / world)."""
@@ -22,20 +24,24 @@ def batches_per_process(samples: int, batch_size: int, world_size: int) -> int:
 
 
 def no_step_line(samples: int, batch_size: int, accumulation: int, world_size: int,
-                 what: str = "row(s)") -> str:
+                 what: str = "row(s)", spellings: dict[str, str] | None = None) -> str:
+    """The line; the two settings named as the user set them (``spellings``: --batch-size,
+    KUBETUNE_GRADIENT_ACCUMULATION_STEPS), else by their keys."""
     batches = batches_per_process(samples, batch_size, world_size)
+    size = spelling(spellings or {}, "batch_size")
+    steps = spelling(spellings or {}, "gradient_accumulation_steps")
     if samples == 0:
         return ("the run makes no optimizer step: no sample is left to train on (every row "
                 "longer than tokenizer.max_seq_len, or filtered out): check the dataset")
     return (f"the run makes no optimizer step: {samples} {what} over {world_size} process(es) "
-            f"make {batches} batch(es) of batch_size={batch_size} per process (a partial "
-            f"batch is dropped), and one step takes gradient_accumulation_steps="
-            f"{accumulation} batch(es): lower batch_size or gradient_accumulation_steps, or "
-            "add rows")
+            f"make {batches} batch(es) of {size.assign(str(batch_size))} per process (a "
+            f"partial batch is dropped), and one step takes "
+            f"{steps.assign(str(accumulation))} batch(es): lower {size.name} or {steps.name}, "
+            "or add rows")
 
 
 def check_makes_a_step(cfg: DictConfig, rows: int | None, rows_exact: bool,
-                       world_size: int) -> str | None:
+                       world_size: int, spellings: dict[str, str] | None = None) -> str | None:
     """The line when ``rows`` rows cannot make one optimizer step, else None. Only where
     the count is certain: exact, unpacked (packs are counted in the recipe), and the whole
     of one dataset (no split slice such as ``train[:10%]``)."""
@@ -47,4 +53,4 @@ def check_makes_a_step(cfg: DictConfig, rows: int | None, rows_exact: bool,
     accumulation = int(cfg.get("gradient_accumulation_steps") or 1)
     if batches_per_process(rows, batch_size, world_size) // accumulation > 0:
         return None
-    return no_step_line(rows, batch_size, accumulation, world_size)
+    return no_step_line(rows, batch_size, accumulation, world_size, spellings=spellings)

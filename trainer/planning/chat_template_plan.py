@@ -27,8 +27,10 @@ from kubetune.chat_template import render as rendering
 from kubetune.chat_template.parity import sample_problem
 from kubetune.errors import BadInputError
 from kubetune.trainer.data import dataset_shape
+from kubetune.trainer.request.spelling import Spelling, spelling
 
 MODES = ("base", "torchtune")
+KEY = "kubetune.chat_template"  # what KUBETUNE_CHAT_TEMPLATE and --chat-template set
 CHECKED_ROWS = 8  # sampled rows rendered before the first step
 # torchtune's tokenizer builders whose format the exporter can write as a chat template,
 # and their tokenizer classes.
@@ -37,11 +39,13 @@ _EXPORTABLE = {"llama3_tokenizer": "torchtune.models.llama3._tokenizer.Llama3Tok
                "qwen2_5_tokenizer": "torchtune.models.qwen2_5._tokenizer.Qwen2_5Tokenizer"}
 
 
-def _mode(cfg: DictConfig) -> str | None:
-    mode = OmegaConf.select(cfg, "kubetune.chat_template")
+def _mode(cfg: DictConfig, spellings: dict[str, str]) -> str | None:
+    mode = OmegaConf.select(cfg, KEY)
     if mode is not None and str(mode) not in MODES:
-        raise BadInputError(f"{env.CHAT_TEMPLATE}={mode} (kubetune.chat_template) is not one "
-                            f"of {', '.join(MODES)}")
+        # Named as set: the option's and the variable's values are click's choices, so
+        # this is most often a `tune run` override, named by its key.
+        raise BadInputError(f"{spelling(spellings, KEY).assign(str(mode))} is not one of "
+                            f"{', '.join(MODES)}")
     return None if mode is None else str(mode)
 
 
@@ -66,31 +70,34 @@ def _torchtune_note(cfg: DictConfig, why: str) -> list[str]:
     return notes
 
 
-def plan(cfg: DictConfig, model_dir: Path, found: Any) -> list[str]:
+def plan(cfg: DictConfig, model_dir: Path, found: Any,
+         spellings: dict[str, str] | None = None) -> list[str]:
     """Set ``dataset.chat_template`` where conversations train in the base's template; the
-    plan's notes say which format and why."""
+    plan's notes say which format and why. ``spellings``: the option or variable that set
+    ``kubetune.chat_template``, named where its value is refused."""
     dataset = cfg.get("dataset")
     if not isinstance(dataset, DictConfig) or \
             str(dataset.get("_component_", "")) != dataset_shape.CHAT:
         return []
-    mode, model_dir = _mode(cfg), Path(model_dir)
+    mode, model_dir = _mode(cfg, spellings or {}), Path(model_dir)
+    said = spelling(spellings or {}, KEY)
     base = rendering.find_template(model_dir)
     if mode == "torchtune":
         if base is not None:
-            _check_torchtune_prompts(cfg, base.text, model_dir, found)
-        return _torchtune_note(cfg, f"{env.CHAT_TEMPLATE}=torchtune")
+            _check_torchtune_prompts(cfg, base.text, model_dir, found, said)
+        return _torchtune_note(cfg, said.assign("torchtune"))
     if base is None:
         if mode == "base":
-            raise BadInputError(f"{env.CHAT_TEMPLATE}=base: the base model ({model_dir}) has no "
+            raise BadInputError(f"{said.assign('base')}: the base model ({model_dir}) has no "
                                 f"chat template (no {rendering.TEMPLATE_FILE}, no chat_template "
-                                f"in {rendering.TOKENIZER_CONFIG}): set {env.CHAT_TEMPLATE}="
-                                "torchtune")
+                                f"in {rendering.TOKENIZER_CONFIG}): set "
+                                f"{said.assign('torchtune')}")
         return _torchtune_note(cfg, "the base model has no chat template")
     unusable = _encodes(model_dir)
     if unusable is not None:
         if mode == "base":
-            raise BadInputError(f"{env.CHAT_TEMPLATE}=base: {unusable}, which the base's chat "
-                                f"template is tokenized with: set {env.CHAT_TEMPLATE}=torchtune")
+            raise BadInputError(f"{said.assign('base')}: {unusable}, which the base's chat "
+                                f"template is tokenized with: set {said.assign('torchtune')}")
         return _torchtune_note(cfg, f"the base model has a chat template, but {unusable}")
     dataset.chat_template = base.text
     dataset.chat_template_dir = str(model_dir)
@@ -151,10 +158,12 @@ class _Sample:
         self.messages, self.tokens = messages, tokens
 
 
-def _check_torchtune_prompts(cfg: DictConfig, template: str, model_dir: Path, found: Any) -> None:
+def _check_torchtune_prompts(cfg: DictConfig, template: str, model_dir: Path, found: Any,
+                             said: Spelling) -> None:
     """torchtune's format asked for on a base with its own template: the export keeps the
     base's only where it prompts as torchtune's format does. Compared on the sampled rows'
-    prompts, as text, where torchtune's format is known as a template."""
+    prompts, as text, where torchtune's format is known as a template. ``said``: the
+    setting as the user set it."""
     import jinja2
 
     from kubetune.chat_template.torchtune_formats import trained_template
@@ -182,8 +191,8 @@ def _check_torchtune_prompts(cfg: DictConfig, template: str, model_dir: Path, fo
             at = next((i for i, (a, b) in enumerate(zip(theirs, mine)) if a != b),
                       min(len(theirs), len(mine)))
             raise BadInputError(
-                f"{env.CHAT_TEMPLATE}=torchtune: the base model's chat template prompts "
+                f"{said.assign('torchtune')}: the base model's chat template prompts "
                 f"sampled row {number} otherwise than torchtune's {builder} format (at "
                 f"character {at}: {theirs[at:at + 40]!r} where training would have "
                 f"{mine[at:at + 40]!r}), so its export would not answer as trained: set "
-                f"{env.CHAT_TEMPLATE}=base")
+                f"{said.assign('base')}")

@@ -320,7 +320,7 @@ def check_request(request: TuneRunRequest) -> list[str]:
     check_paths(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
-    check_values(cfg)
+    check_values(cfg, request.spellings)
     if _builder_named(_override_keys(request.overrides), request.config):
         notes += builder_settings.fit(cfg, _override_keys(request.overrides),
                                       request.spellings, _user_config_file(request.config))
@@ -385,7 +385,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         notes += builder_settings.fit(cfg, user_keys, request.spellings, users_config)
     found = _locate_data(cfg, workspace, notes, builder_named, request.spellings,
                          dpo.is_dpo(request.recipe) or dpo.is_dpo(Path(recipe_path).stem))
-    notes += chat_template_plan.plan(cfg, checkpoint.model_dir, found)
+    notes += chat_template_plan.plan(cfg, checkpoint.model_dir, found, request.spellings)
     compile_before = bool(cfg.get("compile"))
     sizes_before = speed.batch_sizes(cfg)
     notes += _speed_defaults(cfg, user_keys, hw, topo, found, checkpoint, method,
@@ -395,12 +395,12 @@ def plan(request: TuneRunRequest, workspace: Workspace,
                            compile_before, sizes_before)
     notes += _objective_and_held_out(cfg, request, recipe_path, topo, workspace, found,
                                      user_keys, users_config)
-    check_values(cfg)
+    check_values(cfg, request.spellings)
     if found is not None:
         # The rows trained on: a held-out fraction's are not.
         trained = cfg.kubetune.data
         no_step = step_count.check_makes_a_step(cfg, trained.rows, trained.rows_exact,
-                                                topo.world_size)
+                                                topo.world_size, request.spellings)
         if no_step:
             raise BadInputError(no_step)
     fingerprint, resumed = _resume(cfg, notes, _inputs(
@@ -494,9 +494,9 @@ def _fit_to_checkpoint(cfg: DictConfig, base: DictConfig, request: TuneRunReques
     notes += _lr_scheduler_section(cfg)
     in_order = [arg.lstrip("~").split("=", 1)[0] for arg in request.overrides]
     notes += config_keys.check(in_order, base, cfg, Path(recipe_path), configs_dir())
-    check_values(cfg)
+    check_values(cfg, request.spellings)
     if method != "full":
-        excess = lora_rank_excess(cfg.model, checkpoint.architecture.dims)
+        excess = lora_rank_excess(cfg.model, checkpoint.architecture.dims, request.spellings)
         if excess and "model.lora_rank" in user_keys:
             raise BadInputError(excess)
         if excess:  # the config's default, sized for bigger models: the user chose nothing
@@ -517,7 +517,7 @@ def _locate_data(cfg: DictConfig, workspace: Workspace, notes: list[str], builde
         return None
     notes += dataset_location.locate(cfg.dataset, workspace.dataset_dir)
     if isinstance(cfg.dataset, DictConfig) and dataset_check.sample_files(cfg.dataset):
-        dataset_check.check_split(cfg.dataset)
+        dataset_check.check_split(cfg.dataset, spellings=spellings)
     found = dataset_check.sample(cfg.dataset)  # the training split's rows only
     if found is not None:
         if preference and isinstance(cfg.dataset, DictConfig):

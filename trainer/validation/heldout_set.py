@@ -22,13 +22,14 @@ from kubetune.trainer.config.component_params import component_params
 from kubetune.trainer.data import dataset_check, dataset_location, holdout
 from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.request.spelling import spelling
+# The fraction's range is shared with the static check of a runtime's settings.
+from kubetune.trainer.request.value_rules import (FRACTION_KEY, FRACTION_RULE,  # noqa: F401
+                                                  MAX_FRACTION, fraction_problem)
 
 # The kubetune section's keys the settings write (`kubetune train`'s options).
-FRACTION_KEY = "kubetune.val_fraction"
 PATIENCE_KEY = "kubetune.early_stop_patience"
 PROMPTS_KEY = "kubetune.val_prompts"
 EVERY_KEY = "run_val_every_n_steps"
-MAX_FRACTION = 0.5
 DEFAULT_PROMPTS = 3
 DEFAULT_MAX_NEW_TOKENS = 64
 # The data's own held-out splits, the first one present wins.
@@ -65,14 +66,10 @@ def fraction_of(cfg: DictConfig, spellings: dict[str, str]) -> float | None:
     if value is None:
         return None
     name = spelling(spellings, FRACTION_KEY)
-    try:
-        fraction = float(value)
-    except (TypeError, ValueError):
-        fraction = None
-    if fraction is None or isinstance(value, bool) or not 0 < fraction <= MAX_FRACTION:
-        raise BadInputError(f"{name.assign(str(value))}: the held-out fraction must be more "
-                            f"than 0 and at most {MAX_FRACTION}, e.g. {name.assign('0.1')}")
-    return fraction
+    if fraction_problem(value) is not None:
+        raise BadInputError(f"{name.assign(str(value))}: {FRACTION_RULE}, e.g. "
+                            f"{name.assign('0.1')}")
+    return float(value)
 
 
 def _as_component(node) -> DictConfig | None:
@@ -142,7 +139,7 @@ def _choose(cfg: DictConfig, dataset_dir: Path, fraction: float | None,
         else None
     given = _as_component(cfg.get("dataset_val"))
     if given is not None:
-        notes = dataset_location.locate(given, dataset_dir)
+        notes = dataset_location.locate(given, dataset_dir, "dataset_val")
         if given.get("split") is not None:
             dataset_check.check_split(given, "dataset_val.split")
         if fraction is not None:

@@ -1,6 +1,7 @@
 """A TrainJob or runtime checked against its CRD's schema as `kubectl apply` checks it
 (strict field validation, kubectl's default): an unknown field or a value of the wrong
-type is refused in one line naming the file, the path and the field it likely meant.
+type is refused, every one at once (one line each, sorted by path), naming the file, the
+path and the field it likely meant.
 
 Without this, a misspelt field (`storageURI:`) is pruned by the merge as the API server
 would prune it, and the run goes on with the runtime's default in its place. The schemas
@@ -13,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from kubetune.errors import BadInputError
 from kubetune.suggest import closest
 from kubetune.tools.local.crd_schema_gen import SCHEMA_FILE
+from kubetune.tools.local.violations import raise_all
 
 # ObjectMeta as the API server reads it: the CRDs leave `metadata` an open object.
 OBJECT_META = {"name", "namespace", "generateName", "labels", "annotations", "uid",
@@ -121,9 +122,7 @@ def problems(doc: dict[str, Any]) -> list[str]:
 
 
 def check(doc: dict[str, Any], path: Path) -> None:
-    """Refuse ``doc`` (read from ``path``) in one line where `kubectl apply` would."""
-    found = problems(doc)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise BadInputError(f"{path}: {found[0]}{more}; kubectl apply refuses this "
-                            f"{doc['kind']} too")
+    """Refuse ``doc`` (read from ``path``) where `kubectl apply` would: a ContractError
+    with every problem, one line each."""
+    raise_all([f"{path}: {found}; kubectl apply refuses this {doc['kind']} too"
+               for found in problems(doc)])

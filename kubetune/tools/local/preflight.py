@@ -236,7 +236,8 @@ def _dataset_view(dataset_dir: Path, descriptor: dict, view: Path) -> Path:
 
 
 def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
-                  model_uri: str, dataset_uri: str, teacher_uri: str | None = None):
+                  model_uri: str, dataset_uri: str, teacher_uri: str | None = None,
+                  spellings: dict[str, str] | None = None):
     """Plan the trainer step (``tune_run``: its argv after ``run``) as the trainer will,
     before the initializers have filled the workspace; return the planned config (an
     OmegaConf DictConfig), or None where a source is remote.
@@ -245,7 +246,8 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     local, the trainer's whole `plan` then runs against them: keys, values, the
     method against the model, the LoRA rank, the dataset's columns and split, whether the
     rows make a step. With a remote source, only the checks that need no checkpoint and
-    no data."""
+    no data. ``spellings``: config key -> the option or variable that set it, which a
+    refusal names (``--val-fraction``, not ``kubetune.val_fraction``)."""
     from kubetune.trainer.planning.plan import check_request, plan
     from kubetune.trainer.request.settings import LauncherSettings
     from kubetune.trainer.request.tune_command import parse_tune_run
@@ -260,7 +262,9 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
     if teacher_dir is not None:
         _verified_model(teacher_dir)
     if model_dir is None or descriptor is None or (teacher_uri and teacher_dir is None):
-        for note in check_request(parse_tune_run(tune_run)):
+        request = parse_tune_run(tune_run)
+        request.spellings = dict(spellings or {})
+        for note in check_request(request):
             log.debug("trainer plan: %s", note)
         return None
     # The workspace paths the pipeline gives the trainer, pointed at the model source.
@@ -274,10 +278,70 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
         dataset_view = _dataset_view(dataset_dir, descriptor, Path(tmp))
         here = Workspace(root=pvc, dataset_dir=dataset_view, model_dir=model_dir,
                          output_dir=pvc / "output", export_dir=pvc / "export")
-        planned = plan(parse_tune_run(argv), here, settings)
+        request = parse_tune_run(argv)
+        request.spellings = dict(spellings or {})
+        planned = plan(request, here, settings)
     for note in planned.notes:  # the trainer logs them itself when it runs
         log.debug("trainer plan: %s", note)
     return planned.cfg
+
+
+# Trainer arguments naming local data a held-out set or a teacher is read from.
+_NAMED_PATHS = ("dataset_val.data_dir", "dataset_val.data_files",
+                "teacher_checkpointer.checkpoint_dir")
+
+
+def _named_paths(value: str) -> list[str]:
+    """The paths an argument's value names: one, or a YAML list (``[a.json, b.json]``)."""
+    import yaml
+
+    if value.strip().startswith(("[", "{")):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return []
+        items = parsed.values() if isinstance(parsed, dict) else parsed
+        return [str(p) for item in items for p in (item if isinstance(item, list) else [item])]
+    return [value]
+
+
+def check_named_paths(train_args: list[str], *filled: Path) -> None:
+    """A held-out set (``dataset_val.data_dir``/``data_files``) or a teacher checkpoint
+    named on an absolute path of this machine that is not there, refused before any step
+    (with a remote model or dataset the trainer's plan cannot run here, and would find it
+    only after the downloads). A path under ``filled`` (the workspace, a container's
+    mounts) is the steps' to fill."""
+    for arg in train_args:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in _NAMED_PATHS:
+            continue
+        for named in _named_paths(value):
+            path = Path(named)
+            if path.is_absolute() and not any(path.is_relative_to(f) for f in filled) \
+                    and not path.exists():
+                raise BadInputError(f"{key}={value}: {named} does not exist")
+
+
+def check_runtime_named_paths(jobset: dict) -> None:
+    """``check_named_paths`` for each trainer container of a merged JobSet run as
+    processes (its paths are this machine's, but for its volumes' mounts): its command,
+    arguments and ``KUBETUNE_TRAIN_OVERRIDES``."""
+    for job in jobset["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]["spec"]
+        for container in pod.get("containers") or []:
+            if container.get("name") != "node":
+                continue
+            overrides = next((v.get("value") or "" for v in container.get("env") or []
+                              if v.get("name") == env.TRAIN_OVERRIDES), "")
+            words = [str(w) for w in (container.get("command") or []) +
+                     (container.get("args") or [])] + overrides.split()
+            mounts = [Path(m["mountPath"]) for m in container.get("volumeMounts") or []
+                      if m.get("mountPath")]
+            try:
+                check_named_paths(words, *mounts)
+            except BadInputError as exc:
+                raise BadInputError(f"container {container['name']} of job {job['name']}: "
+                                    f"{exc.message}") from None
 
 
 def resolve_runtime_uris(jobset: dict, cwd: Path, in_images: bool = False) -> None:

@@ -14,13 +14,23 @@ cannot run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from kubetune import env as envnames
-from kubetune.errors import BadInputError
 from kubetune.suggest import closest
+# Where a replicatedJob's containers are, shared with the settings check.
+from kubetune.tools.local.manifest_walk import POD
+from kubetune.tools.local.manifest_walk import container_ref as _container_ref
+from kubetune.tools.local.manifest_walk import containers as _containers
+from kubetune.tools.local.manifest_walk import job_ref as _job_ref
+from kubetune.tools.local.manifest_walk import jobs as _jobs
+from kubetune.tools.local.manifest_walk import pod as _pod
+from kubetune.tools.local.violations import ContractError, raise_all, report  # noqa: F401
 from kubetune.unknown_env import known_names
 from kubetune.workspace import DEFAULT_ROOT
+
+if TYPE_CHECKING:
+    from kubetune.tools.local.settings_check import SettingsCheck
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER = "trainer"
@@ -29,39 +39,11 @@ INITIALIZERS = ("dataset-initializer", "model-initializer")
 # The words of a container's command that run one of our steps.
 _STEP_WORDS = {"init-dataset": "initializer", "init-model": "initializer",
                "train": TRAINER, "tune": TRAINER, "export": "exporter"}
-POD = "template.spec.template.spec"
-
-
-def _jobs(runtime: dict) -> list:
-    spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
-    jobs = spec.get("replicatedJobs")
-    return jobs if isinstance(jobs, list) else []
-
-
-def _pod(rjob: dict) -> dict:
-    return ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {})
-            .get("spec") or {})
 
 
 def _ancestor(rjob: dict) -> str | None:
     return (((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}) \
         .get(ANCESTOR_LABEL)
-
-
-def _containers(rjob: dict) -> Iterator[tuple[str, int, dict]]:
-    pod = _pod(rjob)
-    for kind in ("initContainers", "containers"):
-        for i, container in enumerate(pod.get(kind) or []):
-            if isinstance(container, dict):
-                yield kind, i, container
-
-
-def _job_ref(rjob: dict, index: int) -> str:
-    return f"replicatedJobs[{rjob.get('name') or index}]"
-
-
-def _container_ref(rjob: dict, index: int, kind: str, i: int, container: dict) -> str:
-    return f"{_job_ref(rjob, index)}.{POD}.{kind}[{container.get('name') or i}]"
 
 
 def _role(rjob: dict, container: dict) -> str | None:
@@ -157,10 +139,39 @@ def _env_value(container: dict, name: str) -> str | None:
     return None
 
 
+def _ours(container: dict) -> bool:
+    """A container of our images (by repository name: a mirror keeps it) or one whose
+    command runs one of our steps (`kubetune ...`, `tune run`)."""
+    repository = str(container.get("image") or "").rsplit("@", 1)[0].rsplit(":", 1)[0]
+    words = [str(w) for w in (container.get("command") or [])[:1]]
+    return "kubetune" in repository or bool(
+        words and words[0].rsplit("/", 1)[-1] in ("kubetune", "tune"))
+
+
+def _mounts(container: dict) -> list[dict]:
+    return [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
+
+
+def hands_over(runtime: dict) -> bool:
+    """Whether a step of ``runtime`` hands its results to the next through the workspace
+    volume: an exporter, an initializer with a volume mounted, or a step of ours. Only
+    then does every step need the workspace: a trainer-only runtime (upstream's
+    `torch-distributed`: a node container, no volume) has no next step to hand to."""
+    for rjob in _jobs(runtime):
+        if not isinstance(rjob, dict):
+            continue
+        for _, _, container in _containers(rjob):
+            role = _role(rjob, container)
+            if role == "exporter" or (role is not None and _ours(container)) or (
+                    role == "initializer" and _mounts(container)):
+                return True
+    return False
+
+
 def _workspace_mount(rjob: dict, index: int) -> Iterator[str]:
     for kind, i, container in _containers(rjob):
         role = _role(rjob, container)
-        mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
+        mounts = _mounts(container)
         if role is not None:
             root = (_env_value(container, envnames.WORKSPACE) or str(DEFAULT_ROOT)).rstrip("/")
             if not any(str(m.get("mountPath", "")).rstrip("/") == root for m in mounts):
@@ -168,6 +179,27 @@ def _workspace_mount(rjob: dict, index: int) -> Iterator[str]:
                        f"nothing mounted at {root}; mount the workspace volume (the "
                        f"volumeClaimPolicies claim) at {root}: the {role} hands its results "
                        "to the next step there")
+
+
+# The controller's plugins other than torch's, and what each adds that is not modelled here.
+_NOT_EMULATED = {
+    "mpi": "the hostfile, SSH keys and OMPI_MCA_* env of an MPI launcher and its nodes",
+    "jax": "JAX_NUM_PROCESSES, JAX_PROCESS_ID and JAX_COORDINATOR_ADDRESS",
+    "xgboost": "the DMLC_* tracker env of each worker",
+    "flux": "the Flux broker's config and its init container",
+}
+
+
+def _ml_policy(runtime: dict) -> Iterator[str]:
+    """A runtime for a plugin we do not emulate: its JobSet would lack what that plugin
+    adds, so it is neither passed nor shown as the controller would make it."""
+    policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+    for name, adds in _NOT_EMULATED.items():
+        if policy.get(name) is not None:
+            yield (f"spec.mlPolicy.{name}: the controller's {name} plugin ({adds}) is not "
+                   "emulated: kubetune validate and kubetune local model the torch plugin "
+                   "only (mlPolicy.torch: PET_*), so this runtime is neither checked nor "
+                   "run here; check it with the controller (kubectl apply --dry-run=server)")
 
 
 def _volume_names(runtime: dict, rjob: dict, index: int) -> Iterator[str]:
@@ -213,14 +245,18 @@ def env_problems(env_list: list, where: str) -> Iterator[str]:
 def runtime_problems(runtime: dict) -> list[str]:
     """Every way ``runtime`` breaks the contract, one line each (without the file)."""
     jobs = _jobs(runtime)
-    lines: list[str] = []
+    lines: list[str] = list(_ml_policy(runtime))
+    if lines:
+        return lines  # the rest of our contract is about what the torch plugin runs
+    workspace = hands_over(runtime)
     for index, rjob in enumerate(jobs):
         if not isinstance(rjob, dict):
             continue
         lines += _names(rjob, index)
         lines += _initializer_names(rjob, index)
         lines += _failure_policy(rjob, index)
-        lines += _workspace_mount(rjob, index)
+        if workspace:
+            lines += _workspace_mount(rjob, index)
         lines += _volume_names(runtime, rjob, index)
         lines += _depends_on(jobs, rjob, index)
         for kind, i, container in _containers(rjob):
@@ -258,36 +294,39 @@ def problems(runtime: dict, runtime_path: Path, trainjob: dict | None = None,
     return lines
 
 
-class ContractError(BadInputError):
-    """Contract violations, all of them: one line each (``lines``)."""
-
-    def __init__(self, lines: list[str]) -> None:
-        super().__init__(lines[-1])
-        self.lines = lines
-
-
-def check_files(runtime_path: Path, trainjob_path: Path | None = None
-                ) -> tuple[dict, dict | None]:
-    """The runtime and the TrainJob read, then checked against our contract: raise
-    ContractError naming every violation, before anything merges or runs. Reading them
-    checks them against the CRD schema first (``runtime_spec`` through ``manifest_schema``,
-    as `kubectl apply` would): an unknown field or a wrong type is one BadInputError, and a
-    file that cannot be read as a runtime or TrainJob at all too."""
+def check_files(runtime_path: Path, trainjob_path: Path | None = None,
+                settings: "SettingsCheck | None" = None) -> tuple[dict, dict | None]:
+    """The runtime and the TrainJob read, then checked: raise ContractError naming every
+    violation, before anything merges or runs. Reading them checks them against the CRD
+    schema first (``runtime_spec`` through ``manifest_schema``, as `kubectl apply` would),
+    both files' problems at once; then our contract and the ``KUBETUNE_*`` values the
+    steps will parse (``settings``, the steps' options: ``settings_check``), all at once.
+    A file that cannot be read as a runtime or TrainJob at all is one BadInputError."""
     from kubetune.tools.local.runtime_spec import load_runtime, load_trainjob
 
-    runtime = load_runtime(runtime_path)
-    trainjob = load_trainjob(trainjob_path) if trainjob_path else None
+    loaded: list[dict | None] = []
+    schema: list[str] = []
+    for path, load in ((runtime_path, load_runtime), (trainjob_path, load_trainjob)):
+        try:
+            loaded.append(load(path) if path else None)
+        except ContractError as exc:
+            schema += exc.lines
+            loaded.append(None)
+    raise_all(schema)
+    runtime, trainjob = loaded
     lines = problems(runtime, runtime_path, trainjob, trainjob_path)
-    if lines:
-        raise ContractError(lines)
+    if settings is not None:
+        lines += settings.manifest_problems(runtime, runtime_path, trainjob, trainjob_path)
+    raise_all(lines)
     return runtime, trainjob
 
 
-def report(error: ContractError, step: str) -> int:
-    """Each violation as its own `error: <step>: ` line (stderr, termination log), as
-    `run_step` reports one; exit 65."""
-    from kubetune.termination import report_failure
+def checked_jobset(runtime_path: Path, trainjob_path: Path | None = None,
+                   settings: "SettingsCheck | None" = None) -> dict:
+    """The JobSet the controller would create from the two files, every check passed
+    (``check_files``, then admission as the controller's webhook answers)."""
+    from kubetune.tools.local.runtime_merge import merge
+    from kubetune.tools.local.runtime_spec import default_trainjob
 
-    for line in error.lines:
-        report_failure(f"{step}: {line}")
-    return error.exit_code
+    runtime, trainjob = check_files(runtime_path, trainjob_path, settings)
+    return merge(runtime, trainjob or default_trainjob(runtime))

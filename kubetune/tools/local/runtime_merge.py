@@ -7,8 +7,8 @@ kubeflow/trainer's `pkg/runtime/core/trainingruntime.go` (pod counts, resourcesP
 and trainer overrides, runtimePatches) and `plugins/coscheduling` (the pod-group label).
 Only the ClusterTrainingRuntime / TrainJob fields that change what a container runs are
 modelled; the rest is carried through unchanged. The plugins' admission checks are the
-rules of `admission_rules.py`; all their errors become one one-line BadInputError, as
-`kubectl apply` would show them.
+rules of `admission_rules.py`; all their errors are raised at once (a ContractError, one
+line each), as `kubectl apply` shows them.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import copy
 import logging
 
 from kubetune import env as envnames
-from kubetune.errors import BadInputError
 from kubetune.tools.local import admission_rules, node_resources
 from kubetune.tools.local.admission import admission_errors
+from kubetune.tools.local.violations import ContractError
 from kubetune.trainer.request import methods
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
@@ -333,7 +333,8 @@ def merge(runtime: dict, trainjob: dict) -> dict:
     if errors:
         # All of them, runtimePatches' included, as the webhook aggregates every
         # plugin's field errors.
-        raise BadInputError("TrainJob rejected: " + "; ".join(errors))
+        raise ContractError([f"TrainJob rejected: {error}" for error in errors], sort=False,
+                            message="TrainJob rejected: " + "; ".join(errors))
     name = trainjob["metadata"]["name"]
     trainer = trainjob["spec"].get("trainer")
     ml_policy = runtime["spec"].get("mlPolicy")
