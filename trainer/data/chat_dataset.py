@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from torchtune.datasets import PackedDataset, SFTDataset
-
 from kubetune.trainer.data import chat_messages
 from kubetune.trainer.data.chat_template_tokens import TemplateTokenizer, as_chat
 
@@ -57,8 +55,10 @@ class ChatTransform:
             if not sample.get(completion):
                 raise chat_messages.RowDropped("an empty or missing completion")
             conversation += chat_messages.turns(sample.get(completion), self.style, trl=True)
+        # A chat template reads only roles, texts and masks: no torchtune Message needed
+        # (the plan checks sampled rows in processes that never import torchtune).
         return chat_messages.messages(conversation, self.tool_role, self.train_on_input,
-                                      self.new_system_prompt)
+                                      self.new_system_prompt, plain=self.template is not None)
 
     def __call__(self, sample: Mapping[str, Any]) -> Mapping[str, Any]:
         messages = self.messages(sample)
@@ -79,6 +79,9 @@ def chat_dataset(tokenizer: Any, *, source: str, conversation_column: str,
     """torchtune's ``chat_dataset``'s parameters, plus ``completion_column`` (TRL's
     conversational prompt-completion shape: ``conversation_column`` is the prompt), and
     ``chat_template`` / ``chat_template_dir``: train in the base model's template."""
+    # Here, not at the top: the plan imports ChatTransform before any recipe starts.
+    from torchtune.datasets import PackedDataset, SFTDataset
+
     transform = ChatTransform(tokenizer, conversation_column, conversation_style,
                               completion_column, train_on_input, new_system_prompt,
                               chat_template, chat_template_dir)

@@ -31,8 +31,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from torchtune.data import Message
-
 
 class RowDropped(ValueError):
     """A row that cannot train; its message is the reason, phrased to follow "rows with"."""
@@ -180,11 +178,27 @@ def check_order(conversation: list[Turn]) -> None:
         raise RowDropped("no assistant turn")
 
 
+@dataclass(frozen=True)
+class PlainMessage:
+    """What a chat template reads of a torchtune Message (``chat_template_tokens``), for
+    the plan's check of sampled rows: the trainer's launcher and `kubetune local` check
+    them before any recipe starts and need not import torchtune (seconds) to do it."""
+
+    role: str
+    text_content: str
+    masked: bool = False
+
+
 def messages(conversation: list[Turn], tool_role: str | None, train_on_input: bool,
-             new_system_prompt: str | None = None) -> list[Message]:
-    """torchtune Messages: the answers trained on (``train_on_input``: every turn)."""
+             new_system_prompt: str | None = None, plain: bool = False) -> list[Any]:
+    """torchtune Messages (``plain``: PlainMessages, for a chat template): the answers
+    trained on (``train_on_input``: every turn)."""
+    if plain:
+        Message = PlainMessage
+    else:
+        from torchtune.data import Message
     check_order(conversation)
-    out: list[Message] = []
+    out: list[Any] = []
     merged_tool = False  # the last message holds tool results rendered as a user turn
     if new_system_prompt is not None:
         out.append(Message("system", new_system_prompt, masked=True))
