@@ -212,6 +212,9 @@ TORCH_COMPILE_BACKEND = "TORCH_COMPILE_BACKEND"
 # Set for every child process we start (`kubetune local`'s steps, the recipe): its output
 # reaches our log prefixing and redaction line by line.
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+# Set for the same children (and `-P` on the command lines we build): a step started from a
+# folder that holds a clone named `kubetune` imports the installed package, not the clone.
+PYTHONSAFEPATH = "PYTHONSAFEPATH"
 # The container runtime (NVIDIA's) or the user: which GPUs this process may use
 # (kubetune.trainer.performance.hardware).
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

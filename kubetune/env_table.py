@@ -210,6 +210,8 @@ ROWS: dict[str, Var] = {
     env.DO_NOT_TRACK: Var(LIBRARY, "trainer", "no telemetry", "1"),
     env.TORCH_COMPILE_BACKEND: Var(YOU, "trainer", "torch.compile backend", "inductor"),
     env.PYTHONUNBUFFERED: Var(LIBRARY, "local, trainer", "children's output line by line", "1"),
+    env.PYTHONSAFEPATH: Var(LIBRARY, "local, trainer",
+                            "children import nothing from the working directory", "1"),
     env.CUDA_VISIBLE_DEVICES: Var(TRAINER, "trainer", "GPUs this process may use", "all"),
     env.KUBERNETES_SERVICE_HOST: Var(TRAINER, "exporter", "in a pod: the model card says so"),
     env.PATH: Var(YOU, "local", "our bin first for kubetune local's steps"),

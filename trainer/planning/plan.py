@@ -69,10 +69,12 @@ class RunPlan:
     def command(self, config_path: Path) -> list[str]:
         bootstrap = ["-m", "kubetune.trainer.recipe_process.bootstrap", str(self.recipe_path), "--config",
                      str(config_path)]
+        # -P: nothing imported from the working directory (a clone named `kubetune` there
+        # would shadow the installed package); child_env sets it for torchrun's workers.
         if self.distributed and self.topology.needs_torchrun:
-            return [sys.executable, "-m", "torch.distributed.run",
+            return [sys.executable, "-P", "-m", "torch.distributed.run",
                     *self.topology.torchrun_args(), *bootstrap]
-        return [sys.executable, *bootstrap]
+        return [sys.executable, "-P", *bootstrap]
 
     def worker_env(self) -> dict[str, str]:
         """What the command's process needs in its environment beyond the launcher's: a
