@@ -139,6 +139,9 @@ ROWS: dict[str, Var] = {
     env.GRACE_PERIOD_S: _train("seconds to save a checkpoint after SIGTERM", "30"),
     env.SAVE_EVERY_N_STEPS: _train("also save a resumable checkpoint every N steps",
                                    "each epoch"),
+    env.MERGED_EPOCHS: _train("LoRA: every epoch's save also holds the merged model (a full "
+                              "copy of the weights), not only the last",
+                              "false: the adapter and recipe state per epoch"),
     env.CHAT_TEMPLATE: _train("chat data's format: base (the base model's chat template) or "
                               "torchtune (torchtune's format for the family)",
                               "base where the base model has a template, else torchtune"),

@@ -108,6 +108,11 @@ def test_kubetune_local_with_other_data_and_fewer_epochs_is_a_new_run(local_seco
     assert json.loads(staged.read_text())["rows"] == 24
     [previous] = _previous(output)
     assert sorted(p.name for p in previous.glob("epoch_*")) == ["epoch_0", "epoch_1"]
+    # Issue 52 §7: a LoRA run's earlier epoch holds its adapter, no merged copy of the
+    # model; its last save holds both (the exporter's reference).
+    assert (previous / "epoch_0" / "adapter_model.safetensors").is_file()
+    assert not list((previous / "epoch_0").glob("model*.safetensors"))
+    assert list((previous / "epoch_1").glob("model*.safetensors"))
     assert sorted(p.name for p in output.glob("epoch_*")) == ["epoch_0"]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["checkpoint"] == "epoch_0" and summary["steps"] == 2

@@ -25,7 +25,7 @@ from kubetune.trainer.validation import heldout_set
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
                                                DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
-from kubetune.trainer.checkpointing import resume
+from kubetune.trainer.checkpointing import epoch_saves, resume
 from kubetune.model_family.architecture import HF_CHECKPOINTER
 from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
                                                read_checkpoint_model)
@@ -395,6 +395,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
 
     notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
                            compile_before, sizes_before)
+    epoch_saves.plan(cfg, method, user_keys)
     notes += _objective_and_held_out(cfg, request, recipe_path, topo, workspace, found,
                                      user_keys, users_config)
     check_values(cfg)
