@@ -251,6 +251,9 @@ class _TrainCommand(click.Command):
 @_opt("--seed", env.SEED, "Random seed", type=int)
 @_opt("--save-every-n-steps", env.SAVE_EVERY_N_STEPS,
       "Also save a resumable checkpoint every N steps (default: each epoch)", type=int)
+@_switch("merged-epochs", env.MERGED_EPOCHS,
+         "LoRA: every epoch's save also holds the merged model, not only the last",
+         "the adapter and recipe state per epoch")
 @_opt("--grace-period", env.GRACE_PERIOD_S,
       "Seconds to save a checkpoint after SIGTERM (default 30)", type=float)
 @_opt("--chat-template", env.CHAT_TEMPLATE,

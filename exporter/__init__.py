@@ -4,7 +4,8 @@ Flow (``export``): ``training_output`` (the completed checkpoint, never a half-w
 one; ``checkpoint_choice``: the run's last, or the saved one with the lowest validation
 loss) and ``base_model`` (the base weights on the PVC and how a user names them) ->
 ``artifact`` (PEFT adapter and/or merged model files, in Hugging Face layout; ``dora``
-puts DoRA's magnitudes in Hugging Face's row order) plus ``tokenizer_files`` (the base's
+puts DoRA's magnitudes in Hugging Face's row order; ``adapter_merge`` merges base +
+adapter where the checkpoint holds no merged model) plus ``tokenizer_files`` (the base's
 tokenizer with the chat template and stop tokens the run trained with: ``chat_format``
 checks a template against the run's training samples, ``chat_template_render`` renders one
 as transformers does, ``chat_templates`` holds torchtune's formats as templates) and

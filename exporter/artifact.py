@@ -7,7 +7,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from kubetune.exporter import dora, tokenizer_files
+from kubetune.exporter import adapter_merge, dora, tokenizer_files
 from kubetune.exporter.chat_format import ChatFormat
 from kubetune.exporter.training_output import TrainingOutput
 from kubetune.errors import BadInputError
@@ -85,20 +85,23 @@ def write_adapter(training: TrainingOutput, model_dir: Path, base: dict, dest: P
 
 def write_merged(training: TrainingOutput, model_dir: Path, dest: Path,
                  chat: ChatFormat) -> None:
-    """The merged weights and their config.json as the trainer saved them; the tokenizer
-    files and generation config as beside the adapter (``chat``)."""
+    """The merged weights and their config.json as the trainer saved them (a LoRA
+    checkpoint saved without them: merged here from the base and the adapter); the
+    tokenizer files and generation config as beside the adapter (``chat``)."""
     src = training.checkpoint_dir
     shards = training.merged_shards()
-    if not shards:
+    if not shards and training.method == "lora" and (src / ADAPTER_WEIGHTS_NAME).is_file():
+        shards = adapter_merge.write(src, model_dir, dest, training.config().get("dtype"))
+    elif not shards:
         raise BadInputError(f"{src} holds no merged model shards (the recipe saved adapter "
                             "weights only): use EXPORT_FORMAT=adapter")
-    dest.mkdir(parents=True, exist_ok=True)
-    for shard in shards:
-        shutil.copyfile(shard, dest / shard.name)
-    if (src / WEIGHTS_INDEX_NAME).is_file():
-        shutil.copyfile(src / WEIGHTS_INDEX_NAME, dest / WEIGHTS_INDEX_NAME)
-    if (src / MODEL_CONFIG_NAME).is_file():
-        shutil.copyfile(src / MODEL_CONFIG_NAME, dest / MODEL_CONFIG_NAME)
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+        for shard in shards:
+            shutil.copyfile(shard, dest / shard.name)
+        for name in (WEIGHTS_INDEX_NAME, MODEL_CONFIG_NAME):
+            if (src / name).is_file():
+                shutil.copyfile(src / name, dest / name)
     tokenizer_files.write(model_dir, dest, chat)
     if not (dest / MODEL_CONFIG_NAME).is_file():
         raise BadInputError(f"{src} has merged shards but no config.json: the checkpoint is "

@@ -80,12 +80,14 @@ def _verify(request: ExportRequest, training: TrainingOutput, tree: Path, fmt: s
         pairs = verify.check_adapter(adapter_file, base_shapes)
         report["adapter_pairs"] = pairs
         log.info("adapter: %d LoRA pairs fit the base model's weights", pairs)
-    merged_files = (sorted((tree / merged_sub).glob("*.safetensors")) if merged_sub is not None
-                    else training.merged_shards())
     if merged_sub is not None:
-        report["merged_tensors"] = verify.check_merged(merged_files, base_shapes)
+        exported = sorted((tree / merged_sub).glob("*.safetensors"))
+        report["merged_tensors"] = verify.check_merged(exported, base_shapes)
         log.info("merged: %d tensors match the base model's names and shapes",
                  report["merged_tensors"])
+    # The logits' reference is the trainer's own merge: one the exporter made from this
+    # adapter (a checkpoint saved without one) would only agree with itself.
+    merged_files = training.merged_shards()
 
     if adapter_sub is None:
         # The check vouches for the adapter a user will load; none is exported here.

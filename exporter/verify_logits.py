@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune.errors import BadInputError
+from kubetune.exporter.adapter_merge import PREFIX, adapted_modules, scaling
 from kubetune.model_family.architecture import architecture_of
 from kubetune.model_family.convert import hf_to_tune
 
@@ -62,29 +63,13 @@ def _load(files: list[Path]) -> dict:
     return state
 
 
-def _scaling(config: dict) -> float:
-    rank = int(config["r"])
-    alpha = float(config.get("lora_alpha", rank))
-    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-
-
-def _adapted_modules(adapter: dict):
-    """(module, lora_A, lora_B) for each adapted module, in the base's key space."""
-    prefix = "base_model.model."
-    for key, a in adapter.items():
-        if key.endswith(".lora_A.weight"):
-            module = key[len(prefix):-len(".lora_A.weight")]
-            yield module, a, adapter[f"{prefix}{module}.lora_B.weight"]
-
-
 def _apply_adapter(base: dict, adapter: dict, config: dict, dtype) -> dict:
-    scaling = _scaling(config)
-    prefix = "base_model.model."
+    factor = scaling(config)
     merged = dict(base)
-    for module, a, b in _adapted_modules(adapter):
-        weight = base[f"{module}.weight"].float() + scaling * (b.float() @ a.float())
-        magnitude = adapter.get(f"{prefix}{module}.lora_magnitude_vector",
-                                adapter.get(f"{prefix}{module}.lora_magnitude_vector.weight"))
+    for module, a, b in adapted_modules(adapter):
+        weight = base[f"{module}.weight"].float() + factor * (b.float() @ a.float())
+        magnitude = adapter.get(f"{PREFIX}{module}.lora_magnitude_vector",
+                                adapter.get(f"{PREFIX}{module}.lora_magnitude_vector.weight"))
         if magnitude is not None:
             norm = weight.norm(p=2, dim=1)
             weight = weight * (magnitude.float() / norm).unsqueeze(1)
@@ -109,9 +94,9 @@ def _qlora_adapted(arch, config: dict, base: dict, adapter: dict, adapter_config
     model's), which the merge then kept."""
     from torchao.dtypes.nf4tensor import to_nf4
 
-    scaling = _scaling(adapter_config)
-    deltas = hf_to_tune(arch, config, {f"{module}.weight": scaling * (b.float() @ a.float())
-                                       for module, a, b in _adapted_modules(adapter)})
+    factor = scaling(adapter_config)
+    deltas = hf_to_tune(arch, config, {f"{module}.weight": factor * (b.float() @ a.float())
+                                       for module, a, b in adapted_modules(adapter)})
     train_dtype = merged["tok_embeddings.weight"].dtype  # the run's: never quantized
     adapted = hf_to_tune(arch, config, {k: v.float() for k, v in base.items()})
     for key, weight in adapted.items():

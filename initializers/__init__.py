@@ -4,7 +4,8 @@ Flow (``initialize``, shared by the dataset and model steps): ``request`` (what 
 from options and environment) -> ``storage_uri`` (parse, pick a source by scheme) ->
 ``sources`` (one class per scheme; list and fetch files) -> ``filters`` (allow / ignore
 patterns, as the hub globs them) and ``weights`` (which weight files a model keeps) ->
-``kubetune.staging`` (a sibling directory on the same volume), seeded by ``reuse`` (an
+``source_change`` (a ``file://`` source still what was staged from it? stat, then hash only
+what changed) -> ``kubetune.staging`` (a sibling directory on the same volume), seeded by ``reuse`` (an
 earlier result moves only the difference) -> ``downloader`` (parallel, resumable: each file
 through ``stream_write`` or ``copy_file``, named safely by ``safe_paths``, checked by
 ``checksums``, reported by ``progress``) -> ``verify_model`` / ``verify_dataset`` (is the

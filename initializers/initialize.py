@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from kubetune import env, staging, storage_uri
-from kubetune.initializers import reuse, verify_dataset, verify_model, weights
+from kubetune.initializers import reuse, source_change, verify_dataset, verify_model, weights
 from kubetune.workspace import initializer_manifest
 from kubetune.initializers.downloader import Downloader, check_space, disk_full
 from kubetune.initializers.progress import Progress
@@ -55,7 +55,7 @@ def initialize(request: InitRequest) -> dict:
     """Fill ``request.output_path``; return the completion manifest."""
     output = staging.follow_link(request.output_path, "OUTPUT_PATH")
     identity = request.identity()
-    if initializer_manifest.satisfies(output, identity):
+    if _up_to_date(request, output, identity, say=False):
         log.info("%s already holds %s: nothing to download", output, request.uri.raw)
         return initializer_manifest.read_manifest(output)
     # Filling replaces what the output holds: refuse before anything is fetched when that
@@ -63,7 +63,7 @@ def initialize(request: InitRequest) -> dict:
     staging.refuse_foreign(output, "OUTPUT_PATH")
     _check_output_writable(output)
     with staging.lock(output):
-        if initializer_manifest.satisfies(output, identity):  # the run we waited for did it
+        if _up_to_date(request, output, identity):  # the run we waited for did it
             log.info("%s already holds %s: nothing to download", output, request.uri.raw)
             return initializer_manifest.read_manifest(output)
         staging.refuse_foreign(output, "OUTPUT_PATH")
@@ -76,17 +76,35 @@ def initialize(request: InitRequest) -> dict:
             raise
 
 
+def _listing(source, request: InitRequest) -> list:
+    """What a fetch of ``request`` would fetch from ``source``: its files, narrowed."""
+    files = source.list_files()
+    if not files:
+        raise BadInputError(f"{request.uri.raw} holds no files to download "
+                            "(check the path and ALLOW_PATTERNS / IGNORE_PATTERNS)")
+    return _model_files(files, request) if request.kind == "model" else files
+
+
+def _up_to_date(request: InitRequest, output: Path, identity: dict, say: bool = True) -> bool:
+    """Whether ``output`` already holds what ``request`` names: its manifest matches the
+    request and, for a source on a mounted volume, that source still holds the files
+    staged (an edit in place under the same URI is staged again; ``say``: in a line)."""
+    if not initializer_manifest.satisfies(output, identity):
+        return False
+    scheme = source_class(request.uri.scheme)
+    if not hasattr(scheme, "local_path"):
+        return True  # a hub revision or an S3 listing: the request names what it holds
+    source = scheme(request)
+    return source_change.still_staged(output, _listing(source, request), source.local_path,
+                                      request.kind, request.uri.raw, say)
+
+
 def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
     # The numbers the download runs with, checked before the first request.
     settings = InitializerSettings()
     settings.download_workers, settings.progress_interval_s  # noqa: B018 (parsed, cached)
     source = source_class(request.uri.scheme)(request)
-    files = source.list_files()
-    if not files:
-        raise BadInputError(f"{request.uri.raw} holds no files to download "
-                            "(check the path and ALLOW_PATTERNS / IGNORE_PATTERNS)")
-    if request.kind == "model":
-        files = _model_files(files, request)
+    files = _listing(source, request)
     revision = source.resolved_revision()
     if request.revision and revision is None:
         log.warning("REVISION=%s is ignored: %s sources have no revisions", request.revision,
@@ -104,7 +122,9 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
         log.info(progress.summary())
 
     try:
-        result = _describe_and_commit(request, staged, output, identity, revision, recorded)
+        mtimes = {f.path: f.mtime_ns for f in files if f.mtime_ns is not None}
+        result = _describe_and_commit(request, staged, output, identity, revision, recorded,
+                                      mtimes)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -117,7 +137,8 @@ def _fill(request: InitRequest, output: Path, identity: dict) -> dict:
 
 
 def _describe_and_commit(request: InitRequest, staged: Path, output: Path, identity: dict,
-                         revision: str | None, recorded: list) -> dict:
+                         revision: str | None, recorded: list,
+                         source_mtimes: dict[str, int]) -> dict:
     if request.kind == "model":
         for note in verify_model.verify(staged):
             log.info(note)
@@ -134,7 +155,7 @@ def _describe_and_commit(request: InitRequest, staged: Path, output: Path, ident
         log.info("dataset: %d rows of %s in %d file(s), columns %s", descriptor["rows"],
                  descriptor["format"], len(descriptor["files"]), descriptor["columns"])
 
-    result = initializer_manifest.build(identity, revision, recorded)
+    result = initializer_manifest.build(identity, revision, recorded, source_mtimes)
     initializer_manifest.write(staged, result)
     staging.commit(staged, output)
     return result

@@ -125,6 +125,8 @@ VAL_PROMPTS = "KUBETUNE_VAL_PROMPTS"  # held-out prompts answered side by side
 # Trainer fault tolerance.
 GRACE_PERIOD_S = "KUBETUNE_GRACE_PERIOD_S"  # SIGTERM -> checkpoint deadline
 SAVE_EVERY_N_STEPS = "KUBETUNE_SAVE_EVERY_N_STEPS"  # step-level resumable saves (0: per epoch)
+# A LoRA run's every save also holds the merged model (default: its last save only).
+MERGED_EPOCHS = "KUBETUNE_MERGED_EPOCHS"
 STOP_FILE = "KUBETUNE_STOP_FILE"  # launcher -> recipe processes: stop at the next step
 # launcher -> recipe processes: the directory, fresh for each run, where a process that fails
 # for a known reason leaves its failure record (kubetune.trainer.failures).
@@ -212,6 +214,9 @@ TORCH_COMPILE_BACKEND = "TORCH_COMPILE_BACKEND"
 # Set for every child process we start (`kubetune local`'s steps, the recipe): its output
 # reaches our log prefixing and redaction line by line.
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+# Set for the same children (and `-P` on the command lines we build): a step started from a
+# folder that holds a clone named `kubetune` imports the installed package, not the clone.
+PYTHONSAFEPATH = "PYTHONSAFEPATH"
 # The container runtime (NVIDIA's) or the user: which GPUs this process may use
 # (kubetune.trainer.performance.hardware).
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

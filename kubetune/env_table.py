@@ -139,6 +139,9 @@ ROWS: dict[str, Var] = {
     env.GRACE_PERIOD_S: _train("seconds to save a checkpoint after SIGTERM", "30"),
     env.SAVE_EVERY_N_STEPS: _train("also save a resumable checkpoint every N steps",
                                    "each epoch"),
+    env.MERGED_EPOCHS: _train("LoRA: every epoch's save also holds the merged model (a full "
+                              "copy of the weights), not only the last",
+                              "false: the adapter and recipe state per epoch"),
     env.CHAT_TEMPLATE: _train("chat data's format: base (the base model's chat template) or "
                               "torchtune (torchtune's format for the family)",
                               "base where the base model has a template, else torchtune"),
@@ -210,6 +213,8 @@ ROWS: dict[str, Var] = {
     env.DO_NOT_TRACK: Var(LIBRARY, "trainer", "no telemetry", "1"),
     env.TORCH_COMPILE_BACKEND: Var(YOU, "trainer", "torch.compile backend", "inductor"),
     env.PYTHONUNBUFFERED: Var(LIBRARY, "local, trainer", "children's output line by line", "1"),
+    env.PYTHONSAFEPATH: Var(LIBRARY, "local, trainer",
+                            "children import nothing from the working directory", "1"),
     env.CUDA_VISIBLE_DEVICES: Var(TRAINER, "trainer", "GPUs this process may use", "all"),
     env.KUBERNETES_SERVICE_HOST: Var(TRAINER, "exporter", "in a pod: the model card says so"),
     env.PATH: Var(YOU, "local", "our bin first for kubetune local's steps"),

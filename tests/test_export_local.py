@@ -335,3 +335,33 @@ def test_a_hub_base_model_is_named_by_repo_id_and_resolved_revision(trained_run,
     from huggingface_hub import ModelCard
 
     assert ModelCard.load(dest / "README.md").data.base_model == "kubetune/tiny-llama3"
+
+
+def test_a_checkpoint_saved_without_its_merged_model_is_merged_by_the_exporter(
+        trained_run, tmp_path):
+    """Issue 52 §7: a LoRA run's saves before its last hold the adapter, not a merged
+    copy of the model; a merged export of one (``--checkpoint best``) is made from base +
+    adapter with PEFT's rule, and equals the merge torchtune wrote (an fp32 run)."""
+    from safetensors.torch import load_file
+
+    output = tmp_path / "output"
+    shutil.copytree(trained_run.output_dir, output)
+    saved = output / json.loads((output / "kubetune-complete.json").read_text())["checkpoint"]
+    trainers: dict = {}
+    for shard in saved.glob("model*.safetensors"):
+        trainers.update(load_file(shard))
+        shard.unlink()
+    (saved / "model.safetensors.index.json").unlink(missing_ok=True)
+    assert trainers
+    dest = tmp_path / "merged"
+    result = export(trained_run, dest, "--export-format", "merged", output_dir=output)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the checkpoint holds no merged model" in result.stderr
+    ours: dict = {}
+    for shard in dest.glob("*.safetensors"):
+        ours.update(load_file(shard))
+    assert ours.keys() == trainers.keys()
+    for name, tensor in trainers.items():
+        assert ours[name].dtype == tensor.dtype, name
+        assert (ours[name].float() - tensor.float()).abs().max() < 1e-5, name
+    assert (dest / "config.json").is_file()

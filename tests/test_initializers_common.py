@@ -135,3 +135,70 @@ def test_export_destination_reads_a_relative_path_from_the_working_directory(
     for uri in ("./exports/run1", "file://./exports/run1"):
         where = export_destination(uri)
         assert isinstance(where, FileUri) and where.path == tmp_path / "exports" / "run1"
+
+
+def _staged(out) -> dict[str, dict]:
+    return {e["path"]: e for e in json.loads((out / ".kubetune-manifest.json").read_text())
+            ["files"]}
+
+
+def test_a_local_source_edited_in_place_is_staged_again(tmp_path, model_copy, caplog):
+    """Issue 52 §5: the same file:// URI rerun over a complete result is staged again when
+    the source's files changed (content, added, removed); a file only touched is not, and
+    its new time is recorded so the next rerun stats it without reading it."""
+    import os
+
+    from kubetune.entrypoints.init_storage import run_init
+
+    uri, out = f"file://{model_copy}", tmp_path / "model"
+    run_init("model", uri, str(out))
+    tokenizer = model_copy / "tokenizer.json"
+    before = _staged(out)
+    assert before["tokenizer.json"]["source_mtime_ns"] == tokenizer.stat().st_mtime_ns
+    # The same size, other bytes: only the content tells. The time is moved on by hand, as
+    # an edit on a filesystem with coarse timestamps might not.
+    text = tokenizer.read_text()
+    edited = text.replace('"truncation": null', '"truncation":null ', 1)
+    assert edited != text and len(edited) == len(text)
+    tokenizer.write_text(edited)
+    os.utime(tokenizer, ns=(before["tokenizer.json"]["source_mtime_ns"] + 10**9,) * 2)
+    caplog.set_level("INFO", logger="initializer")
+    run_init("model", uri, str(out))
+    assert (out / "tokenizer.json").read_text() == edited
+    assert "changed since it was staged" in caplog.text and "(tokenizer.json)" in caplog.text
+    assert _staged(out)["tokenizer.json"]["sha256"] != before["tokenizer.json"]["sha256"]
+
+    # Touched, not changed: nothing staged again; the manifest takes the new time.
+    caplog.clear()
+    weights = model_copy / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_mtime_ns + 10**9,) * 2)
+    run_init("model", uri, str(out))
+    assert "nothing to download" in caplog.text and "changed since" not in caplog.text
+    assert _staged(out)["model.safetensors"]["source_mtime_ns"] == weights.stat().st_mtime_ns
+
+    # A file gone from the source is gone from the staged tree; one added is staged.
+    (model_copy / "special_tokens_map.json").rename(model_copy / "added.json")
+    run_init("model", uri, str(out))
+    assert not (out / "special_tokens_map.json").exists()
+    assert (out / "added.json").is_file() and "added.json" in _staged(out)
+
+
+def test_a_step_runs_from_a_folder_holding_a_clone_named_kubetune(tmp_path, monkeypatch,
+                                                                 tiny_dataset_dir, capsys):
+    """Issue 52 §6: `kubetune local` from the folder that holds a clone named `kubetune`
+    (the default clone name) ran its steps' `python -m kubetune...` with that folder
+    first on sys.path: ImportError on the clone's kubetune/__init__.py."""
+    from kubetune.entrypoints.local import pipeline
+    from kubetune.tools.local.steps import run_process
+
+    (tmp_path / "kubetune").mkdir()
+    (tmp_path / "kubetune" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    [initializers, _, _] = pipeline(tmp_path / "work", "file:///unused",
+                                    f"file://{tiny_dataset_dir}", "lora", [], None)
+    step = next(s for s in initializers if s.name == "dataset-initializer")
+    result = run_process(step, logs)
+    assert result.exit_code == 0, (result.error, capsys.readouterr().out[-2000:])
+    assert (tmp_path / "work" / "workspace" / "dataset" / ".kubetune-manifest.json").is_file()

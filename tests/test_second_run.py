@@ -77,17 +77,18 @@ def test_tune_run_with_another_method_and_fewer_epochs_sets_the_earlier_run_asid
 
 @pytest.fixture(scope="module")
 def local_second_run(tmp_path_factory):
-    """`kubetune local` on one dataset (2 epochs), then on another (1 epoch) in the same
+    """`kubetune local` on one dataset (2 epochs), then, that dataset edited in place under
+    the same file:// URI (16 -> 24 rows, issue 52 §5), again with 1 epoch in the same
     workdir; the second is also the finished run test_continuing_… continues from."""
     tmp_path = tmp_path_factory.mktemp("second-run")
-    first_data = write_tiny_dataset(tmp_path / "a", rows=16)
-    other_data = write_tiny_dataset(tmp_path / "b", rows=24)
+    data = write_tiny_dataset(tmp_path / "a", rows=16)
     workdir = tmp_path / "run"
     env = clean_env(KUBETUNE_TERMINATION_LOG=str(tmp_path / "term"))
-    first = kubetune("local", "--workdir", str(workdir), "--dataset", f"file://{first_data}",
+    first = kubetune("local", "--workdir", str(workdir), "--dataset", f"file://{data}",
                      "epochs=2", *QUICK, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    args = ["--dataset", f"file://{other_data}", "epochs=1", *QUICK]
+    write_tiny_dataset(data, rows=24)
+    args = ["--dataset", f"file://{data}", "epochs=1", *QUICK]
     second = kubetune("local", "--workdir", str(workdir), *args, env=env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     return workdir, args, env, second
@@ -100,8 +101,18 @@ def test_kubetune_local_with_other_data_and_fewer_epochs_is_a_new_run(local_seco
     said = _new_run_lines(second.stdout)
     assert len(said) == 1, second.stdout[-3000:]
     assert "the dataset's files changed" in said[0] and "epochs: 2 -> 1" in said[0], said
+    # The edit is fetched again (the model, unchanged, is not) and trained on.
+    assert second.stdout.count("nothing to download") == 1, second.stdout[-3000:]
+    assert "changed since it was staged" in second.stdout
+    staged = workdir / "workspace" / "dataset" / ".kubetune-dataset.json"
+    assert json.loads(staged.read_text())["rows"] == 24
     [previous] = _previous(output)
     assert sorted(p.name for p in previous.glob("epoch_*")) == ["epoch_0", "epoch_1"]
+    # Issue 52 §7: a LoRA run's earlier epoch holds its adapter, no merged copy of the
+    # model; its last save holds both (the exporter's reference).
+    assert (previous / "epoch_0" / "adapter_model.safetensors").is_file()
+    assert not list((previous / "epoch_0").glob("model*.safetensors"))
+    assert list((previous / "epoch_1").glob("model*.safetensors"))
     assert sorted(p.name for p in output.glob("epoch_*")) == ["epoch_0"]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["checkpoint"] == "epoch_0" and summary["steps"] == 2

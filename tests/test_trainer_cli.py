@@ -106,6 +106,8 @@ def test_a_one_process_group_starts_without_torchrun(tmp_path, tiny_model_dir, t
     assert "recipe: lora_finetune_distributed" in result.stdout
     command = result.stdout.split("command: ", 1)[1].split()
     assert ("torch.distributed.run" in command) == (processes > 1)
+    # Issue 52 §6: nothing imported from the working directory (a clone named kubetune).
+    assert command[1] == "-P"
     assert command[command.index("-m", 1 if processes == 1 else 3) + 1] == \
         "kubetune.trainer.recipe_process.bootstrap"
 

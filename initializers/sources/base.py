@@ -27,6 +27,9 @@ class RemoteFile:
     multipart_etag: str | None = None
     part_sizes: tuple[int, ...] | None = None
     key: str | None = None  # where the source finds it, when that differs from ``path``
+    # A mounted source's modification time (ns): recorded in the manifest, so that a rerun
+    # tells a file edited in place from one untouched by a stat (`source_change`).
+    mtime_ns: int | None = None
 
 
 def mounted_path(request: InitRequest, what: str,

@@ -24,7 +24,7 @@ class LocalSource:
 
     def list_files(self) -> list[RemoteFile]:
         if self.root.is_file():
-            return [RemoteFile(path=self.root.name, size=self.root.stat().st_size)]
+            return [_listed(self.root.name, self.root)]
         files = []
         for path in sorted(self.root.rglob("*")):
             if path.is_symlink() and not path.resolve().is_relative_to(self.root.resolve()):
@@ -35,10 +35,18 @@ class LocalSource:
             if rel.startswith(".kubetune") or "/.kubetune" in rel:
                 continue  # our own bookkeeping from a tree that was itself initialized
             if keep(rel, self.request.allow_patterns, self.request.ignore_patterns):
-                files.append(RemoteFile(path=rel, size=path.stat().st_size))
+                files.append(_listed(rel, path))
         return files
 
+    def local_path(self, remote: RemoteFile) -> Path:
+        """Where the listed ``remote`` is on the volume (read in place to tell an edit)."""
+        return self.root if self.root.is_file() else self.root / remote.path
+
     def fetch(self, remote: RemoteFile, destination: Path) -> None:
-        source = self.root if self.root.is_file() else self.root / remote.path
         # Never a hard link: the output would be the user's file, and editing one edits both.
-        copy_file(source, destination)
+        copy_file(self.local_path(remote), destination)
+
+
+def _listed(rel: str, path: Path) -> RemoteFile:
+    stat = path.stat()
+    return RemoteFile(path=rel, size=stat.st_size, mtime_ns=stat.st_mtime_ns)

@@ -18,16 +18,28 @@ from pathlib import Path
 from kubetune.atomic_write import write_atomic
 from kubetune.workspace import MANIFEST_NAME
 
+# A file entry's modification time of the source file it was copied from (ns), where the
+# source is a mounted volume.
+SOURCE_MTIME = "source_mtime_ns"
 
-def build(identity: dict, resolved_revision: str | None, files: list[tuple[str, int, str]]
-          ) -> dict:
+
+def build(identity: dict, resolved_revision: str | None, files: list[tuple[str, int, str]],
+          source_mtimes: dict[str, int] | None = None) -> dict:
     """The manifest of a tree holding ``files`` (path, size, sha256), fetched for the
-    request ``identity`` names."""
+    request ``identity`` names; ``source_mtimes``: a mounted source's modification time
+    (ns) of each file as listed, recorded as ``source_mtime_ns`` (a rerun stats the source
+    against it, `kubetune.initializers.source_change`)."""
+    mtimes = source_mtimes or {}
+
+    def entry(path: str, size: int, sha256: str) -> dict:
+        found = {"path": path, "size": size, "sha256": sha256}
+        return found | ({SOURCE_MTIME: mtimes[path]} if path in mtimes else {})
+
     return {
         "version": 1,
         **identity,
         "resolved_revision": resolved_revision,
-        "files": [{"path": p, "size": s, "sha256": h} for p, s, h in sorted(files)],
+        "files": [entry(p, s, h) for p, s, h in sorted(files)],
         "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -39,7 +39,8 @@ def import_problem(module: str, environ: dict[str, str] | None = None,
     ``environ``: the environment the recipe will have (default: this process's; a
     child's environment built here)."""
     try:
-        result = subprocess.run([sys.executable, "-c", _PROBE, module], capture_output=True,
+        # -P: as the recipe imports it (its PYTHONPATH, never the working directory).
+        result = subprocess.run([sys.executable, "-P", "-c", _PROBE, module], capture_output=True,
                                 text=True, timeout=TIMEOUT_S, cwd=cwd,
                                 env=dict(os.environ if environ is None else environ))
     except subprocess.TimeoutExpired:

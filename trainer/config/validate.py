@@ -221,7 +221,7 @@ LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
 _BOOL_KEYS = ("shuffle", "compile", "enable_activation_checkpointing",
               "enable_activation_offloading", "dataset.packed", "dataset.train_on_input",
               "model.apply_lora_to_mlp", "model.apply_lora_to_output", "model.use_dora",
-              "model.quantize_base")
+              "model.quantize_base", "kubetune.merged_epochs", "save_adapter_weights_only")
 
 
 # Leaf names of the keys that name a local file or directory (torchtune's and ours).

@@ -27,6 +27,9 @@ def child_env(plan_: RunPlan) -> dict[str, str]:
     child.update(OFFLINE_ENV)
     child.update(plan_.worker_env())
     child[env.PYTHONUNBUFFERED] = "1"
+    # The command carries -P; torchrun starts its workers with `python -m`, which would
+    # put the working directory (a clone named `kubetune`, say) first on sys.path.
+    child[env.PYTHONSAFEPATH] = "1"
     # torchtune's own bars are off either way: our metric logger draws the one bar (in a
     # terminal, on the fd handed down) or prints a line per step.
     child[env.TQDM_DISABLE] = "1"

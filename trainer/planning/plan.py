@@ -25,7 +25,7 @@ from kubetune.trainer.validation import heldout_set
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
                                                DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
-from kubetune.trainer.checkpointing import resume
+from kubetune.trainer.checkpointing import epoch_saves, resume
 from kubetune.model_family.architecture import HF_CHECKPOINTER
 from kubetune.trainer.checkpointing.checkpoint_model import (SPECIAL_TOKENS_FILE, CheckpointModel,
                                                read_checkpoint_model)
@@ -69,10 +69,12 @@ class RunPlan:
     def command(self, config_path: Path) -> list[str]:
         bootstrap = ["-m", "kubetune.trainer.recipe_process.bootstrap", str(self.recipe_path), "--config",
                      str(config_path)]
+        # -P: nothing imported from the working directory (a clone named `kubetune` there
+        # would shadow the installed package); child_env sets it for torchrun's workers.
         if self.distributed and self.topology.needs_torchrun:
-            return [sys.executable, "-m", "torch.distributed.run",
+            return [sys.executable, "-P", "-m", "torch.distributed.run",
                     *self.topology.torchrun_args(), *bootstrap]
-        return [sys.executable, *bootstrap]
+        return [sys.executable, "-P", *bootstrap]
 
     def worker_env(self) -> dict[str, str]:
         """What the command's process needs in its environment beyond the launcher's: a
@@ -393,6 +395,7 @@ def plan(request: TuneRunRequest, workspace: Workspace,
 
     notes += _our_sections(cfg, base, request, user_keys, workspace, checkpoint,
                            compile_before, sizes_before)
+    epoch_saves.plan(cfg, method, user_keys)
     notes += _objective_and_held_out(cfg, request, recipe_path, topo, workspace, found,
                                      user_keys, users_config)
     check_values(cfg, request.spellings)

@@ -4,7 +4,8 @@ warm-up capped (``warmup_cap``) and samples recorded (``sample_capture``); its s
 handing the step guard the recipe and the progress logger its plan; every save checked
 first (``run_sanity``: nothing trained, or garbage, is never saved) and vouched for by the
 step guard after, through the recipe's own ``save_checkpoint`` or torchtune's
-CheckpointClient, whichever the recipe saves with; the held-out set (``held_out``) built
+CheckpointClient, whichever the recipe saves with (a LoRA run's saves before its last
+without the merged model: ``epoch_saves``); the held-out set (``held_out``) built
 after setup, measured before each epoch's save and its checkpoint's loss recorded after.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 
+from kubetune.trainer.checkpointing import epoch_saves
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.recipe_process import (empty_batches, held_out, run_sanity,
@@ -69,8 +71,10 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
                 validated.before_epoch_save(self, epoch)  # may make this save the final one
             checkpointer = getattr(self, "_checkpointer", None)
             original_dir = guard.before_save(checkpointer)
-            result = original_save(self, epoch, *args, **kwargs)
-            resumable = epoch + 1 < self.total_epochs
+            resumable = epoch + 1 < self.total_epochs  # the recipe's own test, as it saves
+            # Only the run's last save holds the merged model (a LoRA run's: epoch_saves).
+            with epoch_saves.adapter_only_unless_final(self, guard.settings, not resumable):
+                result = original_save(self, epoch, *args, **kwargs)
             guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch, resumable)
             if validated is not None:
                 validated.after_epoch_save(self, epoch)

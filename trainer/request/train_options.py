@@ -69,6 +69,7 @@ class TrainOptions:
     conversation_style: str | None = None
     seed: int | None = None
     save_every_n_steps: int | None = None
+    merged_epochs: bool | None = None
     grace_period: float | None = None
     token_cache_dir: str | None = None
     chat_template: str | None = None
@@ -108,6 +109,7 @@ OPTION_KEYS = {option: key for key, option in (
     ("dataset.conversation_column", "conversation_column"),
     ("dataset.conversation_style", "conversation_style"),
     ("kubetune.save_every_n_steps", "save_every_n_steps"),
+    ("kubetune.merged_epochs", "merged_epochs"),
     ("kubetune.grace_period_s", "grace_period"),
     ("kubetune.token_cache_dir", "token_cache_dir"), ("kubetune.chat_template", "chat_template"),
     *_VALIDATION_OVERRIDES)}
@@ -232,6 +234,7 @@ def train_overrides(options: TrainOptions) -> list[str]:
     put("dataset.new_system_prompt", o.system_prompt)
     put("dataset.train_on_input", o.train_on_input)
     put("kubetune.save_every_n_steps", o.save_every_n_steps)
+    put("kubetune.merged_epochs", o.merged_epochs)
     put("kubetune.grace_period_s", o.grace_period)
     put("kubetune.token_cache_dir", o.token_cache_dir)
     put("kubetune.chat_template", o.chat_template)

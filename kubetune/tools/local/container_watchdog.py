@@ -58,7 +58,7 @@ def start(engine: str, label: str, value: str, network: str, log: Path) -> Watch
     try:
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", __name__, engine, label, value, network],
+                [sys.executable, "-P", "-m", __name__, engine, label, value, network],
                 stdin=reader, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     except BaseException:
         os.close(writer)

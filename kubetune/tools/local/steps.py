@@ -311,8 +311,10 @@ def run_process(step: Step, logs_dir: Path) -> StepResult:
     # exist; its container runs as this user (`container_user`), who may write it.
     termination.write_text("")
     # A step's process inherits this shell's environment, as a pod inherits its image's.
+    # PYTHONSAFEPATH: `python -m kubetune...` from a folder holding a clone named
+    # `kubetune` would import the clone's directory as the package, not the installed one.
     child_env = {**os.environ, **step.env, env.TERMINATION_LOG: str(termination),
-                 env.LOCAL_RUN: "1", env.PYTHONUNBUFFERED: "1"}
+                 env.LOCAL_RUN: "1", env.PYTHONUNBUFFERED: "1", env.PYTHONSAFEPATH: "1"}
     start = time.monotonic()
     stopped = stop_requested()
     if stopped is not None:
