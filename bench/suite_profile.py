@@ -97,6 +97,7 @@ def read_processes(path: Path) -> tuple[dict[int, dict], dict[str, Counter]]:
         counts["processes"] += 1
         counts["torch"] += bool(process.get("torch"))
         counts["training runs"] += TORCHRUN in argv or (RECIPE in argv and TORCHRUN not in parent)
+        counts["cpu"] += process.get("cpu", 0.0)
     return by_pid, per_file
 
 
@@ -131,14 +132,16 @@ def report(directory: Path) -> str:
               for name, count in phases.most_common()]
     lines += [f"| **all** | **{total / RATE:.0f}** | |", "",
               "## Per test file (slowest first)", "",
-              "| file | tests | seconds | processes | imported torch | training runs | top phases (CPU s) |",
-              "|---|---:|---:|---:|---:|---:|---|"]
+              "| file | tests | seconds | processes | imported torch | training runs | processes' CPU s "
+              "| top phases (sampled s) |",
+              "|---|---:|---:|---:|---:|---:|---:|---|"]
     names = sorted(set(seconds) | set(processes), key=lambda name: -sum(seconds.get(name, [])))
     for name in names:
         counts, phase_counts = processes.get(name, Counter()), samples.get(name, Counter())
         top = ", ".join(f"{phase} {count / RATE:.0f}" for phase, count in phase_counts.most_common(3))
         lines.append(f"| {name} | {len(seconds.get(name, []))} | {sum(seconds.get(name, [])):.0f} | "
-                     f"{counts['processes']} | {counts['torch']} | {counts['training runs']} | {top} |")
+                     f"{counts['processes']} | {counts['torch']} | {counts['training runs']} | "
+                     f"{counts['cpu']:.0f} | {top} |")
     all_seconds = sum(sum(values) for values in seconds.values())
     lines += ["", f"{sum(len(v) for v in seconds.values())} tests, {all_seconds:.0f} test-seconds "
               f"(summed over both workers), {sum(c['processes'] for c in processes.values())} processes, "

@@ -1,6 +1,6 @@
 """Every Python process a profiled test session starts, logged: which test started it
 (pytest's ``PYTEST_CURRENT_TEST``, inherited by every child), its command line, when it
-started and ended, and whether it imported torch.
+started and ended, the CPU seconds it used, and whether it imported torch.
 
 Not imported by the suite: `make test-profile` copies this file into the venv's
 site-packages with a ``.pth`` line that imports it in every interpreter, and sets
@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import resource
 import sys
 import time
 
@@ -31,8 +32,19 @@ def _write(record: dict) -> None:
 
 
 def _at_exit() -> None:
-    _write({"pid": os.getpid(), "end": time.time(), "torch": "torch" in sys.modules,
-            "torchtune": "torchtune" in sys.modules})
+    # CPU seconds, not only the wall: under load the wall grows, the CPU a process used
+    # does not.
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _write({"pid": os.getpid(), "end": time.time(), "cpu": usage.ru_utime + usage.ru_stime,
+            "torch": "torch" in sys.modules, "torchtune": "torchtune" in sys.modules})
+
+
+def _exit_now(code: int = 0, _exit=os._exit) -> None:
+    """os._exit skips atexit: torchrun's workers and our recipe process leave through it."""
+    try:
+        _at_exit()
+    finally:
+        _exit(code)
 
 
 if _PATH:
@@ -46,3 +58,4 @@ if _PATH:
             "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
     atexit.register(_at_exit)
+    os._exit = _exit_now
