@@ -107,6 +107,8 @@ def read_stacks(path: Path, by_pid: dict[int, dict]) -> dict[str, Counter]:
     per_file: dict[str, Counter] = defaultdict(Counter)
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue  # a command line with a newline in it splits its sample over lines
         frames = stack.split(";")
         pids = [int(m.group(1)) for frame in frames if (m := re.match(r"process (\d+):", frame))]
         frames = [frame for frame in frames if not frame.startswith("process ")]

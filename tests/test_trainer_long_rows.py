@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kubetune.tools.demo.alpaca_like import write_alpaca_like
-from tests.support.cli import clean_env, error_lines, kubetune
+from tests.support.cli import REPO, clean_env, error_lines, kubetune
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,10 @@ def test_a_micro_batch_with_nothing_to_train_on_adds_nothing(tiny_model_dir, tmp
     data = _rows(tmp_path / "dataset", long_at={0, 4, 6, 7}, count=8)
     result = train(tiny_model_dir, data, tmp_path, "--batch-size", "1",
                    "--gradient-accumulation-steps", "2", "shuffle=False",
-                   "dataset._component_=tests.support.dataset_builders.tagged_rows")
+                   "dataset._component_=tests.support.dataset_builders.tagged_rows",
+                   # The steps import nothing from the working directory (python -P): a
+                   # builder of one's own comes through PYTHONPATH, as in a pod.
+                   PYTHONPATH=str(REPO))
     assert result.returncode == 0, result.stderr[-3000:]
     steps = losses(tmp_path / "output")
     assert [m["step"] for m in steps] == [1, 2, 3, 4]

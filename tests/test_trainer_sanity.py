@@ -61,7 +61,8 @@ def one_row(tiny_dataset_dir, tmp_path) -> Path:
 def test_one_row_with_a_larger_batch_is_refused_before_the_recipe(tiny_model_dir, one_row,
                                                                   tmp_path):
     line = refused(train(tiny_model_dir, one_row, tmp_path, "--batch-size", "2"), tmp_path)
-    assert "makes no optimizer step: 1 row(s)" in line and "batch_size=2" in line
+    # Named as the user set it (kubetune train's option), not as the config key.
+    assert "makes no optimizer step: 1 row(s)" in line and "--batch-size 2" in line
     assert not (tmp_path / "output" / "kubetune-config.yaml").exists()  # nothing launched
 
 
