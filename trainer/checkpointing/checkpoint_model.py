@@ -62,7 +62,7 @@ def _with_special_tokens(component: str, args: dict, model_dir: Path) -> Tokeniz
     return Tokenizer(component, args, special_tokens_from_config(model_dir))
 
 
-HF_TOKENIZER = "kubetune.trainer.models.hf_tokenizer.hf_tokenizer"
+HF_TOKENIZER = "kubetune.trainer.models.fast_tokenizer.fast_tokenizer"
 
 
 def hf_tokenizer_of(model_dir: Path, max_seq_len: int | None) -> Tokenizer | None:

@@ -2,5 +2,5 @@
 checkpointer: ``qwen3`` (builders), ``qwen_weights`` (Qwen2/Qwen3 checkpointers, HF <->
 torchtune and the PEFT adapter rows), ``gemma2`` (logit soft-cap and feed-forward norms as
 Hugging Face has them) ``phi3_weights`` (the fused PEFT adapter torchtune does not
-write) and ``hf_tokenizer`` (a checkpoint's ``tokenizer.json`` where the family's own
+write) and ``fast_tokenizer`` (a checkpoint's ``tokenizer.json`` where the family's own
 tokenizer files are absent). Referenced by ``_component_`` path: these names are stable."""

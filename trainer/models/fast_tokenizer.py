@@ -49,7 +49,7 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
-class HFTokenizer(ModelTokenizer, Transform):
+class FastTokenizer(ModelTokenizer, Transform):
     """``tokenizer.json`` + its configs -> torchtune's tokenizer interface."""
 
     def __init__(self, path: str, tokenizer_config_path: str | None = None,
@@ -148,15 +148,15 @@ class HFTokenizer(ModelTokenizer, Transform):
         return sample
 
 
-def hf_tokenizer(path: str, tokenizer_config_path: str | None = None,
+def fast_tokenizer(path: str, tokenizer_config_path: str | None = None,
                  generation_config_path: str | None = None, chat_template_path: str | None = None,
                  max_seq_len: int | None = None,
-                 prompt_template: Any = None) -> HFTokenizer:
+                 prompt_template: Any = None) -> FastTokenizer:
     """The builder a config names (``tokenizer._component_``); ``prompt_template`` as
     torchtune's builders take it (a dotted path, a dict of role tags, or an instance)."""
     if prompt_template is not None and not callable(prompt_template):
         from torchtune.data._prompt_templates import _get_prompt_template
 
         prompt_template = _get_prompt_template(prompt_template)
-    return HFTokenizer(path, tokenizer_config_path, generation_config_path, chat_template_path,
+    return FastTokenizer(path, tokenizer_config_path, generation_config_path, chat_template_path,
                        max_seq_len, prompt_template)
