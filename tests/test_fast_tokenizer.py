@@ -107,3 +107,37 @@ def test_no_tokenizer_at_all_is_one_line_naming_what_would_do(json_only):
 def test_the_familys_own_tokenizer_stays_the_choice(model_copy):
     assert read_checkpoint_model(model_copy).tokenizer.component == \
         "torchtune.models.llama3.llama3_tokenizer"
+
+
+def test_a_sentencepiece_only_llama_takes_llama2s_tokenizer(json_only):
+    from tests.support.tiny_tokenizers import write_spm
+
+    (json_only / "tokenizer.json").unlink()
+    write_spm(json_only)
+    assert read_checkpoint_model(json_only).tokenizer.component == \
+        "torchtune.models.llama2.llama2_tokenizer"
+
+
+def _dry_run(tmp_path: Path, model: Path, dataset: Path, *overrides: str):
+    from tests.support.trainer import make_pvc, tune_run
+    from tests.test_trainer_config_checks import RECIPE
+
+    pvc = make_pvc(tmp_path / "pvc", model, dataset)
+    return tune_run(pvc, *RECIPE, f"output_dir={pvc.output}",
+                    f"checkpointer.checkpoint_dir={pvc.model}", *overrides, "--kubetune-dry-run")
+
+
+def test_tokenizer_overrides_act_or_are_refused_in_one_line(json_only, tiny_dataset_dir,
+                                                           tmp_path):
+    # Issue 52: the plan rebuilt the tokenizer section and dropped what it did not know.
+    other = tmp_path / "other-generation.json"
+    other.write_text(json.dumps({"eos_token_id": [1, 2]}))
+    acted = _dry_run(tmp_path / "a", json_only, tiny_dataset_dir,
+                     f"tokenizer.generation_config_path={other}")
+    assert acted.returncode == 0, acted.stderr[-2000:]
+    assert f"  generation_config_path: {other}\n" in acted.stdout
+    refused = _dry_run(tmp_path / "b", json_only, tiny_dataset_dir,
+                       "tokenizer.special_tokens_path=/x.json")
+    assert refused.returncode == 65, refused.stderr[-2000:]
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "unknown key tokenizer.special_tokens_path" in errors[0]

@@ -217,8 +217,11 @@ def _tokenizer_overrides(new_tok: dict, tok_cfg: DictConfig, user_keys: set[str]
         new_tok.update({"_component_": str(theirs), "max_seq_len": tok_cfg.get("max_seq_len")})
         taken = set()  # their builder reads the files they name, as they name them
     done = {"_component_", "max_seq_len"} | {k.split(".", 1)[1] for k in taken}
+    params = component_params(new_tok["_component_"])
+    takes = None if params is None or params.var_kwargs else set(params.defaults)
     for key in sorted(named - done):
-        if key in tok_cfg:
+        # A key the builder does not take stays out, for check_rebuilt_sections's line.
+        if key in tok_cfg and (takes is None or key in takes):
             new_tok[key] = tok_cfg[key]
 
 
