@@ -141,3 +141,19 @@ def test_tokenizer_overrides_act_or_are_refused_in_one_line(json_only, tiny_data
     assert refused.returncode == 65, refused.stderr[-2000:]
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "unknown key tokenizer.special_tokens_path" in errors[0]
+
+
+def test_torchtunes_chat_format_is_refused_for_a_tokenizer_json_only_checkpoint(
+        json_only, tmp_path):
+    # torchtune has no format for it: asking for one would silently train the base's.
+    from omegaconf import OmegaConf
+
+    from kubetune.trainer.planning import chat_template_plan
+
+    (json_only / "chat_template.jinja").write_text(CHATML)
+    cfg = OmegaConf.create({
+        "dataset": {"_component_": "kubetune.trainer.data.chat_dataset.chat_dataset"},
+        "tokenizer": {"_component_": HF_TOKENIZER},
+        "kubetune": {"chat_template": "torchtune"}})
+    with pytest.raises(BadInputError, match="torchtune has no chat format"):
+        chat_template_plan.plan(cfg, json_only, None)
