@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).with_name("smollm2_convert.py")
 # A short LoRA run that teaches the format (``format_rows``) with held-out rows, cheap on a
 # CPU: fp32 (bf16's chunked output is slow there), short rows, six steps, two held-out
 # prompts answered in at most 8 tokens.
-REAL_TRAIN_ARGS = ["--val-fraction", "0.1", "--val-prompts", "2", "--val-every-n-steps", "3",
+REAL_TRAIN_ARGS = ["--val-fraction", "0.1", "--val-prompts", "2", "--val-every-n-steps", "6",
                    "kubetune.val_max_new_tokens=8", "dtype=fp32", "epochs=1",
                    "max_steps_per_epoch=6", "batch_size=8", "gradient_accumulation_steps=1",
                    "optimizer.lr=2e-3", "lr_scheduler.num_warmup_steps=1", "model.lora_rank=8",
