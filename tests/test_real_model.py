@@ -68,10 +68,8 @@ def test_tuned_answers_take_the_trained_format(real_run):
 def test_the_export_answers_in_the_format_through_its_own_chat_template(real_run,
                                                                          serving_python,  # noqa: F811
                                                                          tmp_path):
-    export = real_run / "export"
-    model_dir = export / "merged" if (export / "merged").is_dir() else export
     served = subprocess.run([str(serving_python), str(REPO / "tests/support/serve_chat.py"),
-                             str(model_dir), "8", "What is 12 plus 30?", "What is 7 plus 45?"],
+                             str(real_run / "export"), "8", "What is 12 plus 30?", "What is 7 plus 45?"],
                             capture_output=True, text=True, timeout=600,
                             env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
                                  "HOME": str(tmp_path)})

@@ -1,7 +1,8 @@
-"""Run inside the serving venv (transformers, no kubetune): an exported model directory
-answers chat questions through its own chat template, as a user's serving code prompts it.
+"""Run inside the serving venv (transformers + peft, no kubetune): an export (an adapter,
+loaded by PEFT onto the base its config names, or a merged model) answers chat questions
+through the export's own chat template, as a user's serving code prompts it.
 
-Usage: python serve_chat.py MODEL_DIR MAX_NEW_TOKENS QUESTION...
+Usage: python serve_chat.py EXPORT_DIR MAX_NEW_TOKENS QUESTION...
 Prints one JSON object: {"answers": [...], "template": bool}.
 """
 
@@ -15,7 +16,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 def main(model_dir: Path, max_new_tokens: int, questions: list[str]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if (model_dir / "adapter_config.json").is_file():
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     answers = []
     for question in questions:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": question}],
