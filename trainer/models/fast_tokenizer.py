@@ -64,7 +64,8 @@ class FastTokenizer(ModelTokenizer, Transform):
         config = _json(tokenizer_config_path)
         generation = _json(generation_config_path)
         # Named tokens as transformers reads them (tokenizer_config, else the legacy map).
-        self.named = rendering.named_tokens(self.directory) if tokenizer_config_path else {}
+        config_dir = Path(tokenizer_config_path).parent if tokenizer_config_path else None
+        self.named = rendering.named_tokens(config_dir or self.directory)
         added = self.tokenizer_model.get_added_tokens_decoder()
         self.special_tokens = {t.content: int(i) for i, t in added.items() if t.special}
         self.bos_id = self._id_of("bos_token", _ids(generation.get("bos_token_id")))
