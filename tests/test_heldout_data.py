@@ -236,7 +236,7 @@ def test_torchtune_mains_keys_are_accepted(tmp_path, tiny_model_dir):
     config = planned(_dry_run(
         tiny_model_dir, source, tmp_path, "dataset_val=torchtune.datasets.instruct_dataset",
         "dataset_val.split=test", "run_val_every_n_steps=2", "--early-stop-patience", "3",
-        "--val-prompts", "0"))
+        "--val-prompts", "0", "kubetune.val_max_new_tokens=8"))
     assert config["dataset_val"]["_component_"] == "torchtune.datasets.instruct_dataset"
     assert config["dataset_val"]["split"] == "test"
     assert [_split_of(f) for f in config["dataset_val"]["data_files"]["test"]] == ["test"]
@@ -244,6 +244,7 @@ def test_torchtune_mains_keys_are_accepted(tmp_path, tiny_model_dir):
     validation = config["kubetune"]["validation"]
     assert (validation["source"], validation["split"]) == ("config", "test")
     assert (validation["early_stop_patience"], validation["prompts"]) == (3, 0)
+    assert validation["max_new_tokens"] == 8  # a real model on CPU answers in minutes
     result = _dry_run(tiny_model_dir, source, tmp_path,
                       "dataset_val=torchtune.datasets.instruct_dataset", "dataset_val.splt=test")
     assert result.returncode == 65

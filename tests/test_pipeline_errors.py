@@ -85,7 +85,9 @@ def test_dataset_without_data_files(tmp_path):
 def test_model_the_trainer_cannot_use_fails_before_any_step(tmp_path, model_copy):
     # A model directory without its tokenizer passes the initializer (weights and config
     # are fine) but cannot be trained: the trainer's plan, run on the source, says so.
+    # (With its tokenizer.json left, that would train: test_fast_tokenizer.)
     (model_copy / "original" / "tokenizer.model").unlink()
+    (model_copy / "tokenizer.json").unlink()
     result, term = _local(tmp_path, "--model", str(model_copy))
     _assert_found_before_any_step(result, term, tmp_path, "tokenizer ",
                                   "original/tokenizer.model is missing")

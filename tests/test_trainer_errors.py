@@ -62,9 +62,11 @@ def test_single_device_recipe_on_several_nodes(pvc):
 
 def test_missing_tokenizer(tmp_path, model_copy, tiny_dataset_dir):
     shutil.rmtree(model_copy / "original")
+    (model_copy / "tokenizer.json").unlink()  # with it, the checkpoint trains on it
     pvc = make_pvc(tmp_path / "pvc2", model_copy, tiny_dataset_dir)
     result = tune_run(pvc, *LORA, *pvc.runtime_args(), *dataset_args(pvc))
-    assert_one_line_error(result, pvc, "original/tokenizer.model is missing")
+    assert_one_line_error(result, pvc, "original/tokenizer.model is missing",
+                          "or a Hugging Face tokenizer.json")
 
 
 def test_unreadable_tokenizer(tmp_path, model_copy, tiny_dataset_dir):

@@ -54,8 +54,8 @@ def _cell_text(cell: Cell, result: dict, own_runtime: str, notes: _Notes) -> str
 
 
 def _chat_text(model: str) -> str:
-    _, proof = CHAT_TEMPLATE[model]
-    return f"base's ✓ {proof}"
+    family, proof = CHAT_TEMPLATE[model]
+    return f"base's ✓ {proof}" if proof else f"torchtune's {family} format"
 
 
 def render(results: dict[str, dict]) -> str:

@@ -57,7 +57,21 @@ MODELS = (
     Model("Gemma 2", "gemma2", "spm", BYO, "soft-capping, sliding window, tied"),
     Model("Phi-3", "phi3", "phi3", BYO, "fused qkv/gate_up in HF, sentencepiece"),
     Model("Phi-4", "phi3", "phi4", BYO, "Phi-3's architecture, byte-level BPE"),
+    # Checkpoints of a supported architecture as other houses ship them (issue 52). Every
+    # checkpoint here is written by transformers 5 (`rope_parameters`, `dtype`).
+    Model("Llama, tokenizer.json only", "llama3.2", "json-only", BYO,
+          "SmolLM2 / TinyLlama's layout: tokenizer.json and a chat template of its own, "
+          "no original/; tied"),
+    Model("Llama, sharded, generation EOS list", "llama3", "json-sharded", BYO,
+          "tokenizer.json only, untied, two safetensors shards and their index, a "
+          "generation_config.json stopping at more EOS ids than the tokenizer's"),
+    Model("Llama, sentencepiece only", "llama3", "spm-only", BYO,
+          "Llama 2's layout: a sentencepiece tokenizer.model, no tokenizer.json"),
 )
+# Each shape row -> the family row whose builder, checkpointer and FSDP units it shares.
+SHAPE_TWINS = {"Llama, tokenizer.json only": "Llama 3.2",
+               "Llama, sharded, generation EOS list": "Llama 3",
+               "Llama, sentencepiece only": "Llama 3"}
 MODEL = {m.name: m for m in MODELS}
 # Chat data on each model: tests/support/family_chat_templates.py's family whose instruct
 # template it trains in, and what proves it: a real run of the family's tiny checkpoint
@@ -69,6 +83,12 @@ CHAT_TEMPLATE = {
     "Qwen3 (8B+)": ("qwen3", "run"), "Qwen3 (0.6B-4B)": ("qwen3", "run"),
     "Gemma": ("gemma", "run"), "Gemma 2": ("gemma2", "run"),
     "Phi-3": ("phi3", "run"), "Phi-4": ("phi4", "run"),
+    # Their own template, rendered by the fast tokenizer: tests/test_fast_tokenizer.py, and
+    # a real SmolLM2 run whose export answers through it (tests/test_real_model.py).
+    "Llama, tokenizer.json only": ("own", "run"),
+    "Llama, sharded, generation EOS list": ("own", "run"),
+    # No tokenizer.json to render a template with: torchtune's Llama 2 format.
+    "Llama, sentencepiece only": ("llama2", None),
 }
 
 
@@ -145,6 +165,12 @@ def coverage(cell: Cell) -> tuple[Cell, str] | None:
     """The cell whose run covers ``cell``, and why; None for a cell run itself."""
     if cell.objective != SFT:
         return _objective_coverage(cell)
+    if cell.model in SHAPE_TWINS and (cell.method, cell.topology) != ("lora", "1 process"):
+        return (Cell(SHAPE_TWINS[cell.model], cell.method, cell.topology),
+                "the same builder, checkpointer and FSDP units as its family's row; the "
+                "files around the weights, the one difference, are read at load and at "
+                "export the same way under any method and topology: this row's LoRA "
+                "1-process cell runs them")
     if cell.model == "Llama 3" and (cell.topology != "1 process"
                                     or cell.method in ("qlora", "dora")):
         return (Cell("Llama 3.1", cell.method, cell.topology),

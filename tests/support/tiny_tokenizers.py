@@ -59,8 +59,61 @@ def write_llama3(model_dir: Path) -> int:
     return tiny_tokenizer.vocab_size()
 
 
-# Each family's tokenizer files, as its checkpoints ship them.
+# SmolLM2's template (ChatML, a default system turn), over the tiny Llama-3 tokens.
+CHATML = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}"
+          "<|start_header_id|>system\nYou are a helpful assistant.<|eot_id|>\n{% endif %}"
+          "<|start_header_id|>{{ m['role'] }}\n{{ m['content'] }}<|eot_id|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|start_header_id|>assistant\n{% endif %}")
+
+
+def write_json_only(model_dir: Path) -> int:
+    """A Llama-architecture checkpoint of another house (SmolLM2, TinyLlama): only
+    ``tokenizer.json`` and its config, with a chat template of its own; no original/."""
+    import shutil
+
+    vocab = write_llama3(model_dir)
+    shutil.rmtree(Path(model_dir) / "original")
+    (Path(model_dir) / "chat_template.jinja").write_text(CHATML)
+    config = Path(model_dir) / "tokenizer_config.json"
+    # An instruct checkpoint's EOS is its turn's end (SmolLM2's <|im_end|>).
+    config.write_text(json.dumps({**json.loads(config.read_text()), "eos_token": "<|eot_id|>"},
+                                 indent=1))
+    return vocab
+
+
+def write_json_sharded(model_dir: Path) -> int:
+    """``write_json_only``, the weights in two safetensors shards with their index, and a
+    generation_config.json that stops at more EOS ids than the tokenizer's EOS."""
+    from safetensors.torch import load_file, save_file
+
+    vocab = write_json_only(model_dir)
+    model_dir = Path(model_dir)
+    tensors = load_file(model_dir / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, model_dir / shard, metadata={"format": "pt"})
+    (model_dir / "model.safetensors").unlink()
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size()
+                                            for t in tensors.values())},
+             "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    generation = model_dir / "generation_config.json"
+    config = json.loads(generation.read_text()) if generation.is_file() else {}
+    ids = {t["content"]: t["id"] for t in
+           json.loads((model_dir / "tokenizer.json").read_text())["added_tokens"]}
+    config["eos_token_id"] = [ids["<|eot_id|>"], ids["<|end_of_text|>"], ids["<|eom_id|>"]]
+    generation.write_text(json.dumps(config, indent=1))
+    return vocab
+
+
+# Each family's tokenizer files, as its checkpoints ship them; and the shapes other
+# houses' checkpoints of a supported architecture come in (issue 52).
 TOKENIZERS = {
+    "json-only": write_json_only,
+    "json-sharded": write_json_sharded,
+    "spm-only": write_spm,  # Llama 2's layout: a sentencepiece tokenizer.model alone
     "llama3": write_llama3,
     "spm": write_spm,  # Mistral, Gemma, Gemma 2: sentencepiece, no added tokens
     "qwen2": lambda d: write_bpe(d, QWEN2_SPECIAL),

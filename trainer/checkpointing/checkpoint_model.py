@@ -62,15 +62,40 @@ def _with_special_tokens(component: str, args: dict, model_dir: Path) -> Tokeniz
     return Tokenizer(component, args, special_tokens_from_config(model_dir))
 
 
+HF_TOKENIZER = "kubetune.trainer.models.fast_tokenizer.fast_tokenizer"
+
+
+def hf_tokenizer_of(model_dir: Path, max_seq_len: int | None) -> Tokenizer | None:
+    """The checkpoint's ``tokenizer.json`` with the files transformers reads beside it
+    (special tokens, generation's stop ids, the chat template); None without one."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    args: dict = {"path": str(path)}
+    for key, name in (("tokenizer_config_path", "tokenizer_config.json"),
+                      ("generation_config_path", "generation_config.json"),
+                      ("chat_template_path", "chat_template.jinja")):
+        if (model_dir / name).is_file():
+            args[key] = str(model_dir / name)
+    return Tokenizer(HF_TOKENIZER, {**args, "max_seq_len": max_seq_len})
+
+
 def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Tokenizer:
+    """The family's own tokenizer files where the checkpoint ships them, else its
+    ``tokenizer.json`` (most checkpoints on the hub ship only that), else a one-line
+    refusal naming both."""
+    try:
+        return _family_tokenizer(model_dir, family, max_seq_len)
+    except BadInputError as refused:
+        fallback = hf_tokenizer_of(model_dir, max_seq_len)
+        if fallback is None:
+            raise BadInputError(f"{refused}, or a Hugging Face tokenizer.json") from None
+        return fallback
+
+
+def _family_tokenizer(model_dir: Path, family: str, max_seq_len: int | None) -> Tokenizer:
     if family.startswith("llama"):
-        path = model_dir / "original" / "tokenizer.model"
-        if not path.is_file():
-            raise BadInputError(f"tokenizer {path} is missing: a Llama-3 checkpoint ships "
-                                "original/tokenizer.model (do not ignore original/*)")
-        # Without the file's ids torchtune assumes Llama-3's fixed ones (128000+).
-        return _with_special_tokens("torchtune.models.llama3.llama3_tokenizer",
-                                    {"path": str(path), "max_seq_len": max_seq_len}, model_dir)
+        return _llama_tokenizer(model_dir, max_seq_len)
     if family == "qwen2":
         vocab, merges = model_dir / "vocab.json", model_dir / "merges.txt"
         for f in (vocab, merges):
@@ -95,6 +120,27 @@ def tokenizer_of(model_dir: Path, family: str, max_seq_len: int | None) -> Token
         return Tokenizer(f"torchtune.models.{family}.{family}_tokenizer",
                          {"path": str(path), "max_seq_len": max_seq_len})
     raise BadInputError(f"no tokenizer known for model family {family}")
+
+
+def _llama_tokenizer(model_dir: Path, max_seq_len: int | None) -> Tokenizer:
+    """Llama 3's tiktoken ``original/tokenizer.model``; else (a Llama-architecture model
+    of another house: TinyLlama, SmolLM, Llama 2) its tokenizer.json, and only then a
+    sentencepiece ``tokenizer.model`` at the top (Llama 2's)."""
+    path = model_dir / "original" / "tokenizer.model"
+    if path.is_file():
+        # Without the file's ids torchtune assumes Llama-3's fixed ones (128000+).
+        return _with_special_tokens("torchtune.models.llama3.llama3_tokenizer",
+                                    {"path": str(path), "max_seq_len": max_seq_len}, model_dir)
+    found = hf_tokenizer_of(model_dir, max_seq_len)
+    if found is not None:
+        return found
+    sentencepiece = model_dir / "tokenizer.model"
+    if sentencepiece.is_file():
+        return Tokenizer("torchtune.models.llama2.llama2_tokenizer",
+                         {"path": str(sentencepiece), "max_seq_len": max_seq_len})
+    raise BadInputError(f"tokenizer {path} is missing: a Llama-3 checkpoint ships "
+                        "original/tokenizer.model (do not ignore original/*), another "
+                        "Llama-architecture checkpoint a sentencepiece tokenizer.model")
 
 
 def _qwen3_tokenizer(model_dir: Path, max_seq_len: int | None) -> Tokenizer:

@@ -46,7 +46,20 @@ def _module_file(module: str) -> Path | None:
     for candidate in (path / "__init__.py", path.with_suffix(".py")):
         if candidate.is_file():
             return candidate
-    return None
+    return _mapped_module_file(module) if top == "kubetune" else None
+
+
+def _mapped_module_file(module: str) -> Path | None:
+    """Our packages outside kubetune/ (kubetune.trainer is trainer/: setuptools'
+    package-dir), found by the import system (which imports the parent packages only)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    return Path(origin) if origin and origin.endswith(".py") else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -31,6 +31,9 @@ from kubetune.trainer.request.spelling import Spelling, spelling
 
 MODES = ("base", "torchtune")
 KEY = "kubetune.chat_template"  # what KUBETUNE_CHAT_TEMPLATE and --chat-template set
+# The builder of a checkpoint's tokenizer.json (trainer/models/fast_tokenizer.py): it renders
+# the base's template itself, and torchtune has no format of its own for it.
+FAST_TOKENIZER = ".fast_tokenizer.fast_tokenizer"
 CHECKED_ROWS = 8  # sampled rows rendered before the first step
 # torchtune's tokenizer builders whose format the exporter can write as a chat template,
 # and their tokenizer classes.
@@ -83,6 +86,10 @@ def plan(cfg: DictConfig, model_dir: Path, found: Any,
     said = spelling(spellings or {}, KEY)
     base = rendering.find_template(model_dir)
     if mode == "torchtune":
+        if str(OmegaConf.select(cfg, "tokenizer._component_") or "").endswith(FAST_TOKENIZER):
+            raise BadInputError(f"{said.assign('torchtune')}: torchtune has no chat format for "
+                                "this checkpoint's tokenizer (its tokenizer.json alone): leave "
+                                "it unset to train in the base's own template")
         if base is not None:
             _check_torchtune_prompts(cfg, base.text, model_dir, found, said)
         return _torchtune_note(cfg, said.assign("torchtune"))

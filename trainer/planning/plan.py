@@ -202,6 +202,29 @@ def _tokenizer_files(new_tok: dict, tok_cfg: DictConfig, checkpoint: CheckpointM
     return taken
 
 
+def _tokenizer_overrides(new_tok: dict, tok_cfg: DictConfig, user_keys: set[str],
+                         taken: set[str]) -> None:
+    """The request's other ``tokenizer.*`` keys act on the rebuilt section: a builder it
+    names replaces the checkpoint's (said in one line), and each key it sets is kept; a key
+    the builder does not take is refused by ``config_keys.check_rebuilt_sections``."""
+    named = {k.split(".", 2)[1] for k in user_keys
+             if k.startswith("tokenizer.") and k.count(".") == 1}
+    theirs = tok_cfg.get("_component_") if "_component_" in named else None
+    if theirs and str(theirs) != new_tok["_component_"]:
+        log.info("tokenizer._component_ %s: used instead of the checkpoint's %s (its files "
+                 "from the request's tokenizer.* keys)", theirs, new_tok["_component_"])
+        new_tok.clear()
+        new_tok.update({"_component_": str(theirs), "max_seq_len": tok_cfg.get("max_seq_len")})
+        taken = set()  # their builder reads the files they name, as they name them
+    done = {"_component_", "max_seq_len"} | {k.split(".", 1)[1] for k in taken}
+    params = component_params(new_tok["_component_"])
+    takes = None if params is None or params.var_kwargs else set(params.defaults)
+    for key in sorted(named - done):
+        # A key the builder does not take stays out, for check_rebuilt_sections's line.
+        if key in tok_cfg and (takes is None or key in takes):
+            new_tok[key] = tok_cfg[key]
+
+
 def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
                        user_keys: set[str]) -> set[str]:
     """The checkpoint's tokenizer; returns the override keys it took (see
@@ -215,6 +238,7 @@ def _tokenizer_section(cfg: DictConfig, checkpoint: CheckpointModel,
     taken = _tokenizer_files(new_tok, tok_cfg, checkpoint, user_keys)
     if tok_cfg.get("prompt_template"):
         new_tok["prompt_template"] = tok_cfg.prompt_template
+    _tokenizer_overrides(new_tok, tok_cfg, user_keys, taken)
     if tokenizer.special_tokens and "special_tokens_path" not in new_tok:
         new_tok["special_tokens_path"] = f"{cfg.output_dir}/{SPECIAL_TOKENS_FILE}"
     limit = checkpoint.max_seq_len

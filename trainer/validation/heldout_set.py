@@ -29,6 +29,9 @@ from kubetune.trainer.request.value_rules import (FRACTION_KEY, FRACTION_RULE,  
 # The kubetune section's keys the settings write (`kubetune train`'s options).
 PATIENCE_KEY = "kubetune.early_stop_patience"
 PROMPTS_KEY = "kubetune.val_prompts"
+# The held-out answers' token budget each (a config key only: a demo or test on a real
+# model on CPU keeps its answers short).
+MAX_NEW_TOKENS_KEY = "kubetune.val_max_new_tokens"
 EVERY_KEY = "run_val_every_n_steps"
 DEFAULT_PROMPTS = 3
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -220,6 +223,7 @@ def plan(cfg: DictConfig, dataset_dir: Path, found: DatasetSample | None,
     every = _number(cfg, EVERY_KEY, spellings, int, "10")
     patience = _number(cfg, PATIENCE_KEY, spellings, int, "3")
     prompts = _number(cfg, PROMPTS_KEY, spellings, int, "3")
+    max_new_tokens = _number(cfg, MAX_NEW_TOKENS_KEY, spellings, int, "16")
     val_cfg, source, held, notes = _choose(cfg, dataset_dir, fraction, spellings)
     dataset = cfg.get("dataset")
     train_split = str(dataset.get("split") or "train") if isinstance(dataset, DictConfig) \
@@ -251,7 +255,8 @@ def plan(cfg: DictConfig, dataset_dir: Path, found: DatasetSample | None,
         "train_split": train_split, "fraction": fraction if source == "fraction" else None,
         "early_stop_patience": patience or 0,
         "prompts": DEFAULT_PROMPTS if prompts is None else prompts,
-        "max_new_tokens": DEFAULT_MAX_NEW_TOKENS}
+        "max_new_tokens": DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None
+        else max_new_tokens}
     if source == "fraction":
         cfg.kubetune.holdout = {"fraction": fraction}
     return notes
