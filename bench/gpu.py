@@ -78,24 +78,28 @@ class Case:
 
 
 SFT_ARGS = ("--data", "realistic", "--shape", "kubeflow", "--repeats", "1")
+# The smoke times the launcher's plan (a dry run) in lora-1b only: seconds of CPU each,
+# the same code for every case.
+NO_PLAN = ("--no-plan-timing",)
 QLORA_ARGS = ("--data", "realistic", "--shape", "single", "--repeats", "1", "--method", "qlora")
 CASES = (
     Case("lora-1b", 60_000, 150, "trainer", (*SFT_ARGS, "--steps", "12"),
          (*SFT_ARGS, "--steps", "3"), size=("--method", "lora")),
     Case("full-1b", 45_000, 100, "trainer", (*SFT_ARGS, "--method", "full", "--steps", "8"),
-         (*SFT_ARGS, "--method", "full", "--steps", "3"), size=("--method", "full")),
+         (*SFT_ARGS, "--method", "full", "--steps", "3", *NO_PLAN), size=("--method", "full")),
     # One device's QLoRA recipe: what the controller and `kubetune train` pick for QLoRA on
     # one GPU (trainer/request/methods.py); the distributed recipe's NF4 weights fail
     # under FSDP2 with torchao 0.15 (nf4tensor's fsdp_post_all_gather, on CPU at least).
     Case("qlora-1b", 35_000, 100, "trainer",
-         (*QLORA_ARGS, "--steps", "8"), (*QLORA_ARGS, "--steps", "3"), models=("1B-nf4",),
+         (*QLORA_ARGS, "--steps", "8"), (*QLORA_ARGS, "--steps", "3", *NO_PLAN),
+         models=("1B-nf4",),
          size=("--method", "qlora")),
     Case("lora-8b", 13_000, 170, "trainer", (*SFT_ARGS, "--model-size", "8B", "--steps", "6"),
-         (*SFT_ARGS, "--model-size", "8B", "--steps", "3"), models=("8B",),
+         (*SFT_ARGS, "--model-size", "8B", "--steps", "3", *NO_PLAN), models=("8B",),
          size=("--method", "lora")),
     Case("validation", VALIDATION_SHARE, 100, "validation_cost",
-         ("--rows", "3000", "--val-rows", "200", "--batch", "4", "--threads", "4"),
-         ("--rows", "96", "--val-rows", "16", "--batch", "8"), size=None),
+         ("--rows", "2000", "--val-rows", "150", "--batch", "4", "--threads", "4"),
+         ("--rows", "48", "--val-rows", "8", "--batch", "8"), size=None),
     Case("dpo", None, 110, "dpo", ("--repeats", "3", "--steps", "6", "--rows", "256"),
          ("--repeats", "1", "--steps", "3", "--rows", "48"),
          size=("--method", "lora", "--objective", "dpo")),
@@ -134,9 +138,7 @@ def main() -> None:
     print(f"card: {card['name']}; bf16 peak {card['peak_text']}; targets x "
           f"{card['scale']:.2f} (the card's peak over an H100's "
           f"{H100_BF16_FLOPS / 1e12:.0f} TFLOP/s)", flush=True)
-    workdir = args.workdir
-    shutil.rmtree(workdir, ignore_errors=True)
-    (workdir / "logs").mkdir(parents=True)
+    workdir = fresh_workdir(args.workdir)
     started = time.monotonic()
     rows = []
     for case in CASES:
@@ -145,9 +147,26 @@ def main() -> None:
         left = args.budget - (time.monotonic() - started)
         rows.append(run_case(case, args, card, workdir, left))
         tidy(case, workdir, args.cpu_smoke)
-        print(f"{case.name}: {rows[-1].seconds:.0f} s{'; ' + rows[-1].note if rows[-1].note else ''}",
-              flush=True)
-    report(rows, card, args, time.monotonic() - started)
+        note = f"; {rows[-1].note}" if rows[-1].note else ""
+        print(f"{case.name}: {rows[-1].seconds:.0f} s{note}", flush=True)
+        # Written after every case: a call stopped at its limit still brings these back.
+        report(rows, card, args, time.monotonic() - started, final=False)
+    report(rows, card, args, time.monotonic() - started, final=True)
+
+
+MARKER = ".kubetune-bench-gpu"
+
+
+def fresh_workdir(workdir: Path) -> Path:
+    """``workdir`` emptied for this run, if it is one of ours (its marker file) or absent:
+    --workdir never removes a folder this script did not make."""
+    if workdir.exists() and any(workdir.iterdir()) and not (workdir / MARKER).is_file():
+        raise SystemExit(f"error: --workdir {workdir} is not empty and not a previous "
+                         "bench/gpu.py workdir: name a new or empty folder")
+    shutil.rmtree(workdir, ignore_errors=True)
+    (workdir / "logs").mkdir(parents=True)
+    (workdir / MARKER).touch()
+    return workdir
 
 
 def parse_args() -> argparse.Namespace:
@@ -231,6 +250,9 @@ def run_case(case: Case, args: argparse.Namespace, card: dict, workdir: Path,
             row.size_gib = size_estimate(case, models, card, smoke)
     except CaseFailed as failed:
         row.note = str(failed)
+    except Exception as error:  # noqa: BLE001 (a bench's changed output, say: the row says
+        # so and the next case runs; one lent GPU call must not end without its table)
+        row.note = f"bench/gpu.py error: {type(error).__name__}: {error}"[:300]
     row.seconds = time.monotonic() - start
     row.target = None if smoke or case.target is None else (
         case.target if case.name == "validation" else case.target * card["scale"])
@@ -416,11 +438,15 @@ def judge(row: Row, case: Case, card: dict) -> None:
     row.met = all(checks)
 
 
-def report(rows: list[Row], card: dict, args: argparse.Namespace, total_s: float) -> None:
+def report(rows: list[Row], card: dict, args: argparse.Namespace, total_s: float,
+           final: bool) -> None:
+    """The table: printed at the end; with --out written there after every case, the
+    runs' logs at the end."""
     from gpu_table import markdown
 
     table = markdown(rows, card, total_s, args.budget)
-    print(table, flush=True)
+    if final:
+        print(table, flush=True)
     if args.out is None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
@@ -428,6 +454,8 @@ def report(rows: list[Row], card: dict, args: argparse.Namespace, total_s: float
     (args.out / "gpu.json").write_text(json.dumps({
         "card": card, "budget_s": args.budget, "total_s": round(total_s, 1),
         "smoke": args.cpu_smoke, "rows": [vars(row) for row in rows]}, indent=2))
+    if not final:
+        return
     with tarfile.open(args.out / "gpu-logs.tar.gz", "w:gz") as logs:
         for path in sorted(args.workdir.rglob("*")):
             if path.is_file() and path.suffix in (".log", ".out", ".err"):

@@ -52,6 +52,7 @@ Llama-3.1-8B-shaped one, with llama3_1's configs), bf16, and MFU from summary.js
                             [--method lora|qlora|full] [--model-size 1B|8B]
                             [--steps 20] [--rows 4096] [--shards 4] [--threads N]
                             [--repeats 3] [--model DIR] [--dataset DIR] [--workdir DIR]
+                            [--no-plan-timing]
 """
 
 from __future__ import annotations
@@ -258,7 +259,8 @@ def prepare(workdir: Path, rows: int, gpu: bool, data: str, shards: int, method:
 
 def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None, gpu: bool,
         data: str, shape: str, accumulation: int | None = None,
-        threads: int | None = None, method: str = "lora", size: str = "1B") -> dict:
+        threads: int | None = None, method: str = "lora", size: str = "1B",
+        plan_timed: bool = True) -> dict:
     for side in ("plain", "ours"):
         shutil.rmtree(workdir / side, ignore_errors=True)
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
@@ -318,10 +320,7 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
     summary = json.loads((ours_out / "summary.json").read_text())
 
     # The launcher's own work before it starts the recipe: a dry run plans everything.
-    plan_start = time.monotonic()
-    dry = subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
-                         capture_output=True, text=True)
-    plan_s = time.monotonic() - plan_start
+    plan_s, decisions = plan_timing(ours_cmd, env) if plan_timed else (None, [])
     matched = same_batches(plain_records, ours_records)
     result = {
         "device": device, "cpu_threads": threads or "torch's default",
@@ -334,9 +333,7 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
                                               config]),
                  "tokens_per_s": median_tps(ours_records, "tokens_per_second", 1),
                  "mfu": summary.get("mfu"), "warmup_s": summary.get("warmup_s"),
-                 "launcher_plan_s": plan_s,
-                 "decisions": [line[6:] for line in dry.stdout.splitlines()
-                               if line.startswith("note: speed:")]},
+                 "launcher_plan_s": plan_s, "decisions": decisions},
         "same_batches": matched,
     }
     if gpu:
@@ -346,6 +343,16 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
             r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3
     result["ratios"] = ratios(result["plain"], result["ours"], matched)
     return result
+
+
+def plan_timing(ours_cmd: list[str], env: dict) -> tuple[float, list[str]]:
+    """Seconds of the launcher's dry run (its plan, without the recipe) and the speed
+    decisions it notes."""
+    plan_start = time.monotonic()
+    dry = subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
+                         capture_output=True, text=True)
+    return time.monotonic() - plan_start, [line[6:] for line in dry.stdout.splitlines()
+                                           if line.startswith("note: speed:")]
 
 
 def config_value(config: str, key: str):
@@ -368,7 +375,8 @@ def stand_in_args(config: str, plain_config: str, method: str,
     accumulation)."""
     args = []
     if accumulation is None:
-        args.append(f"gradient_accumulation_steps={config_value(config, 'gradient_accumulation_steps')}")
+        steps = config_value(config, "gradient_accumulation_steps")
+        args.append(f"gradient_accumulation_steps={steps}")
     if method == "full":
         args += ["optimizer._component_=torch.optim.AdamW", "optimizer_in_bwd=False"]
     return args
@@ -394,7 +402,8 @@ def ratios(p: dict, o: dict, matched: bool) -> dict:
         "startup_overhead_s": o["first_step_s"] - p["first_step_s"],
         "startup_overhead_fraction_of_plain": (o["first_step_s"] - p["first_step_s"])
         / p["first_step_s"],
-        "launcher_plan_fraction_of_plain_startup": o["launcher_plan_s"] / p["first_step_s"],
+        "launcher_plan_fraction_of_plain_startup": o["launcher_plan_s"] / p["first_step_s"]
+        if o["launcher_plan_s"] is not None else None,
     }
 
 
@@ -485,6 +494,8 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, default=None,
                         help="realistic data already written (its data/ folder's parquet "
                              "shards) instead of writing it")
+    parser.add_argument("--no-plan-timing", action="store_true",
+                        help="skip timing the launcher's plan (a dry run of ours)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-trainer"))
     args = parser.parse_args()
     gpu = cuda_present()
@@ -495,7 +506,8 @@ def main() -> None:
     shapes = ("single", "kubeflow") if args.shape == "both" else (args.shape,)
     results = [aggregate([run(args.workdir, model, dataset, args.steps, batch, gpu,
                               args.data, shape, args.gradient_accumulation_steps,
-                              args.threads, args.method, args.model_size)
+                              args.threads, args.method, args.model_size,
+                              not args.no_plan_timing)
                           for _ in range(args.repeats)])
                for shape in shapes]
     print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
