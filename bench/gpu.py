@@ -246,6 +246,7 @@ def run_case(case: Case, args: argparse.Namespace, card: dict, workdir: Path,
         result = run_capped(command, cap - (time.monotonic() - start),
                             workdir / "logs" / case.name)
         read_result(case, row, result, card)
+        row.raw["run_plan_gib"] = run_plan_gib(workdir / case.name / "ours.log")
         if case.size is not None and models:
             row.size_gib = size_estimate(case, models, card, smoke)
     except CaseFailed as failed:
@@ -404,6 +405,18 @@ def read_result(case: Case, row: Row, result: dict, card: dict) -> None:
     row.peak_gib = result["ours"].get("peak_cuda_reserved_gib")
     if not result.get("same_batches", True):
         row.note = "batches differ between the sides (see the JSON)"
+
+
+def run_plan_gib(log: Path) -> float | None:
+    """The estimate of the ``memory plan:`` line ours logged (the same line `kubetune size`
+    prints, for the run's own batch, accumulation and length); None where it logged none
+    (on CPU, or a bench whose runs keep no ours.log)."""
+    import re
+
+    if not log.is_file():
+        return None
+    found = re.findall(r"memory plan: .*?estimated ([0-9.]+) GiB", log.read_text(errors="replace"))
+    return float(found[-1]) if found else None
 
 
 def size_estimate(case: Case, models: list[Path], card: dict, smoke: bool) -> float | None:

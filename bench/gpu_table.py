@@ -44,9 +44,14 @@ def _peak(row, card: dict) -> str:
 def _size(row) -> str:
     if row.size_gib is None:
         return "—"
+    # The run's own plan, where it differs: `kubetune size` knows no accumulation steps
+    # or recipe, so a gap between the two says which side a miss comes from.
+    own = (row.raw or {}).get("run_plan_gib")
+    own = f"; the run's own plan {own:.1f} GiB" if own is not None and own != row.size_gib else ""
     if row.peak_gib:
-        return f"{row.size_gib:.1f} GiB ({row.size_gib / row.peak_gib - 1:+.0%} of the peak)"
-    return f"{row.size_gib:.1f} GiB (no CUDA peak to compare)"
+        return (f"{row.size_gib:.1f} GiB ({row.size_gib / row.peak_gib - 1:+.0%} of the "
+                f"peak{own})")
+    return f"{row.size_gib:.1f} GiB (no CUDA peak to compare{own})"
 
 
 def _met(row) -> str:
