@@ -241,7 +241,7 @@ def run_case(case: Case, args: argparse.Namespace, card: dict, workdir: Path,
         return row
     start = time.monotonic()
     try:
-        models = [ensure_model(m, workdir, card["device"], smoke) for m in case.models]
+        models = [ensure_model(m, workdir, card["device"], smoke, cap) for m in case.models]
         command = case_command(case, args, models, workdir)
         result = run_capped(command, cap - (time.monotonic() - start),
                             workdir / "logs" / case.name)
@@ -296,7 +296,7 @@ def ensure_dataset(workdir: Path, smoke: bool) -> Path:
     return dataset
 
 
-def ensure_model(name: str, workdir: Path, device: str, smoke: bool) -> Path:
+def ensure_model(name: str, workdir: Path, device: str, smoke: bool, cap: float) -> Path:
     """Model ``name`` (gpu_models.py) under ``workdir``, written on first use. On a GPU in
     a child process: the draw's CUDA memory goes with it, not to the runs."""
     from gpu_models import model_key, write_model
@@ -307,10 +307,16 @@ def ensure_model(name: str, workdir: Path, device: str, smoke: bool) -> Path:
     if smoke:
         write_model(name, model, "cpu")
         return model
-    done = subprocess.run([sys.executable, __file__, "--write-model", name, str(model), device],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise CaseFailed(f"writing the {name} model failed: {last_line(done.stderr)}")
+    try:
+        done = subprocess.run([sys.executable, __file__, "--write-model", name, str(model),
+                               device], capture_output=True, text=True, timeout=cap)
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is None or done.returncode != 0:
+        shutil.rmtree(model, ignore_errors=True)  # no later case trains a half-written one
+        raise CaseFailed(f"writing the {name} model " + (
+            f"took more than the case's {cap:.0f} s" if done is None
+            else f"failed: {last_line(done.stderr)}"))
     return model
 
 
