@@ -6,8 +6,11 @@
 #   bash bench/gpu.sh [--budget 500] [--only CASE,...]   # on a GPU; $OUT set: files there
 #   bash bench/gpu.sh --cpu-smoke                         # CPU, tiny models, no install
 #
-# Before a lent-GPU call, here: python bench/gpu_wheels.py fetch (bench/gpu-wheels/,
-# git-ignored, ~19 MiB: carried with the call).
+# Before a lent-GPU call, in the checkout the session started in (the one the device
+# tool sends): python bench/gpu_wheels.py fetch (bench/gpu-wheels/, git-ignored, ~19 MiB),
+# then the call: run(command="bash bench/gpu.sh", carry=["bench/gpu-wheels"],
+# timeout_s=600). The table ends the output; gpu.md, gpu.json and gpu-logs.tar.gz land in
+# $OUT (docs/trainer.md#gpu-performance).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
