@@ -65,6 +65,8 @@ def test_a_gpu_row_meets_its_target_only_within_the_cards_memory_and_the_size_es
 
 @pytest.mark.slow
 def test_cpu_smoke_fills_every_row_of_the_table(tmp_path):
+    # 15 training processes (each case's plain and ours, the held-out run twice), one at a
+    # time: about 125 s of CPU, most of it torch and torchtune imported in each.
     env = clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env.pop("OUT", None)
     done = subprocess.run(["bash", "bench/gpu.sh", "--cpu-smoke", "--workdir",
