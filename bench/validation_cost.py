@@ -134,6 +134,7 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
     print(json.dumps({
         "rows": args.rows, "val_rows": args.val_rows, "batch": args.batch, "dtype": args.dtype,
+        "evaluations": [r["evaluations"] for r in results],
         "median_validation_share": statistics.median(r["validation_share"] for r in results),
         "median_span_ratio": statistics.median(r["span_ratio"] for r in results),
         "median_wall_ratio": statistics.median(r["wall_ratio"] for r in results)}))
