@@ -17,7 +17,7 @@ Llama-3.2-1B-shaped student and a Llama-3.2-3B-shaped teacher (random weights, o
 tokenizer), bf16, peak CUDA memory as each recipe logs it.
 
     python bench/distill.py [--steps 8] [--rows 512] [--repeats 3] [--threads N]
-                            [--workdir DIR]
+                            [--model DIR] [--teacher DIR] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -96,16 +96,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="the student: this model directory instead of writing one")
+    parser.add_argument("--teacher", type=Path, default=None,
+                        help="the teacher: this model directory instead of writing one")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-distill"))
     args = parser.parse_args()
-    import torch
-
-    gpu = torch.cuda.is_available()
+    gpu = _SFT.cuda_present()
+    device = "cuda" if gpu else "cpu"
     shutil.rmtree(args.workdir, ignore_errors=True)
-    model = write_tiny_model(args.workdir / "model", _SFT.LLAMA_3_2_1B if gpu
-                             else TinyModelSpec())
-    teacher = write_tiny_model(args.workdir / "teacher", LLAMA_3_2_3B if gpu
-                               else TinyModelSpec(num_hidden_layers=4, seed=7))
+    model = args.model or write_tiny_model(
+        args.workdir / "model", _SFT.LLAMA_3_2_1B if gpu else TinyModelSpec(), device=device)
+    teacher = args.teacher or write_tiny_model(
+        args.workdir / "teacher", LLAMA_3_2_3B if gpu
+        else TinyModelSpec(num_hidden_layers=4, seed=7), device=device)
     write_alpaca_like(args.workdir / "data", args.rows, scale=0.25)
     data = args.workdir / "data"
     print(json.dumps(aggregate([run(args.workdir, model, teacher, data, args.steps,

@@ -16,7 +16,7 @@ of context before the question: the lengths preference data has), peak CUDA memo
 recipe logs it.
 
     python bench/dpo.py [--steps 8] [--rows 512] [--repeats 3] [--threads N]
-                        [--workdir DIR]
+                        [--model DIR] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -91,14 +91,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="train this model directory instead of writing one")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-dpo"))
     args = parser.parse_args()
-    import torch
-
-    gpu = torch.cuda.is_available()
+    gpu = _SFT.cuda_present()
     shutil.rmtree(args.workdir, ignore_errors=True)
-    model = (write_tiny_model(args.workdir / "model", _SFT.LLAMA_3_2_1B) if gpu
-             else write_tiny_model(args.workdir / "model"))
+    model = args.model or (
+        write_tiny_model(args.workdir / "model", _SFT.LLAMA_3_2_1B, device="cuda") if gpu
+        else write_tiny_model(args.workdir / "model"))
     data = write_pairs(args.workdir / "pairs", args.rows, context_words=100 if gpu else 0)
     print(json.dumps(aggregate([run(args.workdir, model, data, args.steps, args.threads, gpu)
                                 for _ in range(args.repeats)]), indent=2))

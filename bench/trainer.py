@@ -39,12 +39,20 @@ Command shape (``--shape``):
              single-device recipe on the same data (said in the output).
   both       each of the above.
 
-CPU: the tiny Llama-3. GPU (when CUDA is present): a Llama-3.2-1B-shaped model with
-random weights, bf16, and MFU from summary.json.
+Method (``--method``): lora (the default), qlora (LoRA's arguments and
+``model.quantize_base=True``, as the SDK sends QLoRA; on a single device the QLoRA config)
+or full (no adapter arguments; the full fine-tuning recipe and config).
+
+CPU: the tiny Llama-3 (for QLoRA one whose projections NF4's blocks divide). GPU (when
+CUDA is present): a Llama-3.2-1B-shaped model with random weights (``--model-size 8B``: a
+Llama-3.1-8B-shaped one, with llama3_1's configs), bf16, and MFU from summary.json.
+``--model``/``--dataset`` reuse a model and realistic data written once (bench/gpu.py).
 
     python bench/trainer.py [--data tiny|realistic] [--shape single|kubeflow|both]
+                            [--method lora|qlora|full] [--model-size 1B|8B]
                             [--steps 20] [--rows 4096] [--shards 4] [--threads N]
-                            [--repeats 3] [--workdir DIR]
+                            [--repeats 3] [--model DIR] [--dataset DIR] [--workdir DIR]
+                            [--no-plan-timing]
 """
 
 from __future__ import annotations
@@ -79,12 +87,57 @@ SDK_LORA_ARGS = ["batch_size=4", "epochs=1", "model.apply_lora_to_mlp=True",
                  "model.lora_attn_modules=[q_proj,v_proj,output_proj]",
                  "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
                  "dataset.split=train", "dataset.train_on_input=False"]
-SHAPES = {"single": ([], "lora_finetune_single_device", "llama3_2/1B_lora_single_device"),
-          "kubeflow": (["--nnodes", "1", "--nproc_per_node", "1"], "lora_finetune_distributed",
-                       "llama3_2/1B_lora")}
+LLAMA_3_1_8B = TinyModelSpec(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=8,
+                             max_position_embeddings=131072, vocab_size=128256,
+                             torch_dtype="bfloat16")
+# The shapes on a GPU (``--model-size``): the spec and the config family torchtune names it by.
+GPU_MODELS = {"1B": (LLAMA_3_2_1B, "llama3_2"), "8B": (LLAMA_3_1_8B, "llama3_1")}
+# NF4 quantizes in blocks of 64 x 256 elements: the tiny model's projections are not
+# multiples, this one's are (tests/test_trainer_runs.py's QLoRA run uses it too).
+TINY_NF4 = TinyModelSpec(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                         num_key_value_heads=4, max_position_embeddings=8192)
+# (torchrun arguments, recipe, config suffix) per command shape and method.
+SHAPES = {
+    ("single", "lora"): ([], "lora_finetune_single_device", "lora_single_device"),
+    ("single", "qlora"): ([], "lora_finetune_single_device", "qlora_single_device"),
+    ("single", "full"): ([], "full_finetune_single_device", "full_single_device"),
+    ("kubeflow", "lora"): (["--nnodes", "1", "--nproc_per_node", "1"],
+                           "lora_finetune_distributed", "lora"),
+    # The distributed LoRA config with quantize_base (the SDK's QLoRA argument), as on
+    # several GPUs. With torch 2.13 and torchao 0.15 its NF4 weights fail under FSDP2
+    # (nf4tensor's fsdp_post_all_gather: "not enough values to unpack"); bench/gpu.py's
+    # QLoRA case runs the single-device recipe the controller picks for one GPU.
+    ("kubeflow", "qlora"): (["--nnodes", "1", "--nproc_per_node", "1"],
+                            "lora_finetune_distributed", "lora"),
+    ("kubeflow", "full"): (["--nnodes", "1", "--nproc_per_node", "1"],
+                           "full_finetune_distributed", "full"),
+}
+
+
+def shape_command(shape: str, method: str, size: str = "1B") -> tuple[list[str], str, str]:
+    """(torchrun arguments, recipe, config) of ``shape`` for ``method`` on a ``size`` model."""
+    torchrun, recipe, suffix = SHAPES[(shape, method)]
+    return torchrun, recipe, f"{GPU_MODELS[size][1]}/{size}_{suffix}"
+
+
+def sdk_args(method: str) -> list[str]:
+    """The SDK's arguments for ``method``: LoRA's, QLoRA's (LoRA's and the quantized base),
+    or full fine-tuning's (no adapter settings)."""
+    if method == "full":
+        return [a for a in SDK_LORA_ARGS if not a.startswith("model.")]
+    return [*SDK_LORA_ARGS, *(["model.quantize_base=True"] if method == "qlora" else [])]
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cuda_present() -> bool:
+    """Whether the runs train on a GPU, probed as the trainer probes it: without importing
+    torch (seconds per bench process, which --cpu-smoke runs many of)."""
+    from kubetune.trainer.performance.hardware import visible_gpus
+
+    return bool(visible_gpus())
 
 
 def tree_cpu_s(root: int) -> float:
@@ -171,13 +224,31 @@ def median_tps(records: list[dict], key: str, world: int) -> float:
     return timed[len(timed) // 2] * world
 
 
-def prepare(workdir: Path, rows: int, gpu: bool, data: str, shards: int) -> tuple[Path, Path]:
-    if workdir.exists():
-        shutil.rmtree(workdir)
+def model_spec(gpu: bool, data: str, method: str = "lora", size: str = "1B") -> TinyModelSpec:
+    """The model a run trains: ``size``-shaped on a GPU, else the tiny Llama-3 (NF4-sized
+    for QLoRA)."""
+    if gpu:
+        return GPU_MODELS[size][0]
+    if method == "qlora":
+        return TINY_NF4
     # Realistic rows pack into 2048-token sequences, and plain torchtune does not truncate
     # (max_seq_len null): the tiny model needs the positions.
-    tiny = TinyModelSpec(max_position_embeddings=8192 if data == "realistic" else 512)
-    model = write_tiny_model(workdir / "model", LLAMA_3_2_1B if gpu else tiny)
+    return TinyModelSpec(max_position_embeddings=8192 if data == "realistic" else 512)
+
+
+def prepare(workdir: Path, rows: int, gpu: bool, data: str, shards: int, method: str = "lora",
+            size: str = "1B", model: Path | None = None,
+            dataset: Path | None = None) -> tuple[Path, Path]:
+    """The model and data of the runs: ``model``/``dataset`` where given (written once for
+    several benches, as bench/gpu.py does), else written under ``workdir``."""
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    if model is None:
+        model = write_tiny_model(workdir / "model", model_spec(gpu, data, method, size),
+                                 device="cuda" if gpu else "cpu")
+    if dataset is not None:
+        return model, dataset
     if data == "realistic":
         # Both models use the tiny byte-level tokenizer: a quarter of Alpaca's words makes
         # Alpaca's ~287 tokens per row (our packing estimate then sees shorter rows).
@@ -188,16 +259,17 @@ def prepare(workdir: Path, rows: int, gpu: bool, data: str, shards: int) -> tupl
 
 def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None, gpu: bool,
         data: str, shape: str, accumulation: int | None = None,
-        threads: int | None = None) -> dict:
+        threads: int | None = None, method: str = "lora", size: str = "1B",
+        plan_timed: bool = True) -> dict:
     for side in ("plain", "ours"):
         shutil.rmtree(workdir / side, ignore_errors=True)
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
-    torchrun, recipe, config = SHAPES[shape]
+    torchrun, recipe, config = shape_command(shape, method, size)
     data_args = [f"dataset.data_dir={dataset / 'data'}", f"max_steps_per_epoch={steps}",
                  f"dtype={dtype}", "seed=0", f"checkpointer.checkpoint_dir={model}",
                  f"tokenizer.path={model / 'original' / 'tokenizer.model'}"]
     if data == "realistic":
-        user_args = [*SDK_LORA_ARGS, *data_args]
+        user_args = [*sdk_args(method), *data_args]
         if batch:
             user_args.append(f"batch_size={batch}")
         if accumulation:
@@ -219,18 +291,22 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
     # Plain torchtune: the same upstream config, with what it needs to load this
     # checkpoint; unpacked and uncompiled unless the arguments say otherwise, as upstream.
     # Its distributed recipe opens NCCL groups: on CPU the single-device one stands in.
-    plain_torchrun, plain_recipe, plain_config = SHAPES[shape if gpu else "single"]
+    plain_torchrun, plain_recipe, plain_config = shape_command(shape if gpu else "single",
+                                                               method, size)
     plain_out = workdir / "plain"
     plain_args = [*user_args, f"output_dir={plain_out}", f"device={device}",
-                  *loading_overrides(model),
+                  *loading_overrides(model, lora=method != "full"),
                   "metric_logger._component_=torchtune.training.metric_logging.DiskLogger",
                   f"metric_logger.log_dir={plain_out / 'logs'}",
                   f"log_peak_memory_stats={gpu}", f"optimizer.fused={gpu}"]
+    if plain_config != config:
+        plain_args += stand_in_args(config, plain_config, method, accumulation)
     plain_cmd = [sys.executable, "-m", "torchtune._cli.tune", "run", *plain_torchrun,
                  plain_recipe, "--config", plain_config, *plain_args]
     plain = measured(plain_cmd, env, workdir / "plain.log",
                      lambda: len(plain_metrics(plain_out / "logs")), steps)
     plain_records = plain_metrics(plain_out / "logs")
+    drop_checkpoints(plain_out)
 
     ours_out = workdir / "ours"
     ours_cmd = [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *torchrun, recipe, "--config",
@@ -244,13 +320,11 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
     summary = json.loads((ours_out / "summary.json").read_text())
 
     # The launcher's own work before it starts the recipe: a dry run plans everything.
-    plan_start = time.monotonic()
-    dry = subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
-                         capture_output=True, text=True)
-    plan_s = time.monotonic() - plan_start
+    plan_s, decisions = plan_timing(ours_cmd, env) if plan_timed else (None, [])
     matched = same_batches(plain_records, ours_records)
     result = {
-        "device": device, "cpu_threads": threads or "torch's default", "model": "Llama-3.2-1B-shaped" if gpu else "tiny Llama-3",
+        "device": device, "cpu_threads": threads or "torch's default",
+        "model": f"Llama-{size}-shaped" if gpu else "tiny Llama-3", "method": method,
         "data": data, "shape": shape, "steps": steps,
         "plain": {**plain, "command": " ".join(["tune run", *plain_torchrun, plain_recipe,
                                                 "--config", plain_config]),
@@ -259,9 +333,7 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
                                               config]),
                  "tokens_per_s": median_tps(ours_records, "tokens_per_second", 1),
                  "mfu": summary.get("mfu"), "warmup_s": summary.get("warmup_s"),
-                 "launcher_plan_s": plan_s,
-                 "decisions": [line[6:] for line in dry.stdout.splitlines()
-                               if line.startswith("note: speed:")]},
+                 "launcher_plan_s": plan_s, "decisions": decisions},
         "same_batches": matched,
     }
     if gpu:
@@ -271,6 +343,51 @@ def run(workdir: Path, model: Path, dataset: Path, steps: int, batch: int | None
             r.get("peak_memory_bytes", 0) for r in ours_records) / 1024 ** 3
     result["ratios"] = ratios(result["plain"], result["ours"], matched)
     return result
+
+
+def plan_timing(ours_cmd: list[str], env: dict) -> tuple[float, list[str]]:
+    """Seconds of the launcher's dry run (its plan, without the recipe) and the speed
+    decisions it notes."""
+    plan_start = time.monotonic()
+    dry = subprocess.run([*ours_cmd, "--kubetune-dry-run"], env=env, cwd=REPO, check=True,
+                         capture_output=True, text=True)
+    return time.monotonic() - plan_start, [line[6:] for line in dry.stdout.splitlines()
+                                           if line.startswith("note: speed:")]
+
+
+def config_value(config: str, key: str):
+    """``key`` of torchtune's shipped config ``config`` (read, not imported)."""
+    import importlib.util
+
+    import yaml
+
+    recipes = list(importlib.util.find_spec("recipes").submodule_search_locations)[0]
+    return yaml.safe_load((Path(recipes) / "configs" / f"{config}.yaml").read_text()).get(key)
+
+
+def stand_in_args(config: str, plain_config: str, method: str,
+                  accumulation: int | None) -> list[str]:
+    """What the single-device config standing in for the distributed one on CPU needs to
+    train the same batches: the distributed config's accumulation where the user set none
+    (full fine-tuning's single-device config has 1, its distributed one 8) and, for full
+    fine-tuning, the distributed config's AdamW (the single-device config's optimizer is
+    bitsandbytes', a CUDA package, stepped in the backward pass, which takes no
+    accumulation)."""
+    args = []
+    if accumulation is None:
+        steps = config_value(config, "gradient_accumulation_steps")
+        args.append(f"gradient_accumulation_steps={steps}")
+    if method == "full":
+        args += ["optimizer._component_=torch.optim.AdamW", "optimizer_in_bwd=False"]
+    return args
+
+
+def drop_checkpoints(output_dir: Path) -> None:
+    """Remove a finished run's saved weights, its logs kept: an 8B-shaped run saves 16 GB,
+    and the other side's run must find the disk it needs."""
+    for path in output_dir.iterdir():
+        if path.name != "logs":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def ratios(p: dict, o: dict, matched: bool) -> dict:
@@ -285,7 +402,8 @@ def ratios(p: dict, o: dict, matched: bool) -> dict:
         "startup_overhead_s": o["first_step_s"] - p["first_step_s"],
         "startup_overhead_fraction_of_plain": (o["first_step_s"] - p["first_step_s"])
         / p["first_step_s"],
-        "launcher_plan_fraction_of_plain_startup": o["launcher_plan_s"] / p["first_step_s"],
+        "launcher_plan_fraction_of_plain_startup": o["launcher_plan_s"] / p["first_step_s"]
+        if o["launcher_plan_s"] is not None else None,
     }
 
 
@@ -311,6 +429,7 @@ def recipe_against_plain(workdir: Path, recipe: str, config: str, user_args: lis
     plain = measured(plain_cmd, env, workdir / "plain.log",
                      lambda: len(plain_metrics(plain_out / "logs")), steps)
     plain_records = plain_metrics(plain_out / "logs")
+    drop_checkpoints(plain_out)
     ours_out = workdir / "ours"
     ours_cmd = [sys.executable, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config",
                 config, f"output_dir={ours_out}", *user_args, *ours_args]
@@ -366,18 +485,29 @@ def main() -> None:
                         help="OMP_NUM_THREADS for both sides (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="alternating runs of each side; medians are reported")
+    parser.add_argument("--method", choices=("lora", "qlora", "full"), default="lora",
+                        help="the SDK's arguments for this method, its recipe and config")
+    parser.add_argument("--model-size", choices=tuple(GPU_MODELS), default="1B",
+                        help="GPU: the Llama shape to train (CPU: the tiny Llama-3)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="train this model directory instead of writing one")
+    parser.add_argument("--dataset", type=Path, default=None,
+                        help="realistic data already written (its data/ folder's parquet "
+                             "shards) instead of writing it")
+    parser.add_argument("--no-plan-timing", action="store_true",
+                        help="skip timing the launcher's plan (a dry run of ours)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-trainer"))
     args = parser.parse_args()
-    import torch
-
-    gpu = torch.cuda.is_available()
+    gpu = cuda_present()
     rows = args.rows if not gpu else max(args.rows, 65536)
     batch = args.batch_size or (None if args.data == "realistic" else 4 if gpu else 32)
-    model, dataset = prepare(args.workdir, rows, gpu, args.data, args.shards)
+    model, dataset = prepare(args.workdir, rows, gpu, args.data, args.shards, args.method,
+                             args.model_size, args.model, args.dataset)
     shapes = ("single", "kubeflow") if args.shape == "both" else (args.shape,)
     results = [aggregate([run(args.workdir, model, dataset, args.steps, batch, gpu,
                               args.data, shape, args.gradient_accumulation_steps,
-                              args.threads)
+                              args.threads, args.method, args.model_size,
+                              not args.no_plan_timing)
                           for _ in range(args.repeats)])
                for shape in shapes]
     print(json.dumps(results[0] if len(results) == 1 else results, indent=2))

@@ -1,7 +1,9 @@
 """A Llama-style decoder's shape (Llama, Qwen2) and random weights in Hugging Face names.
 
 The draw order is part of the contract: the same arguments give the same bytes, so the
-tiny models are reproducible across runs and machines.
+tiny models are reproducible across runs and machines. ``device`` draws on another device
+(a GPU draws a bench's 8B-shaped weights in seconds, not a minute); its own generator
+gives other, equally reproducible, values.
 """
 
 from __future__ import annotations
@@ -38,23 +40,24 @@ class DecoderSpec:
             "num_key_value_heads": self.num_key_value_heads,
         }
 
-    def random_weights(self, vocab: int, qkv_bias: bool = False) -> dict:
+    def random_weights(self, vocab: int, qkv_bias: bool = False, device: str = "cpu") -> dict:
         return random_decoder(
             seed=self.seed, vocab=vocab, hidden=self.hidden_size,
             intermediate=self.intermediate_size, layers=self.num_hidden_layers,
             heads=self.num_attention_heads, kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim, tied=self.tie_word_embeddings, qkv_bias=qkv_bias)
+            head_dim=self.head_dim, tied=self.tie_word_embeddings, qkv_bias=qkv_bias,
+            device=device)
 
 
 def random_decoder(*, seed: int, vocab: int, hidden: int, intermediate: int, layers: int,
                    heads: int, kv_heads: int, head_dim: int, tied: bool,
-                   qkv_bias: bool = False) -> dict:
+                   qkv_bias: bool = False, device: str = "cpu") -> dict:
     import torch
 
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
 
     def normal(*shape: int) -> "torch.Tensor":
-        return torch.randn(*shape, generator=generator) * 0.02
+        return torch.randn(*shape, generator=generator, device=device) * 0.02
 
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     tensors = {"model.embed_tokens.weight": normal(vocab, hidden)}
@@ -69,10 +72,10 @@ def random_decoder(*, seed: int, vocab: int, hidden: int, intermediate: int, lay
             p + "mlp.gate_proj.weight": normal(intermediate, hidden),
             p + "mlp.up_proj.weight": normal(intermediate, hidden),
             p + "mlp.down_proj.weight": normal(hidden, intermediate),
-            p + "input_layernorm.weight": torch.ones(hidden),
-            p + "post_attention_layernorm.weight": torch.ones(hidden),
+            p + "input_layernorm.weight": torch.ones(hidden, device=device),
+            p + "post_attention_layernorm.weight": torch.ones(hidden, device=device),
         })
-    tensors["model.norm.weight"] = torch.ones(hidden)
+    tensors["model.norm.weight"] = torch.ones(hidden, device=device)
     if not tied:
         tensors["lm_head.weight"] = normal(vocab, hidden)
     return tensors

@@ -52,16 +52,20 @@ class TinyModelSpec(DecoderSpec):
         }
 
 
-def _random_state_dict(spec: TinyModelSpec) -> dict:
+def _random_state_dict(spec: TinyModelSpec, device: str = "cpu") -> dict:
     import torch
 
-    tensors = spec.random_weights(spec.vocab)
+    tensors = spec.random_weights(spec.vocab, device=device)
     dtype = torch.bfloat16 if spec.torch_dtype == "bfloat16" else torch.float32
-    return {name: t.to(dtype) for name, t in tensors.items()}
+    # Converted (and moved off a GPU) one tensor at a time, each fp32 draw freed as it goes:
+    # an 8B-shaped model never holds a second full copy.
+    return {name: tensors.pop(name).to(dtype).cpu() for name in list(tensors)}
 
 
-def write_tiny_model(model_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write the tiny model to ``model_dir`` (created) and return it."""
+def write_tiny_model(model_dir: Path, spec: TinyModelSpec = TinyModelSpec(),
+                     device: str = "cpu") -> Path:
+    """Write the tiny model to ``model_dir`` (created) and return it; ``device`` draws the
+    weights there (``decoder_weights``)."""
     from safetensors.torch import save_file
 
     model_dir = Path(model_dir)
@@ -77,5 +81,5 @@ def write_tiny_model(model_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> 
     # Through atomic_path: safetensors alone writes 0600, and an engine's container user
     # (or a pod's) must read the demo's weights as any other file of the model.
     with atomic_path(model_dir / "model.safetensors") as tmp:
-        save_file(_random_state_dict(spec), str(tmp), metadata={"format": "pt"})
+        save_file(_random_state_dict(spec, device), str(tmp), metadata={"format": "pt"})
     return model_dir
