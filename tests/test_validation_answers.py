@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from kubetune.trainer.metric_logging import run_report
-from kubetune.trainer.validation import answers
+from kubetune.trainer.validation import answers, budget
 from kubetune.workspace import answers_record
 
 torch = pytest.importorskip("torch")
@@ -387,3 +387,22 @@ def test_ranks_answer_together_sharded_or_not_and_as_one_process_does(
     assert ranks[0]["sharded"] == ranks[1]["sharded"] == alone
     # Rank 1's own weights differ: it answers with rank 0's tokens all the same.
     assert ranks[0]["diverging"] == ranks[1]["diverging"] == alone
+
+
+def test_answers_beyond_their_share_of_the_run_are_cut_and_said_to_be(model, tokenizer,
+                                                                     tmp_path):
+    rows = heldout(tokenizer, tmp_path)
+    lines: list[str] = []
+    whole = answers.answer(recipe(model, tokenizer), rows, prompts=3, max_new_tokens=20)
+    lengths, handle = count_forwards(model)
+    try:
+        cut = answers.answer(recipe(model, tokenizer), rows, prompts=3, max_new_tokens=20,
+                             allowed=1, emit=lines.append, which="tuned")
+    finally:
+        handle.remove()
+    assert len(whole) == 3 and len(cut) == 1
+    assert len(lengths) <= budget.MIN_NEW_TOKENS  # one forward per new token at most
+    assert lines == [f"held-out answers (tuned model): 2 of 3 cut, the rest up to "
+                     f"{budget.MIN_NEW_TOKENS} new tokens (of 20): answers are bounded to "
+                     f"about 5% of the run's compute"]
+    assert whole[0]["answer"].startswith(cut[0]["answer"])
