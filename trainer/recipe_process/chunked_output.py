@@ -7,9 +7,9 @@ contiguous in its leading dimensions, so ``torch.matmul`` cannot fold it into on
 product; where the weight needs no gradient (LoRA's frozen output or a tied embedding) it
 broadcasts the weight over the batch and calls ``bmm``, which on CPU copies the whole
 ``vocab x dim`` weight once per sequence in the batch, per chunk, forward and backward.
-On SmolLM2-135M's 49,152 x 576 output at 4 x 144 tokens that was 11.5 s per step against
-0.7 s for the same projection of contiguous rows in bf16, and 4.2 s against 2.4 s in fp32
-(bench/real_model.py measures whole steps).
+At SmolLM2-135M's 49,152 x 576 output and 4 x 144 tokens, the projection and its loss,
+forward and backward, took 11.5 s against 0.7 s projected as matrices in bf16, and 4.2 s
+against 2.4 s in fp32 (one thread; bench/real_model.py measures whole training steps).
 
 Here each chunk is flattened to ``[rows, dim]`` first (a copy of ``rows x dim`` hidden
 values, tiny beside the weight), projected by one matrix product, and viewed back as
