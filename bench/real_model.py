@@ -215,8 +215,11 @@ def model_dir(args) -> Path:
     if args.model:
         return args.model.resolve()
     sys.path.insert(0, str(REPO))
-    from kubetune.tools.demo.smollm2 import write_smollm2
-
+    try:
+        from kubetune.tools.demo.smollm2 import write_smollm2
+    except ImportError as missing:
+        raise SystemExit(f"error: no SmolLM2 writer here ({missing}): pass --model DIR, a "
+                         "Hugging Face directory of SmolLM2-135M-Instruct") from None
     return write_smollm2(args.workdir / "smollm2")
 
 
