@@ -20,6 +20,12 @@ give the same loss to bf16 rounding; transformers trains one target fewer per ro
 ``labels`` are shifted inside the model), and each side's ratio to peft's and to
 torchtune's in the same run. No timed asserts: ratios only.
 
+``--sides`` may add ``unchunked``: plain torchtune's model with one output projection and
+a plain cross-entropy, to see what the chunked output itself costs. Where CUDA is present
+every side runs there (our CPU adaptations then change nothing: ours is torchtune's), and
+each also reports its peak CUDA memory reserved: one call on a GPU machine, with
+``--sides ours,torchtune,unchunked,peft`` (the PEFT venv needs a CUDA build of torch).
+
 Ours is measured as its training step (model, loss, optimizer through the recipe process's
 adaptations), not the whole recipe: the recipes' tokenizers need the checkpoint's
 ``tokenizer.model`` until tokenizer.json-only checkpoints load (issue 52 §2); the step is
@@ -49,6 +55,9 @@ LORA_RANK, LORA_ALPHA, LR = 8, 16, 3e-4
 TUNE_ATTENTION = ["q_proj", "v_proj", "output_proj"]
 PEFT_MODULES = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SIDES = ("ours", "torchtune", "peft")
+# Not run by default: plain torchtune's model with one output projection and a plain
+# cross-entropy, to see what the chunking itself costs on a device.
+EXTRA_SIDES = ("unchunked",)
 
 
 def token_rows(model_dir: Path, rows: int, seq: int) -> list[list[int]]:
@@ -100,16 +109,34 @@ def tune_model(model_dir: Path, dtype, ours: bool):
         {k: v.to(dtype) for k, v in hf_to_tune(arch, config, state).items()}, strict=False)
     assert not unexpected and all("lora" in k for k in missing), (missing, unexpected)
     set_trainable_params(model, get_adapter_params(model))
-    return model.train()
+    return model.to(device()).train()
 
 
-def tune_step(model_dir: Path, dtype, ours: bool):
+def device():
+    """CUDA where there is one (every side alike), else the CPU."""
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def whole_logits_loss(logits, labels):
+    """Cross-entropy of one output projection (no chunks), upcast as torchtune's is."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=-100)
+
+
+def tune_step(model_dir: Path, dtype, ours: bool, chunked: bool = True):
     import torch
     from torchtune.modules.loss import CEWithChunkedOutputLoss
 
     model = tune_model(model_dir, dtype, ours)
     loss_fn = CEWithChunkedOutputLoss()  # torchtune's LoRA configs' loss, and our default
-    model.set_num_output_chunks(loss_fn.num_output_chunks)
+    if chunked:
+        model.set_num_output_chunks(loss_fn.num_output_chunks)
+    else:
+        loss_fn = whole_logits_loss
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
 
     def step(rows) -> float:
@@ -127,7 +154,7 @@ def peft_step(model_dir: Path, dtype):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device())
     model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA,
                                              lora_dropout=0.0, target_modules=PEFT_MODULES))
     model.train()
@@ -152,9 +179,9 @@ def run_side(side: str, model_dir: Path, rows_file: Path, batch: int, steps: int
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
     start = time.process_time()
     step = peft_step(model_dir, dtype) if side == "peft" else tune_step(
-        model_dir, dtype, ours=side == "ours")
+        model_dir, dtype, ours=side == "ours", chunked=side != "unchunked")
     load_cpu_s = time.process_time() - start
-    rows = torch.tensor(json.loads(rows_file.read_text()))
+    rows = torch.tensor(json.loads(rows_file.read_text())).to(device())
     cpu, wall, losses = [], [], []
     for index in range(steps):
         batch_rows = rows[index * batch:(index + 1) * batch]
@@ -165,7 +192,9 @@ def run_side(side: str, model_dir: Path, rows_file: Path, batch: int, steps: int
     return {"side": side, "threads": torch.get_num_threads(), "load_cpu_s": load_cpu_s,
             "step_cpu_s": cpu, "step_wall_s": wall, "losses": losses,
             "tokens_per_step": batch * (rows.shape[1] - 1),
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "device": str(device()), "peak_cuda_reserved": torch.cuda.max_memory_reserved()
+            if torch.cuda.is_available() else None}
 
 
 def median(values: list[float]) -> float:
@@ -179,6 +208,8 @@ def summarize(report: dict) -> dict:
     return {"tokens_per_cpu_s": median([tokens / s for s in report["step_cpu_s"][steady]]),
             "tokens_per_s": median([tokens / s for s in report["step_wall_s"][steady]]),
             "peak_rss_mib": report["peak_rss"] / 2 ** 20, "first_loss": report["losses"][0],
+            "peak_cuda_reserved_gib": report["peak_cuda_reserved"] / 2 ** 30
+            if report.get("peak_cuda_reserved") else None, "device": report.get("device"),
             "load_cpu_s": report["load_cpu_s"]}
 
 
@@ -205,8 +236,11 @@ def table(results: dict) -> list[str]:
             over = {base: s["tokens_per_cpu_s"] / sides[base]["tokens_per_cpu_s"]
                     if base in sides else None for base in ("peft", "torchtune")}
             cells = [f"{v:.2f}x" if v else "-" for v in over.values()]
+            memory = f"{s['peak_rss_mib']:.0f}" + (
+                f" (CUDA {s['peak_cuda_reserved_gib']:.2f} GiB)"
+                if s.get("peak_cuda_reserved_gib") else "")
             lines.append(f"| {threads} | {side} | {s['tokens_per_cpu_s']:.1f} | "
-                         f"{s['tokens_per_s']:.1f} | {s['peak_rss_mib']:.0f} | "
+                         f"{s['tokens_per_s']:.1f} | {memory} | "
                          f"{s['first_loss']:.4f} | {cells[0]} | {cells[1]} |")
     return lines
 
@@ -235,7 +269,7 @@ def main() -> None:
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--peft-python", type=Path, default=REPO / ".venv-serving/bin/python")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-real-model"))
-    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=SIDES + EXTRA_SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--rows-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:  # a child: one trainer
@@ -251,8 +285,9 @@ def main() -> None:
         results[threads] = {side: summarize(launch(side, args, rows_file, threads))
                             for side in args.sides.split(",")}
         print(json.dumps({threads: results[threads]}), file=sys.stderr, flush=True)
-    print(f"model {args.model.name}, {args.dtype}, batch {args.batch} x {args.seq} tokens, "
-          f"{args.steps} steps (the first left out), {os.cpu_count()} CPUs")
+    device = next(iter(next(iter(results.values())).values()))["device"]
+    print(f"model {args.model.name} on {device}, {args.dtype}, batch {args.batch} x "
+          f"{args.seq} tokens, {args.steps} steps (the first left out), {os.cpu_count()} CPUs")
     print("\n".join(table(results)))
 
 
