@@ -15,6 +15,7 @@ from kubetune.exporter.tokenizer_files import GENERATION_CONFIG_NAME
 from kubetune.exporter.destination import open_destination
 from kubetune.exporter.training_output import TrainingOutput, locate
 from kubetune import env
+from kubetune.phase_progress import PhaseProgress
 from kubetune.errors import BadInputError
 from kubetune.remote.trainjob_status import StatusReporter, transfer_metrics
 from kubetune.workspace import ADAPTER_WEIGHTS_NAME, MODEL_CONFIG_NAME
@@ -140,27 +141,21 @@ def export(request: ExportRequest) -> dict:
     # Each initializer's manifest, read once for the whole export.
     base = base_model.source(request.model_dir, InitializerManifest.read(request.model_dir))
     dataset = base_model.dataset_source(InitializerManifest.read(request.dataset_dir))
-    with destination.build_dir() as tree:
+    adapter_sub, merged_sub = artifact.subdirs(fmt)
+    stages = 3 + (adapter_sub is not None) + (merged_sub is not None)
+    with destination.build_dir() as tree, PhaseProgress("export", stages, "stages done",
+                                                          log.info) as progress:
+        stage = progress.stage
         try:
-            adapter_sub, merged_sub = artifact.subdirs(fmt)
             if adapter_sub is not None:
+                stage("writing the adapter")
                 artifact.write_adapter(training, request.model_dir, base, tree / adapter_sub, chat)
             if merged_sub is not None:
+                stage("writing the merged model")
                 artifact.write_merged(training, request.model_dir, tree / merged_sub, chat)
+            stage("hashing the files")
+            _write_card(request, training, fmt, base, dataset, tree)
             metrics = training.summary()
-            carried = training.carry_report(tree)
-            # The files the card's snippet loads the tokenizer from.
-            loaded = tree / (adapter_sub if adapter_sub is not None else merged_sub)
-            (tree / "README.md").write_text(model_card.render(
-                fmt, base, dataset, metrics, adapter_sub, merged_sub, training.method,
-                config=training.config(),
-                model_dir=request.model_dir, curves=carried.get("curves"),
-                report=carried.get("report"), destination=request.destination,
-                checkpoint=training.chosen,
-                target_modules=(artifact.adapter_config(training, base).get("target_modules")
-                                if training.is_peft else None),
-                chat_template=find_template(loaded) is not None,
-                generation_config=(loaded / GENERATION_CONFIG_NAME).is_file()))
             result = export_manifest.build(
                 tree, fmt=fmt, base_model=base, dataset=dataset,
                 training_config=training.config_text(), metrics=metrics,
@@ -172,7 +167,9 @@ def export(request: ExportRequest) -> dict:
                 log.info("%s already holds this export (manifest matches): nothing to upload",
                          destination.description)
                 return previous
+            stage("verifying")
             result["verification"] = {**chat.report, **_verify(request, training, tree, fmt, base)}
+            stage("publishing")
             destination.publish(tree, result, previous)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -186,6 +183,25 @@ def export(request: ExportRequest) -> dict:
     log.info("exported %s to %s", fmt, destination.description)
     _report_status(result)
     return result
+
+
+def _write_card(request: ExportRequest, training: TrainingOutput, fmt: str, base: dict,
+                dataset: dict, tree: Path) -> None:
+    """The model card (README.md), with the run's report and curves carried beside it."""
+    adapter_sub, merged_sub = artifact.subdirs(fmt)
+    carried = training.carry_report(tree)
+    # The files the card's snippet loads the tokenizer from.
+    loaded = tree / (adapter_sub if adapter_sub is not None else merged_sub)
+    (tree / "README.md").write_text(model_card.render(
+        fmt, base, dataset, training.summary(), adapter_sub, merged_sub, training.method,
+        config=training.config(),
+        model_dir=request.model_dir, curves=carried.get("curves"),
+        report=carried.get("report"), destination=request.destination,
+        checkpoint=training.chosen,
+        target_modules=(artifact.adapter_config(training, base).get("target_modules")
+                        if training.is_peft else None),
+        chat_template=find_template(loaded) is not None,
+        generation_config=(loaded / GENERATION_CONFIG_NAME).is_file()))
 
 
 def _report_status(result: dict) -> None:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from kubetune.trainer.metric_logging import run_report
-from kubetune.trainer.validation import answers
+from kubetune.trainer.validation import answers, budget
 from kubetune.workspace import answers_record
 
 torch = pytest.importorskip("torch")
@@ -387,3 +387,21 @@ def test_ranks_answer_together_sharded_or_not_and_as_one_process_does(
     assert ranks[0]["sharded"] == ranks[1]["sharded"] == alone
     # Rank 1's own weights differ: it answers with rank 0's tokens all the same.
     assert ranks[0]["diverging"] == ranks[1]["diverging"] == alone
+
+
+def test_answers_beyond_their_share_of_the_run_are_cut_and_said_to_be(model, tokenizer,
+                                                                     tmp_path, monkeypatch):
+    monkeypatch.setattr(budget, "MIN_NEW_TOKENS", 2)  # the floor, small: a cheap test
+    rows = heldout(tokenizer, tmp_path)
+    lines: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    handle = model.register_forward_hook(lambda _m, args, _o: shapes.append(args[0].shape))
+    try:
+        cut = answers.answer(recipe(model, tokenizer), rows, prompts=3, max_new_tokens=20,
+                             allowed=1, emit=lines.append, which="tuned")
+    finally:
+        handle.remove()
+    assert len(cut) == 1 and cut[0]["reference"] == CONVERSATIONS[0][-1]["content"]
+    assert 1 <= len(shapes) <= 2 and {s[0] for s in shapes} == {1}  # one row, 2 tokens at most
+    assert lines == ["held-out answers (tuned model): 2 of 3 cut, the rest up to 2 new "
+                     "tokens (of 20): answers are bounded to about 5% of the run's compute"]

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from omegaconf import OmegaConf
 
 from kubetune import logs
+from kubetune.phase_progress import format_duration
 from kubetune.remote.trainjob_status import StatusReporter
 from kubetune.trainer.metric_logging.validation_progress import ValidationProgress
 from kubetune.trainer.request import passed_env
@@ -104,12 +105,6 @@ def distill_parts(record: Mapping[str, Any]) -> list[str]:
     """The two parts of a distillation step's loss, as the progress line shows them."""
     return [f"{name} {float(record[key]):.4f}" for key, name in
             ((CLASS_LOSS, "ce"), (KD_LOSS, "kd")) if key in record]
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(round(max(0.0, seconds)))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 class TrainProgress:

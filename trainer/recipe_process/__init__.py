@@ -2,7 +2,9 @@
 (what the launcher starts instead of the recipe script), ``recipe_hooks`` (the recipe
 class's setup, data and saves wrapped), ``cpu_adapt`` (gloo and no CUDA calls on CPU),
 ``document_attention`` (a packed batch on CPU attends per document, not over its whole
-pack), ``step_guard`` (stop on SIGTERM with a resumable save, exact resume; a non-finite
+pack), ``chunked_output`` (a chunked loss's output projection on CPU one matrix product per
+chunk, never a copy of the output weight per sequence), ``save_progress`` (a checkpoint
+save's progress line: the bytes written so far), ``step_guard`` (stop on SIGTERM with a resumable save, exact resume; a non-finite
 loss stops the run), ``run_sanity`` (no optimizer step, no row to train on or non-finite
 weights: nothing is saved, one line, exit 65), ``fallbacks`` (torch.compile that fails ->
 eager; out of memory at the first step -> a smaller micro-batch, same effective batch),

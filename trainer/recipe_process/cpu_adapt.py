@@ -12,7 +12,9 @@ base weights, and training after the first epoch runs on a corrupted base (the e
 adapter then no longer reproduces the merged model). The merge is made to work on a copy.
 
 And one that costs memory and time: without flex attention torchtune attends over a whole
-pack through a dense mask; ``document_attention`` attends per document instead.
+pack through a dense mask; ``document_attention`` attends per document instead. And
+its chunked output projection copies the whole output weight per sequence and chunk on
+CPU; ``chunked_output`` projects each chunk as one matrix instead.
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ def apply() -> list[str]:
 
     if document_attention.install():
         adapted.append("packed batches attend per document, not over the whole pack")
+    from kubetune.trainer.recipe_process import chunked_output
+
+    if chunked_output.install():
+        adapted.append("chunked output projections run as matrix products, not batched "
+                       "copies of the output weight")
     return adapted
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from kubetune.phase_progress import PhaseProgress
 from kubetune.workspace import validation_record
 from kubetune.workspace.validation_record import ValidationRecord
 from kubetune.trainer.data.token_cache.settings import CacheSettings
@@ -69,6 +70,16 @@ def steps_per_epoch(recipe: Any) -> int:
     if recipe.max_steps_per_epoch is not None:
         steps = min(steps, recipe.max_steps_per_epoch)
     return steps
+
+
+def _answers_allowed(recipe: Any) -> float | None:
+    """Forward positions each set of held-out answers may cost (``budget``): the run's
+    own training tokens, as far as ``max_steps_per_epoch`` lets it go."""
+    batches = max(1, len(recipe._dataloader))
+    accum = max(1, int(getattr(recipe, "_gradient_accumulation_steps", 1)))
+    fraction = min(1.0, steps_per_epoch(recipe) * accum / batches)
+    return budget.answer_forward_tokens(recipe._dataloader.dataset, int(recipe.total_epochs),
+                                        fraction)
 
 
 class HeldOut:
@@ -170,8 +181,12 @@ class HeldOut:
 
     def evaluate(self, recipe: Any, step: int, epoch: int) -> None:
         started = time.perf_counter()
-        loss, tokens = val_loop.held_out_loss(recipe, self.dataset, self.batch_size,
-                                              self.collate, self.guard.rank, self.world)
+        count = val_loop.batch_count(len(self.dataset), self.batch_size, self.world)
+        with PhaseProgress(f"validation at step {step}", count, "batches",
+                           self._emit()) as progress:
+            loss, tokens = val_loop.held_out_loss(recipe, self.dataset, self.batch_size,
+                                                  self.collate, self.guard.rank, self.world,
+                                                  progress)
         seconds = time.perf_counter() - started
         self.schedule.mark(step)
         self.early.observe(step, loss)
@@ -201,10 +216,14 @@ class HeldOut:
         """A few held-out prompts answered, base or tuned (every rank; rank 0 records)."""
         started = time.perf_counter()
         answers.record_answers(recipe, self.prompt_rows, self.section, self.guard.output_dir,
-                               self.guard.rank, step, which)
+                               self.guard.rank, step, which, _answers_allowed(recipe))
         logger = getattr(recipe, "_metric_logger", None)
         if self.guard.rank == 0 and hasattr(logger, "note_validation_s"):
             logger.note_validation_s(time.perf_counter() - started)  # as evaluate's seconds
+
+    def _emit(self):
+        """Where progress lines go: rank 0's log (every rank runs the same batches)."""
+        return log.info if self.guard.rank == 0 else None
 
     def _write(self) -> None:
         if self.guard.rank == 0:

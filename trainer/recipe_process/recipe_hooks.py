@@ -17,7 +17,8 @@ from kubetune.trainer.checkpointing import epoch_saves
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.recipe_process import (empty_batches, held_out, run_sanity,
-                                             sample_capture, tokenized_data, warmup_cap)
+                                             sample_capture, save_progress, tokenized_data,
+                                             warmup_cap)
 from kubetune.trainer.recipe_process.step_guard import Guard
 
 
@@ -73,7 +74,9 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
             original_dir = guard.before_save(checkpointer)
             resumable = epoch + 1 < self.total_epochs  # the recipe's own test, as it saves
             # Only the run's last save holds the merged model (a LoRA run's: epoch_saves).
-            with epoch_saves.adapter_only_unless_final(self, guard.settings, not resumable):
+            with epoch_saves.adapter_only_unless_final(self, guard.settings, not resumable), \
+                    save_progress.reporting(checkpointer, getattr(self, "_model", None), epoch,
+                                            guard.rank):
                 result = original_save(self, epoch, *args, **kwargs)
             guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch, resumable)
             if validated is not None:
@@ -97,8 +100,9 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
                 validated.before_epoch_save(recipe, epoch, training_progress)
             checkpointer = self._get_checkpointer()
             original_dir = guard.before_save(checkpointer)
-            result = original_client_save(self, model, optimizer, training_progress, epoch,
-                                          *args, **kwargs)
+            with save_progress.reporting(checkpointer, model, epoch, guard.rank):
+                result = original_client_save(self, model, optimizer, training_progress,
+                                              epoch, *args, **kwargs)
             resumable = epoch + 1 < training_progress.total_epochs
             guard.after_save(recipe, checkpointer, original_dir,
                              training_progress.epochs_run, epoch, resumable)

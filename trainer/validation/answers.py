@@ -28,9 +28,11 @@ import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from kubetune import redact as redact_module
+from kubetune.phase_progress import PhaseProgress
+from kubetune.trainer.validation import budget
 from kubetune.workspace import answers_record
 
 log = logging.getLogger("trainer")
@@ -214,10 +216,11 @@ def _broadcast_from_first(tokens: Any) -> Any:
 
 
 def greedy(model: Any, prompts: Sequence[list[int]], new_tokens: int, length: int,
-           stops: set[int], device: Any) -> list[list[int]]:
+           stops: set[int], device: Any, progress: Any = None) -> list[list[int]]:
     """Greedy continuations of ``prompts``, answered together (one forward per new token
     for all of them), each at most ``new_tokens`` tokens and ended before a stop token;
-    every forward is ``len(prompts) x length`` tokens (right padded)."""
+    every forward is ``len(prompts) x length`` tokens (right padded). ``progress`` (a
+    ``PhaseProgress`` over ``new_tokens`` forwards) is advanced a forward at a time."""
     import torch
 
     # The padding is never attended to (it follows every position read): any id in the
@@ -247,6 +250,8 @@ def greedy(model: Any, prompts: Sequence[list[int]], new_tokens: int, length: in
             if len(answers[row]) < budgets[row]:
                 still.append(row)
         active = still
+        if progress is not None:
+            progress.advance()
     return answers
 
 
@@ -255,10 +260,13 @@ def _device(recipe: Any) -> Any:
     return device if device is not None else next(recipe._model.parameters()).device
 
 
-def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int) -> list[dict]:
+def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int,
+           allowed: float | None = None, emit: Callable[[str], None] | None = None,
+           which: str = "base") -> list[dict]:
     """The recipe's model's greedy answers to the first ``prompts`` held-out rows:
-    ``[{"prompt", "reference", "answer"}]``. Every rank calls it (the same forwards run on
-    all); all get the same answers."""
+    ``[{"prompt", "reference", "answer"}]``, within ``allowed`` forward positions
+    (``budget.fit_answers``). Every rank calls it (the same forwards run on all); all get
+    the same answers. ``emit``: rank 0's log, for the cut and the progress lines."""
     tokenizer, model = recipe._tokenizer, recipe._model
     ignore_index = getattr(getattr(recipe, "_loss_fn", None), "ignore_index", IGNORE_INDEX)
     context = _context(recipe)
@@ -266,13 +274,22 @@ def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int)
                             context) if prompts > 0 and max_new_tokens > 0 else []
     if not asked:
         return []
-    length = min(context, max(len(a.prompt) for a in asked) + max_new_tokens)
+    kept, new_tokens = budget.fit_answers([len(a.prompt) for a in asked], max_new_tokens,
+                                          context, allowed)
+    if emit is not None and (kept, new_tokens) != (len(asked), max_new_tokens):
+        emit(f"held-out answers ({which} model): {len(asked) - kept} of {len(asked)} cut, "
+             f"the rest up to {new_tokens} new tokens (of {max_new_tokens}): answers are "
+             f"bounded to about {budget.ANSWER_SHARE:.0%} of the run's compute")
+    asked = asked[:kept]
+    length = min(context, max(len(a.prompt) for a in asked) + new_tokens)
     stops, device = _stop_tokens(tokenizer), _device(recipe)
     from kubetune.trainer.validation.val_loop import training_state_kept
 
-    with training_state_kept(model, device):
-        answers = greedy(model, [a.prompt for a in asked], max_new_tokens, length, stops,
-                         device)
+    with training_state_kept(model, device), PhaseProgress(
+            f"held-out answers ({which} model, {kept} prompt(s))", new_tokens,
+            "tokens at most", emit) as progress:
+        answers = greedy(model, [a.prompt for a in asked], new_tokens, length, stops,
+                         device, progress)
     return [_masked({"prompt": _decode(tokenizer, a.prompt, keep_special=True),
                      "reference": _decode(tokenizer, a.reference, keep_special=False),
                      "answer": _decode(tokenizer, ids, keep_special=False)})
@@ -299,7 +316,8 @@ def _setting(settings: Mapping, key: str, default: int) -> int:
 
 
 def record_answers(recipe: Any, heldout_dataset: Any, settings: Mapping | None,
-                   output_dir: Path | str, rank: int, step: int, which: str) -> list[dict] | None:
+                   output_dir: Path | str, rank: int, step: int, which: str,
+                   allowed: float | None = None) -> list[dict] | None:
     """``answer`` on every rank, recorded by rank 0 as the base's (``which="base"``, before
     the first step) or the tuned model's (``"tuned"``, after the last). Nothing where the
     settings (``kubetune.validation``) ask for no prompt or the held-out set is empty. An
@@ -313,7 +331,8 @@ def record_answers(recipe: Any, heldout_dataset: Any, settings: Mapping | None,
             or len(heldout_dataset) == 0:
         return None
     try:
-        found = answer(recipe, heldout_dataset, prompts, max_new_tokens)
+        found = answer(recipe, heldout_dataset, prompts, max_new_tokens, allowed,
+                       log.info if rank == 0 else None, which)
         if rank == 0 and found:
             write = answers_record.write_base if which == "base" else answers_record.write_tuned
             write(output_dir, found, step)

@@ -87,10 +87,16 @@ def batch_loss(recipe: Any, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return total, tokens
 
 
+def batch_count(rows: int, batch_size: int, world: int) -> int:
+    """Batches each rank runs for ``rows`` held-out rows."""
+    return -(-len(shard(rows, 0, world)) // max(1, batch_size))
+
+
 def held_out_loss(recipe: Any, dataset: Any, batch_size: int,
-                  collate: Callable[[list[dict]], dict], rank: int, world: int
-                  ) -> tuple[float, int]:
-    """The mean token loss over every rank's shard, and the tokens it is over."""
+                  collate: Callable[[list[dict]], dict], rank: int, world: int,
+                  progress: Any = None) -> tuple[float, int]:
+    """The mean token loss over every rank's shard, and the tokens it is over;
+    ``progress`` (a ``PhaseProgress``) is advanced a batch at a time."""
     import torch.distributed as dist
 
     device = recipe._device
@@ -103,6 +109,8 @@ def held_out_loss(recipe: Any, dataset: Any, batch_size: int,
             total, tokens = batch_loss(recipe, batch)
             loss_sum += total
             token_sum += tokens
+            if progress is not None:
+                progress.advance()
     if world > 1 and dist.is_available() and dist.is_initialized():
         both = torch.stack([loss_sum, token_sum.double()])
         dist.all_reduce(both)
