@@ -224,3 +224,6 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
 # The shell's: `kubetune local` puts this Python's bin directory first for its steps.
 PATH = "PATH"
+# The shell's: the SmolLM2 converter (kubetune.tools.demo.smollm2) keeps it in the bare
+# environment it runs transformers in.
+HOME = "HOME"

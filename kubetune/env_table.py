@@ -218,6 +218,7 @@ ROWS: dict[str, Var] = {
     env.CUDA_VISIBLE_DEVICES: Var(TRAINER, "trainer", "GPUs this process may use", "all"),
     env.KUBERNETES_SERVICE_HOST: Var(TRAINER, "exporter", "in a pod: the model card says so"),
     env.PATH: Var(YOU, "local", "our bin first for kubetune local's steps"),
+    env.HOME: Var(YOU, "make demo-real", "kept for the SmolLM2 converter's transformers"),
 }
 
 

