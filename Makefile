@@ -33,9 +33,9 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	# uv installs in half a minute what pip took 7 to install on 2 cores (CI's budget:
-	# docs/testing.md); it reads no pip.conf, so pip's indexes, local wheels and
-	# constraints are handed to it (tests/support/uv_settings.py).
+	# uv installs in seconds (11-35 s here) what pip took about 1.5 minutes to install on
+	# 2 cores (CI's budget: docs/testing.md); it reads no pip.conf, so pip's indexes,
+	# local wheels and constraints are handed to it (tests/support/uv_settings.py).
 	$(BIN)/pip install --quiet uv==0.13.9
 	eval "$$($(BIN)/python tests/support/uv_settings.py)" && \
 		$(BIN)/uv pip install --quiet --python $(BIN)/python \
