@@ -206,43 +206,49 @@ def test_run_report_has_curves_and_a_page(reported_run):
 
 
 @pytest.mark.slow
-def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
-                                                      tiny_dataset_dir):
+def test_in_a_terminal_one_live_bar_redraws_each_step_and_a_failing_server_never_fails_it(
+        tmp_path, tiny_model_dir, tiny_dataset_dir):
     """stdout and stderr on a pty, as a person's terminal: tqdm's bar (rate, ETA, loss)
     redrawn in place with carriage returns, none of the per-step lines a pod's log gets,
     and the recipe's own lines ("Starting checkpoint save...") each on a line of its own,
-    never glued onto the bar's."""
+    never glued onto the bar's. The TrainJob status server answers 500 to every report
+    (the "500" case of test_a_failing_status_server_never_fails_the_run, read off this
+    run): the run completes, with one warning line for the run."""
+    import fcntl
     import pty
+    import struct
     import subprocess
     import sys
+    import termios
 
     from tests.support.cli import REPO
 
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
-    import fcntl
-    import struct
-    import termios
-
+    server = status_server.start(tmp_path / "status", behaviour="500")
     main, child_end = pty.openpty()
     # A person's terminal has a size (a fresh pty says 0x0).
     fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-    child = subprocess.Popen(
-        [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *TRAIN_ARGS[:3],
-         *pvc.runtime_args(), *TRAIN_ARGS[3:], "lr_scheduler.num_warmup_steps=1"],
-        env=pvc.env(COLUMNS="160"), cwd=REPO, stdout=child_end, stderr=child_end)
-    os.close(child_end)
-    screen = b""
-    while True:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # EIO: every writer of the pty is gone
-            break
-        if not chunk:
-            break
-        screen += chunk
-    os.close(main)
-    text = screen.decode("utf-8", "replace")
-    assert child.wait(timeout=600) == 0, text[-3000:]
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "kubetune.entrypoints.tune", "run", *TRAIN_ARGS[:3],
+             *pvc.runtime_args(), *TRAIN_ARGS[3:], "lr_scheduler.num_warmup_steps=1"],
+            env=pvc.env(COLUMNS="160", **server.env()), cwd=REPO, stdout=child_end,
+            stderr=child_end)
+        os.close(child_end)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # EIO: every writer of the pty is gone
+                break
+            if not chunk:
+                break
+            screen += chunk
+        os.close(main)
+        text = screen.decode("utf-8", "replace")
+        assert child.wait(timeout=600) == 0, text[-3000:]
+    finally:
+        server.stop()
     assert " train: step " not in text
     assert "warm-up" not in text  # one step of warm-up, three of training
     segments = re.split(r"[\r\n]", text)
@@ -256,12 +262,18 @@ def test_in_a_terminal_one_live_bar_redraws_each_step(tmp_path, tiny_model_dir,
     assert re.search(r"train: 100%.*\| 3/3 \[\d\d:\d\d<00:00, +[\d.]+(s/step|step/s), "
                      r"epoch 1/1, loss \d+\.\d{4}, lr \d\.\d\de[-+]\d\d, \d+ tok/s\]", last), last
     assert pvc.summary()["steps"] == 3
+    # The failing server: asked, and failed; one line for the run, not one per step.
+    assert pvc.complete() and server.requests
+    assert text.count(WARNING) == 1, text[-3000:]
+    assert "with resolved config" not in text
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("behaviour", ["500", "hang", "absent"])
+@pytest.mark.parametrize("behaviour", ["hang", "absent"])
 def test_a_failing_status_server_never_fails_the_run(behaviour, tmp_path, tiny_model_dir,
                                                      tiny_dataset_dir):
+    """A server that hangs, or none listening. (One that answers 500 is read off the
+    terminal's run: test_in_a_terminal_one_live_bar_redraws_each_step_and_a_failing_…)"""
     server = status_server.start(tmp_path / "status", behaviour="ok" if behaviour == "absent"
                                  else behaviour)
     env = server.env()
