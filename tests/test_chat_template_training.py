@@ -1,19 +1,25 @@
 """Real runs trained in the base model's own chat template, one per family we claim: a
 tiny checkpoint of the family (the demo's Llama-3 and Qwen2; the support matrix's
-transformers-written Mistral, Gemma, Gemma 2, Qwen3, Phi-3 and Phi-4) carrying a tokenizer
-and chat template shaped like its instruct model's (tests/support/family_chat_templates.py),
-trained through `kubetune local` on chat data with system prompts and several turns (fp32,
-one step). The run says which format trained; a template that refuses system turns
-(Gemma's) drops those rows, counted, and trains on the others; the merged export carries
-the template, and transformers' ``apply_chat_template`` on it renders the ids the trainer
-recorded and prompts with their prefix; generation stops at the template's end of turn.
+transformers-written Mistral and Gemma; tests/test_model_families.py's transformers-written
+Gemma 2, Qwen3, Phi-3 and Phi-4) carrying a tokenizer and chat template shaped like its
+instruct model's (tests/support/family_chat_templates.py), trained through `kubetune local`
+on chat data with system prompts and several turns (fp32). The run says which format
+trained; a template that refuses system turns (Gemma's) drops those rows, counted, and
+trains on the others; the merged export carries the template, and transformers'
+``apply_chat_template`` on it renders the ids the trainer recorded and prompts with their
+prefix; generation stops at the template's end of turn.
 tests/test_chat_template_families.py checks the same ids in-process, turn by turn.
+
+Gemma 2, Qwen3, Phi-3 and Phi-4 read the suite's family run (tests/test_sdk_any_model.py
+``family_run``: the documented SDK TrainJob, 3 steps, trained once a session and read by
+three files); the other four train here, one step each through `kubetune local --model`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,16 +27,27 @@ import pytest
 from tests.support.chat_data import write_chat_dataset
 from tests.support.cli import clean_env, kubetune
 from tests.support.family_chat_templates import FAMILY_TEMPLATES
-from tests.test_chat_template import TRAIN_ARGS, ChatRun, transformers_ids
+from tests.test_chat_template import TRAIN_ARGS, transformers_ids
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
+from tests.test_sdk_any_model import FAMILY_RUNS, family_run
 
-pytestmark = pytest.mark.slow
+# The family runs' TrainJob is built by the kubeflow SDK, whose import warns
+# (tests/test_sdk_any_model.py filters it alike).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:Support for class-based `config`")]
 
-# family -> the checkpoint it trains on: the demo's, or the support matrix's model
+# family -> the checkpoint it trains on here: the demo's, or the support matrix's model
 RUNS = {"qwen2.5": "demo qwen2", "llama3": "demo llama3", "mistral": "Mistral",
-        "gemma": "Gemma", "gemma2": "Gemma 2", "qwen3": "Qwen3 (0.6B-4B)", "phi3": "Phi-3",
-        "phi4": "Phi-4"}
+        "gemma": "Gemma"}
 REFUSES_SYSTEM = ("gemma", "gemma2")  # their templates raise on a system turn
+
+
+@dataclass(frozen=True)
+class Trained:
+    family: str
+    workspace: Path  # the run's workspace
+    merged: Path  # its merged export
+    output: str  # kubetune local's stdout and stderr
 
 
 def _model(family: str, root: Path, serving_python: Path) -> Path:
@@ -52,31 +69,37 @@ def _model(family: str, root: Path, serving_python: Path) -> Path:
     return write_tokenizer_dir(family, model)  # the same tokenizer, with the template
 
 
-@pytest.fixture(scope="module", params=sorted(RUNS))
-def base_run(request, tmp_path_factory, serving_python):  # noqa: F811
+@pytest.fixture(scope="module", params=sorted({*RUNS, *FAMILY_RUNS}))
+def base_run(request, tmp_path_factory, serving_python) -> Trained:  # noqa: F811
     family = request.param
-    root = tmp_path_factory.mktemp(family.replace(".", ""))
-    data = write_chat_dataset(root / "data")
-    model = _model(family, root, serving_python)
+    if family in FAMILY_RUNS:
+        shared = family_run(family, serving_python, tmp_path_factory)
+        run = Trained(family, shared.workspace, shared.export / "merged", shared.output)
+    else:
+        run = _train_here(family, tmp_path_factory.mktemp(family.replace(".", "")),
+                          serving_python)
     # EXPORT_FORMAT=both: the adapter, checked against the merged weights by the
     # exporter's logits check, and the merged model, in one exporter process (not an
     # adapter export, then a merged one).
-    export = root / "export"
+    assert "logits: base + adapter matches the merged model" in run.output, run.output[-3000:]
+    assert (run.merged / "config.json").is_file()
+    assert (run.merged.parent / "adapter" / "adapter_config.json").is_file()
+    return run
+
+
+def _train_here(family: str, root: Path, serving_python: Path) -> Trained:
+    data = write_chat_dataset(root / "data")
+    model = _model(family, root, serving_python)
     command = ["local", "--workdir", str(root / "run"), "--model", str(model), "--dataset",
-               str(data), "--export-uri", str(export), *TRAIN_ARGS]
+               str(data), "--export-uri", str(root / "export"), *TRAIN_ARGS]
     result = kubetune(*command, env=clean_env(EXPORT_FORMAT="both"), timeout=900)
-    output = result.stdout + result.stderr
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "logits: base + adapter matches the merged model" in output, output[-3000:]
-    merged = export / "merged"
-    assert (merged / "config.json").is_file() and (export / "adapter" / "adapter_config.json"
-                                                   ).is_file()
-    run = ChatRun(family, root / "run", command)
-    return run, model, merged, output
+    return Trained(family, root / "run" / "workspace", root / "export" / "merged",
+                   result.stdout + result.stderr)
 
 
 def test_the_run_trains_in_the_bases_template_and_says_so(base_run):
-    run, model, _, output = base_run
+    run, output = base_run, base_run.output
     assert "chat template: the base model's own (tokenizer_config.json)" in output, output[-3000:]
     samples = json.loads((run.workspace / "output" / "kubetune-samples.json").read_text())
     assert samples["chat_template"] == FAMILY_TEMPLATES[run.family][1]
@@ -91,7 +114,7 @@ def test_the_run_trains_in_the_bases_template_and_says_so(base_run):
 
 
 def test_the_merged_export_renders_the_training_ids(base_run, serving_python, tmp_path):
-    run, _, merged, _ = base_run
+    run, merged = base_run, base_run.merged
     samples = json.loads((run.workspace / "output" / "kubetune-samples.json").read_text())
     rows = [s["messages"] for s in samples["samples"]]
     got = transformers_ids(serving_python, merged, rows, tmp_path)

@@ -149,9 +149,9 @@ def train(model_dir: Path, dataset_dir: Path, output: Path, *args: str
 
 
 def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: Path
-                                 ) -> tuple[Path, Path]:
+                                 ) -> tuple[Path, Path, Path]:
     """`kubetune local --runtime` of the direct Qwen3-8B LoRA runtime on the tiny Qwen3;
-    returns the workspace's model and output directories."""
+    returns the workspace's model, output and export (EXPORT_FORMAT=both) directories."""
     from tests.support.runtimes import runtime_file
     from tests.test_local_runtime import sources, trainjob
 
@@ -164,18 +164,21 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
         "trainer": {"env": [{"name": k, "value": v} for k, v in env.items()]}})
     result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
                       str(runtime_file("kubetune-qwen3-8b-lora")), "--trainjob", str(job),
-                      env=clean_env(), timeout=900)
+                      env=clean_env(EXPORT_FORMAT="both"), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ws = tmp_path / "run" / "workspace"
     assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
     merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
     assert merged["model"]["_component_"] == "kubetune.trainer.models.qwen3.lora_qwen3"
     assert merged["checkpointer"]["_component_"] == FAMILIES["qwen3"].checkpointer
-    assert (ws / "export" / "adapter_model.safetensors").is_file()  # the runtime's exporter
-    return ws / "model", ws / "output"
+    # The runtime's exporter, with the variable the steps inherit as pods their image's.
+    assert (ws / "export" / "adapter" / "adapter_model.safetensors").is_file()
+    return ws / "model", ws / "output", ws / "export"
 
 
 @pytest.mark.slow
+# The family run's TrainJob is built by the kubeflow SDK, whose import warns.
+@pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
         checkpoint, serving_python, tiny_dataset_dir, tmp_path, tmp_path_factory):
     from tests.support.torchtune_logits import logits
@@ -190,28 +193,30 @@ def test_checkpoint_loads_with_transformers_logits_then_lora_trains_and_exports(
     assert float((got - want).abs().max()) <= TOLERANCE * scale
 
     if name == "qwen3":  # through its ClusterTrainingRuntime, as a TrainJob runs it
-        model_dir, output = lora_run_through_the_runtime(model_dir, tiny_dataset_dir, tmp_path)
+        model_dir, output, export = lora_run_through_the_runtime(model_dir, tiny_dataset_dir,
+                                                                 tmp_path)
     elif (family.method, family.targets) == ("lora", "all-linear"):
         # The same LoRA (every linear layer, 3 steps at 3e-3) as tests/test_sdk_any_model.py's
-        # TrainJob of this family, which checks its config: that run, trained once.
-        from tests.test_sdk_any_model import sdk_run
+        # TrainJob of this family, which checks its config: that run (on chat data, in the
+        # checkpoint's chat template), trained once a session and exported as both.
+        from tests.test_sdk_any_model import family_run
 
-        ws = sdk_run(name, serving_python, tiny_dataset_dir, tmp_path_factory)
-        model_dir, output = ws / "model", ws / "output"
+        run = family_run(name, serving_python, tmp_path_factory)
+        model_dir, output, export = run.workspace / "model", run.workspace / "output", run.export
     else:
         output = tmp_path / "output"
         trained = train(model_dir, tiny_dataset_dir, output, *LORA_STEPS, "--method",
                         family.method, "--lora-target-modules", family.targets)
         assert trained.returncode == 0, trained.stderr[-3000:]
+        export = tmp_path / "export"
+        exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir",
+                            str(output), "--export-uri", str(export), "--export-format",
+                            "both", env=clean_env())
+        assert exported.returncode == 0, exported.stderr[-3000:]
     # The builder and checkpointer resolved from config.json, as the dry run shows.
     merged = yaml.safe_load((output / "kubetune-config.yaml").read_text())
     assert merged["model"]["_component_"] == family.lora_component
     assert merged["checkpointer"]["_component_"] == family.checkpointer
-    export = tmp_path / "export"
-    exported = kubetune("export", "--model-dir", str(model_dir), "--output-dir", str(output),
-                        "--export-uri", str(export), "--export-format", "both",
-                        env=clean_env())
-    assert exported.returncode == 0, exported.stderr[-3000:]
     served = serving(serving_python, str(REPO / "tests/support/serve_adapter.py"), str(export),
                      *(["--token-ids"] if family.token_ids else []))
     assert served.returncode == 0, served.stderr[-3000:]
