@@ -66,7 +66,7 @@ def serving(python: Path, *args: str, timeout: float = 1200) -> subprocess.Compl
                                                 "HOME": "/tmp"})
 
 
-def write_heldout_split(dataset_dir: Path) -> None:
+def write_held_out_split(dataset_dir: Path) -> None:
     """The data's test split beside its train split, as a hub dataset lays them out."""
     import pyarrow as pa
     import pyarrow.parquet as pq

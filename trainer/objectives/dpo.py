@@ -20,7 +20,7 @@ from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.objectives import preference_rows
 from kubetune.trainer.request.spelling import spelling
 from kubetune.trainer.request.topology import Topology
-from kubetune.trainer.validation import heldout_set
+from kubetune.trainer.validation import held_out_set
 
 PREFERENCE_BUILDER = "kubetune.trainer.objectives.preference_data.preference_dataset"
 # (method is full, one process?) -> (recipe, base config).
@@ -77,14 +77,14 @@ def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
     validation = (cfg.get("kubetune") or {}).get("validation")
     if validation is None:
         # No held-out set: the SFT hint to hold a fraction out would only lead to this line.
-        return heldout_set.without_held_out_clause(notes) + [why]
+        return held_out_set.without_held_out_clause(notes) + [why]
     for key in ("dataset_val", "run_val_every_n_steps"):
         cfg.pop(key, None)
     cfg.kubetune.pop("validation", None)
     cfg.kubetune.pop("holdout", None)
     held = {"split": f"split '{validation.get('split')}'", "config": "dataset_val",
             "fraction": "a held-out fraction"}.get(validation.get("source"), "held-out data")
-    return heldout_set.without_held_out_clause(notes) + [
+    return held_out_set.without_held_out_clause(notes) + [
         f"{why}: {held} not used, training on every row of the training split"]
 
 

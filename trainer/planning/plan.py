@@ -21,7 +21,7 @@ from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, da
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
 from kubetune.trainer.planning import chat_template_plan, model_shaped
-from kubetune.trainer.validation import heldout_set
+from kubetune.trainer.validation import held_out_set
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import (DEFAULT_GRACE_PERIOD_S,
                                                DEFAULT_SAVE_EVERY_N_STEPS, LauncherSettings)
@@ -446,7 +446,7 @@ def _objective_and_held_out(cfg: DictConfig, request: TuneRunRequest, recipe_pat
     what its builders take (``dataset_val``'s too, now that it exists)."""
     if Path(recipe_path).stem in dpo.LOSS_SUMMED_OVER_RANKS and topo.world_size > 1:
         cfg.metric_logger.loss_summed_over = topo.world_size  # the 1-process loss's meaning
-    notes = heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
+    notes = held_out_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
     if dpo.is_dpo(Path(recipe_path).stem):
         notes = dpo.without_held_out(cfg, notes)
     return notes + builder_settings.fit(cfg, user_keys, request.spellings, users_config)

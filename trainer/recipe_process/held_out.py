@@ -124,7 +124,7 @@ class HeldOut:
         every_n = every_n_steps(cfg.get("run_val_every_n_steps"), total)
         if every_n == 0:
             return None
-        dataset = tokenized_data.build_heldout(recipe, dataset_val, data)
+        dataset = tokenized_data.build_held_out(recipe, dataset_val, data)
         if len(dataset) == 0:
             return None  # A refuses an empty held-out split in the plan (exit 65)
         measured = _bounded(recipe, dataset, total, every_n)

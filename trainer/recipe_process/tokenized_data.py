@@ -10,9 +10,9 @@ The recipe is not changed; the wrap ends when ``_setup_data`` returns. The DPO r
 preference pairs go the same way (``CachedPairs``: a pair stored as two rows).
 
 Where a fraction of the training split is held out (``kubetune.holdout``), each dataset
-built keeps only its side's rows (``kubetune.trainer.data.holdout``) before it is
+built keeps only its side's rows (``kubetune.trainer.data.held_out_rows``) before it is
 tokenized: the training side the rows at or above the fraction, the validation side
-(``build_heldout``) the rows below it; the side and fraction are part of the cache key.
+(``build_held_out``) the rows below it; the side and fraction are part of the cache key.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _hold_out(built: Any, fraction: float, side: str) -> None:
     Hugging Face dataset in ``_data``, and index through it."""
     from torchtune.datasets import PackedDataset
 
-    from kubetune.trainer.data import holdout
+    from kubetune.trainer.data import held_out_rows
 
     rows = built.ds if isinstance(built, PackedDataset) else built
     data = getattr(rows, "_data", None)
@@ -72,7 +72,7 @@ def _hold_out(built: Any, fraction: float, side: str) -> None:
         raise RunRefused(f"kubetune.holdout: {type(rows).__name__} keeps no rows a held-out "
                          "fraction can be taken from (torchtune's SFTDataset and "
                          "TextCompletionDataset do): hold data out with dataset_val instead")
-    rows._data = data.select(holdout.keep_indices(data, fraction, side))
+    rows._data = data.select(held_out_rows.keep_indices(data, fraction, side))
 
 
 @contextlib.contextmanager
@@ -136,7 +136,7 @@ def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train"
         config.instantiate = original
 
 
-def build_heldout(recipe: Any, dataset_val_cfg: DictConfig, settings: CacheSettings) -> Any:
+def build_held_out(recipe: Any, dataset_val_cfg: DictConfig, settings: CacheSettings) -> Any:
     """The held-out dataset (``dataset_val``), built with the recipe's tokenizer through
     the cache, its side of a held-out fraction only: rows of tokens and labels, unpacked.
     No row left (every answer cut by max_seq_len, say): the run is refused, naming it."""

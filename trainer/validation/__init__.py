@@ -1,7 +1,7 @@
 """Held-out data, measured: the held-out set, the validation loss from the base model to the
 last step, and answers a person can read.
 
-- ``heldout_set``: which held-out set a run has (the data's validation or test split, a
+- ``held_out_set``: which held-out set a run has (the data's validation or test split, a
   fraction held out by content, or the user's own ``dataset_val``), planned before the run;
 - ``schedule``: at which optimizer steps validation runs (before the first, every
   ``run_val_every_n_steps``, each epoch's last, after the last);

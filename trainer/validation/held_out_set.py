@@ -3,7 +3,7 @@
 In order: the user's own ``dataset_val`` (torchtune main's key: they asked for it by
 name), else the data's own ``validation`` split, else its ``test`` split (never the split
 trained on), else, when asked (KUBETUNE_VAL_FRACTION), a fraction of the training split
-held out by the rows' content (``kubetune.trainer.data.holdout``: every rank and resume
+held out by the rows' content (``kubetune.trainer.data.held_out_rows``: every rank and resume
 agree, and the recipe process drops those rows from training). The result is written
 into the merged config, which is all the recipe process reads (``dataset_val``,
 ``run_val_every_n_steps``, ``kubetune.validation``, ``kubetune.holdout``), and the
@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.trainer.config.component_params import component_params
-from kubetune.trainer.data import dataset_check, dataset_location, holdout
+from kubetune.trainer.data import dataset_check, dataset_location, held_out_rows
 from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.request.spelling import spelling
 # The fraction's range is shared with the static check of a runtime's settings.
@@ -178,7 +178,7 @@ def _describe(train_split: str | None, found: DatasetSample | None, source: str 
     sliced = rows != (None if found is None else found.total_rows)
     train = f"dataset: training on split '{train_split}'"
     if source == "fraction" and rows is not None:
-        counted = holdout.count_held_out(found.files, fraction, rows) \
+        counted = held_out_rows.count_held_out(found.files, fraction, rows) \
             if exact and not sliced else None
         taken = round(rows * fraction) if counted is None else counted
         about = "" if counted is not None else "about "
