@@ -12,7 +12,7 @@ saw. Then:
   a base's template need not); otherwise the export fails, naming the first difference;
 - the run trained in the base's own template (``chat_template`` in the samples): that
   template, checked the same way, is kept (or written, where the base's files now differ);
-- the base has none: torchtune's format for the run's tokenizer (``chat_templates``) is
+- the base has none: torchtune's format for the run's tokenizer (``torchtune_formats``) is
   written, after it reproduced every sample's ids exactly.
 
 ``--chat-template trained`` writes torchtune's format over a base's; ``base`` exports the
@@ -30,8 +30,8 @@ from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.chat_template.parity import answer_end_tokens
 from kubetune.chat_template.parity import sample_problem as _sample_problem
-from kubetune.exporter import chat_template_render as rendering
-from kubetune.exporter.chat_templates import known_tokenizers, trained_template
+from kubetune.chat_template import render as rendering
+from kubetune.chat_template.torchtune_formats import known_tokenizers, trained_template
 from kubetune.workspace.training_samples import TrainingSample, TrainingSamples
 
 log = logging.getLogger("exporter")

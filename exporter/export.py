@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kubetune.exporter import (artifact, base_model, chat_format, export_manifest,
                                model_card, verify)
-from kubetune.exporter.chat_template_render import find_template
+from kubetune.chat_template.render import find_template
 from kubetune.exporter.tokenizer_files import GENERATION_CONFIG_NAME
 from kubetune.exporter.destination import open_destination
 from kubetune.exporter.training_output import TrainingOutput, locate
