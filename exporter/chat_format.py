@@ -152,6 +152,15 @@ def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check"
                    f"with {env.EXPORT_CHAT_TEMPLATE}=base")
         raise BadInputError(f"the base model's chat template ({base.where}) does not prompt "
                             f"the model as it was trained: {problem}; {instead}")
+    return _torchtune_format(samples, base, where, stops, answered, encoder, named, mode)
+
+
+def _torchtune_format(samples: TrainingSamples, base: rendering.FoundTemplate | None,
+                      where: str, stops: list[int],
+                      answered: list, encoder: rendering.TextTokenizer,
+                      named: dict[str, str], mode: str) -> ChatFormat:
+    """Where the base's own template is not the export's: torchtune's format for the run's
+    tokenizer as a template, written only if it reproduces every checked sample exactly."""
     template = _trained(samples)
     if template is None:
         reason = _no_template_known(samples)
