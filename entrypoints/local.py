@@ -20,8 +20,8 @@ from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
 from kubetune.workspace import SUMMARY_NAME, TEACHER_PATH
-from kubetune.trainer.objectives.choice import OBJECTIVES, recipe_for
-from kubetune.trainer.request.methods import METHODS
+from kubetune.entrypoints.options import method_option, objective_option, repeatable_option
+from kubetune.trainer.objectives import registry
 
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
@@ -116,13 +116,14 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
     # As the byo-model runtime's pod says it: the trainer reads the method it runs (a
     # different KUBETUNE_METHOD inherited from this shell would be refused there).
     trainer_env = {**pod_env, env.METHOD: method, env.OBJECTIVE: objective}
-    recipe, config, implied = recipe_for(objective, method)
+    chosen = registry.get(objective)
+    recipe, config, implied = chosen.recipe_for(method)
     tune_run = [
         py, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config", config,
         f"output_dir={pvc / 'output'}",
         f"tokenizer.path={pvc / 'model' / 'original' / 'tokenizer.model'}",
         f"checkpointer.checkpoint_dir={pvc / 'model'}",
-        *([f"teacher_checkpointer.checkpoint_dir={pvc / TEACHER_PATH}"] if teacher_uri else []),
+        *(chosen.teacher_overrides(pvc / TEACHER_PATH) if teacher_uri else []),
         *implied, *train_args,
     ]
     teacher = [Step("teacher-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
@@ -324,12 +325,9 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 @click.option("--dataset", "dataset_uri", envvar=env.LOCAL_DATASET, default=None,
               show_envvar=True,
               help="Dataset STORAGE_URI (default: the embedded addition dataset)")
-@click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
-              show_envvar=True, type=click.Choice(sorted(METHODS)), help="Fine-tuning method")
-@click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
-              show_envvar=True, type=click.Choice(OBJECTIVES),
-              help="sft, dpo: preference tuning on chosen/rejected pairs (--dataset), or "
-                   "distill: a LoRA student learns from --teacher's logits")
+@method_option("Fine-tuning method")
+@objective_option("sft, dpo: preference tuning on chosen/rejected pairs (--dataset), or "
+                  "distill: a LoRA student learns from --teacher's logits")
 @click.option("--teacher", "teacher_uri", envvar=env.TEACHER_URI, default=None,
               show_envvar=True, help="Teacher model STORAGE_URI (--objective distill), "
                                      "fetched like --model into workspace/teacher")
@@ -352,11 +350,9 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 @click.option("--gpus", is_flag=True, envvar=env.LOCAL_GPUS, show_envvar=True,
               help="With a container engine: give every GPU to the containers that request "
                    "nvidia.com/gpu (docker --gpus, podman CDI)")
-@click.option("--image", "images", multiple=True, envvar=env.LOCAL_IMAGES,
-              metavar="NAME=IMAGE", show_envvar=True,
-              help="With a container engine: run IMAGE where the runtime names NAME (a full "
-                   "reference, or its last part: initializer, trainer, exporter); repeatable "
-                   "(the variable: space-separated)")
+@repeatable_option("--image", "images", env.LOCAL_IMAGES, "NAME=IMAGE",
+                   "With a container engine: run IMAGE where the runtime names NAME (a full "
+                   "reference, or its last part: initializer, trainer, exporter)")
 @click.option("--val-fraction", envvar=env.VAL_FRACTION, type=float, default=None,
               show_envvar=True, help="Hold out this fraction (at most 0.5) of the training "
               "split where the data ships no validation or test split (kubetune train's)")
@@ -371,11 +367,9 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               type=click.Choice(["base", "torchtune"]),
               help="Chat data's format: base (the base model's own chat template) or "
                    "torchtune (torchtune's); default base where the base has one")
-@click.option("--configmap", "configmaps", multiple=True, envvar=env.LOCAL_CONFIGMAPS,
-              metavar="NAME=DIR", show_envvar=True,
-              help="With --runtime: DIR's files stand for ConfigMap NAME wherever a volume "
-                   "of the runtime mounts it (a builder at /opt/custom, say); repeatable "
-                   "(the variable: space-separated)")
+@repeatable_option("--configmap", "configmaps", env.LOCAL_CONFIGMAPS, "NAME=DIR",
+                   "With --runtime: DIR's files stand for ConfigMap NAME wherever a volume "
+                   "of the runtime mounts it (a builder at /opt/custom, say)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri, export_uri,
           runtime_path,

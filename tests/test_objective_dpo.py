@@ -15,7 +15,7 @@ import pytest
 
 from kubetune.errors import EXIT_BAD_INPUT, BadInputError
 from kubetune.trainer.objectives import dpo, preference_rows
-from kubetune.trainer.objectives.choice import recipe_for
+from kubetune.trainer.objectives import registry
 from kubetune.trainer.request.topology import Topology
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.preference_data import (REFUSAL, SHAPES, hh_rlhf, pairs, trl_conversational,
@@ -125,7 +125,8 @@ def test_the_token_cache_serves_the_pairs_the_builder_made(tmp_path, tiny_model_
     ("lora", 1, "lora_dpo_single_device"), ("lora", 2, "lora_dpo_distributed"),
     ("dora", 2, "lora_dpo_distributed"), ("full", 2, "full_dpo_distributed")])
 def test_objective_dpo_picks_torchtunes_recipe(method, processes, recipe):
-    chosen, config, implied = recipe_for("dpo", method, Topology(1, processes, 0, None))
+    chosen, config, implied = registry.get("dpo").recipe_for(method,
+                                                             Topology(1, processes, 0, None))
     assert chosen == recipe and "dpo" in config
     assert ("model.use_dora=True" in implied) == (method == "dora")
 
@@ -134,7 +135,7 @@ def test_objective_dpo_picks_torchtunes_recipe(method, processes, recipe):
                                                ("dora", 1)])
 def test_a_method_no_dpo_recipe_runs_is_one_line_naming_what_can(method, processes):
     with pytest.raises(BadInputError, match=f"DPO with method {method}.*available: lora"):
-        recipe_for("dpo", method, Topology(1, processes, 0, None))
+        registry.get("dpo").recipe_for(method, Topology(1, processes, 0, None))
 
 
 def test_the_logger_reads_a_summed_loss_as_the_mean_and_keeps_the_rewards(tmp_path, capsys):

@@ -23,8 +23,8 @@ from kubetune.workspace import answers_record
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
-from kubetune.trainer.metric_logging.train_progress import (CLASS_LOSS, KD_LOSS, REWARD_ACCURACY,
-                                                           REWARD_MARGIN)
+from kubetune.trainer.objectives.distill import CE_METRIC as CLASS_LOSS, KD_METRIC as KD_LOSS
+from kubetune.trainer.objectives.dpo import REWARD_ACCURACY, REWARD_MARGIN
 
 log = logging.getLogger("trainer")
 

@@ -12,15 +12,18 @@ state-dict hooks to save it in the checkpoint's dtype, as the SFT recipes have).
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.data import column_map
-from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.objectives import preference_rows
-from kubetune.trainer.request.spelling import spelling
+from kubetune.trainer.objectives.objective import LoggedPart, Objective
+from kubetune.trainer.performance.memory_plan import ObjectiveLoad
 from kubetune.trainer.request.topology import Topology
-from kubetune.trainer.validation import held_out_set
+
+if TYPE_CHECKING:  # light to import: `kubetune size` and --help read the objective
+    from omegaconf import DictConfig
+
+    from kubetune.trainer.data.dataset_check import DatasetSample
 
 PREFERENCE_BUILDER = "kubetune.trainer.objectives.preference_data.preference_dataset"
 # (method is full, one process?) -> (recipe, base config).
@@ -37,41 +40,70 @@ AVAILABLE = ("lora on 1 process or more, dora on 2+ processes (PET_NPROC_PER_NOD
 # mean; full_dpo_distributed averages both): the loss a user reads is divided by the
 # processes so that it means on N what it means on 1.
 LOSS_SUMMED_OVER_RANKS = ("lora_dpo_distributed",)
+# What a DPO recipe logs beside its loss: how often the policy prefers the chosen answer
+# more than the reference does, and by how much (its implicit reward's margin).
+REWARD_ACCURACY, REWARD_MARGIN = "rewards/accuracies", "rewards/margins"
 
 
-def is_dpo(recipe: str) -> bool:
-    """Whether ``recipe`` (a name or a path's stem) is one of torchtune's DPO recipes."""
-    return any(recipe == r or recipe.endswith("/" + r + ".py") or recipe.endswith(r)
-               for r in RECIPES)
+class DPO(Objective):
+    name = "dpo"
+    recipes = RECIPES
+    # kubetune's held-out loop measures SFT's cross-entropy over tokens and labels, and
+    # torchtune's DPO recipes have no held-out loop of their own.
+    held_out_metrics = None
+    logged_parts = (LoggedPart(REWARD_ACCURACY, "reward acc", "reward_accuracy", 2),
+                    LoggedPart(REWARD_MARGIN, "margin", "reward_margin", 4))
+    summary_section = "preference"
+    packs = False  # torchtune's preference datasets refuse to ("Packed is ... not supported")
+
+    implied = _IMPLIED
+
+    def recipe_table(self, method: str, one_process: bool) -> tuple[str, str]:
+        return _RECIPES[(method == "full", one_process)]
+
+    def check_method(self, method: str, topology: Topology | None = None) -> None:
+        """Refuse a method torchtune's DPO recipes cannot train on ``topology`` (a `tune
+        run` of a DPO recipe with ``model.use_dora=True`` on one process, ...)."""
+        one = topology is None or topology.world_size == 1
+        why = {"qlora": "torchtune's LoRA DPO recipes do not handle an NF4-quantized base",
+               "dora": "lora_dpo_single_device does not initialise DoRA's magnitudes" if one
+               else None,
+               "full": "torchtune has full_dpo_distributed only" if one else None}.get(method)
+        if why:
+            raise BadInputError(f"DPO with method {method}{' on 1 process' if one else ''}: "
+                                f"{why}; available: {AVAILABLE}")
+
+    def fewest_processes(self, method: str) -> int:
+        return 2 if method == "full" else 1  # full DPO has a distributed recipe only
+
+    def memory_load(self, method: str, teacher_dims: dict | None = None) -> ObjectiveLoad:
+        # Each row a pair, chosen and rejected run through the model together; full DPO
+        # holds a frozen reference copy of the weights (LoRA's reference is the base with
+        # its adapters off).
+        return ObjectiveLoad(sequences_per_row=2, reference_copy=method == "full")
+
+    def choose_builder(self, dataset_cfg: "DictConfig", found: "DatasetSample",
+                       builder_named: bool, spellings: dict[str, str]) -> str | None:
+        return choose_builder(dataset_cfg, found, builder_named, spellings)
+
+    def loss_summed_over(self, recipe: str, world_size: int) -> int:
+        return world_size if recipe in LOSS_SUMMED_OVER_RANKS else 1
+
+    def without_held_out(self, cfg: "DictConfig", notes: list[str]) -> list[str]:
+        return without_held_out(cfg, notes)
 
 
-def recipe_for(method: str, topology: Topology | None = None) -> tuple[str, str, list[str]]:
-    """The DPO recipe, base config and implied overrides for ``method`` on ``topology``."""
-    check_method(method, topology)
-    one = topology is None or topology.world_size == 1
-    recipe, config = _RECIPES[(method == "full", one)]
-    return recipe, config, list(_IMPLIED.get(method, []))
+OBJECTIVE = DPO()
 
 
-def check_method(method: str, topology: Topology | None) -> None:
-    """Refuse a method torchtune's DPO recipes cannot train on ``topology`` (a `tune run`
-    of a DPO recipe with ``model.use_dora=True`` on one process, ...)."""
-    one = topology is None or topology.world_size == 1
-    why = {"qlora": "torchtune's LoRA DPO recipes do not handle an NF4-quantized base",
-           "dora": "lora_dpo_single_device does not initialise DoRA's magnitudes" if one
-           else None,
-           "full": "torchtune has full_dpo_distributed only" if one else None}.get(method)
-    if why:
-        raise BadInputError(f"DPO with method {method}{' on 1 process' if one else ''}: "
-                            f"{why}; available: {AVAILABLE}")
-
-
-def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
+def without_held_out(cfg: "DictConfig", notes: list[str]) -> list[str]:
     """A DPO run trains on every training row and measures no held-out loss: kubetune's
     held-out loop measures SFT's cross-entropy over tokens and labels, and torchtune's DPO
     recipes have none of their own. The held-out set the plan chose is dropped, saying so;
     with none, the line says so too (``notes``: the plan's lines so far, its own line about
     the held-out set replaced)."""
+    from kubetune.trainer.validation import held_out_set
+
     why = ("validation: none under DPO (kubetune measures held-out SFT loss; torchtune's DPO "
            "recipes have no held-out loop)")
     validation = (cfg.get("kubetune") or {}).get("validation")
@@ -94,11 +126,14 @@ def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
 _REPLACEABLE = ("torchtune.datasets.preference_dataset",)
 
 
-def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named: bool,
+def choose_builder(dataset_cfg: "DictConfig", found: "DatasetSample", builder_named: bool,
                    spellings: dict[str, str] | None = None) -> str | None:
     """Point a DPO run's dataset section at our preference builder where the user named
     no builder of their own; the line saying so. Data that is not preference-shaped is
     refused naming the columns DPO needs."""
+    from kubetune.trainer.data import column_map
+    from kubetune.trainer.request.spelling import spelling
+
     component = str(dataset_cfg.get("_component_", ""))
     if builder_named and component not in _REPLACEABLE:
         return None

@@ -40,7 +40,7 @@ _OUTPUT_MODULES = {"lm_head", "output"}
 class TrainOptions:
     """What `kubetune train` was asked for; None: the recipe's default."""
     method: str = "lora"
-    objective: str = "sft"  # what the method optimises (kubetune.trainer.objectives.choice)
+    objective: str = "sft"  # what the method optimises (kubetune.trainer.objectives.registry)
     epochs: int | None = None
     max_steps: int | None = None
     batch_size: int | None = None
