@@ -326,8 +326,9 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               show_envvar=True,
               help="Dataset STORAGE_URI (default: the embedded addition dataset)")
 @method_option("Fine-tuning method")
-@objective_option("sft, dpo: preference tuning on chosen/rejected pairs (--dataset), or "
-                  "distill: a LoRA student learns from --teacher's logits")
+@objective_option("sft, dpo: preference tuning on chosen/rejected pairs (--dataset; rso: "
+                  "the same with torchtune's hinge loss), or distill: a LoRA student learns "
+                  "from --teacher's logits")
 @click.option("--teacher", "teacher_uri", envvar=env.TEACHER_URI, default=None,
               show_envvar=True, help="Teacher model STORAGE_URI (--objective distill), "
                                      "fetched like --model into workspace/teacher")

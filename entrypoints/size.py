@@ -107,9 +107,9 @@ def _teacher(objective: "Objective", method: str, teacher: str | None):
               help="A model directory, its config.json, or hf://org/name (only config.json "
                    "is fetched).")
 @method_option("Fine-tuning method.")
-@objective_option("dpo: each row a pair of answers through the model, and full DPO's "
-                  "frozen reference copy counted; distill: --teacher's weights and logits "
-                  "counted.")
+@objective_option("dpo (or rso): each row a pair of answers through the model, and full "
+                  "DPO's frozen reference copy counted; distill: --teacher's weights and "
+                  "logits counted.")
 @click.option("--teacher", envvar=env.TEACHER_URI, default=None, show_envvar=True,
               help="The teacher (--objective distill): a model directory, its config.json "
                    "or hf://org/name.")

@@ -196,9 +196,10 @@ class _TrainCommand(click.Command):
 @dataset_dir_option
 @output_dir_option
 @method_option("Fine-tuning method")
-@objective_option("What the method optimises: sft (imitate the answers), dpo (prefer "
-                  "the chosen answer of preference pairs over the rejected) or distill "
-                  "(also match the logits of the teacher in <workspace>/teacher)")
+@objective_option("What the method optimises: sft (imitate the answers), dpo (prefer the "
+                  "chosen answer of preference pairs over the rejected; rso: the same with "
+                  "torchtune's hinge loss) or distill (also match the logits of the teacher "
+                  "in <workspace>/teacher)")
 @_opt("--epochs", env.EPOCHS, "Epochs (default: the recipe's)", type=int)
 @_opt("--max-steps", env.MAX_STEPS, "Maximum optimizer steps per epoch", type=int)
 @_opt("--batch-size", env.BATCH_SIZE, "Per-device batch size", type=int)

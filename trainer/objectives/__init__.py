@@ -7,6 +7,8 @@ module:
 - ``dpo``: preference tuning; torchtune's DPO recipe and config for a method on a
   topology, the preference builder chosen for the data, the recipes' quirks the
   launcher corrects;
+- ``rso``: DPO's recipes with torchtune's hinge loss (``RSOLoss``): one module and one
+  registry entry;
 - ``distill``: knowledge distillation; torchtune's KD recipe and config for a method on
   a topology, the teacher (named, else the workspace's ``teacher/``) fitted and checked
   against the student's vocabulary, the methods no KD recipe runs refused.

@@ -8,6 +8,10 @@ full DPO on one process (no recipe); DoRA on one process (``lora_dpo_single_devi
 initialises DoRA's magnitudes: they would train from uninitialised memory; the
 distributed recipe does); QLoRA (neither LoRA DPO recipe handles an NF4 base: no
 state-dict hooks to save it in the checkpoint's dtype, as the SFT recipes have).
+
+The recipes' loss is the config's (``loss._component_``): torchtune's ``DPOLoss``, or
+another of its preference losses with the same arguments (``RSOLoss``: the ``rso``
+objective, ``kubetune.trainer.objectives.rso``).
 """
 
 from __future__ import annotations

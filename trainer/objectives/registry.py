@@ -14,11 +14,11 @@ from typing import Any
 
 from kubetune import env
 from kubetune.errors import BadInputError
-from kubetune.trainer.objectives import distill, dpo, sft
+from kubetune.trainer.objectives import distill, dpo, rso, sft
 from kubetune.trainer.objectives.objective import CONFIG_KEY, LoggedPart, Objective
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
-    sft.OBJECTIVE, dpo.OBJECTIVE, distill.OBJECTIVE)}
+    sft.OBJECTIVE, dpo.OBJECTIVE, distill.OBJECTIVE, rso.OBJECTIVE)}
 NAMES = tuple(OBJECTIVES)
 SFT = sft.OBJECTIVE
 
