@@ -56,7 +56,7 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 # Direct training (`kubetune train`).
 METHOD = "KUBETUNE_METHOD"
-OBJECTIVE = "KUBETUNE_OBJECTIVE"  # sft | dpo | distill
+OBJECTIVE = "KUBETUNE_OBJECTIVE"  # sft | dpo | distill | rso (kubetune.trainer.objectives.registry)
 TEACHER_URI = "KUBETUNE_TEACHER_URI"  # a distillation run's teacher model (a STORAGE_URI)
 EPOCHS = "KUBETUNE_EPOCHS"
 MAX_STEPS = "KUBETUNE_MAX_STEPS"

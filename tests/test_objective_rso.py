@@ -20,7 +20,7 @@ from tests.support.trainer import make_pvc, tune_run
 from tests.test_objective_dpo import SHORT
 
 
-def test_rso_is_dpo_with_another_loss_everywhere_else():
+def test_rso_has_dpos_recipes_memory_and_rewards_and_another_loss():
     rso, dpo = registry.get("rso"), registry.get("dpo")
     for method, processes in (("lora", 1), ("lora", 2), ("dora", 2), ("full", 2)):
         topology = Topology(1, processes, 0, None)
