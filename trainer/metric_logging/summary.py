@@ -28,7 +28,8 @@ from kubetune.trainer.performance import model_shape
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
 from kubetune.trainer.metric_logging.train_progress import (CLASS_LOSS, KD_LOSS, REWARD_ACCURACY,
                                                            REWARD_MARGIN)
-from kubetune.trainer.metric_logging.validation_numbers import train_data, validation_summary
+from kubetune.trainer.metric_logging.validation_numbers import (row_summary, train_data,
+                                                                 validation_summary)
 from kubetune.trainer.performance.model_shape import parameter_count  # noqa: F401 (part of this module's API)
 
 # Dense bf16 peak FLOP/s by device name fragment (vendor datasheets, without sparsity).
@@ -175,6 +176,7 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
         "exit_reason": exit_reason,
         "checkpoint": checkpoint,
         "train_data": train_data(output_dir, cfg),
+        "rows": row_summary(output_dir),
         "validation": validation_summary(output_dir),
         "preference": preference_summary(steps),
         "distillation": distillation_summary(steps),

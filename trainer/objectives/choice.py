@@ -12,10 +12,11 @@ SFT, DPO, DISTILL = "sft", "dpo", "distill"
 OBJECTIVES = (SFT, DPO, DISTILL)
 
 
-def recipe_for(objective: str, method: str, topology: Topology | None = None
-               ) -> tuple[str, str, list[str]]:
+def recipe_for(objective: str, method: str, topology: Topology | None = None,
+               spellings: dict[str, str] | None = None) -> tuple[str, str, list[str]]:
     """The recipe, base config and implied overrides for ``method`` trained with
-    ``objective`` on ``topology``."""
+    ``objective`` on ``topology`` (``spellings``: how the user sets things, for a
+    refusal's hint)."""
     if objective not in OBJECTIVES:
         raise BadInputError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     if objective == SFT or method not in methods.METHODS:
@@ -26,7 +27,7 @@ def recipe_for(objective: str, method: str, topology: Topology | None = None
         return distill.recipe_for(method, topology)
     from kubetune.trainer.objectives import dpo
 
-    return dpo.recipe_for(method, topology)
+    return dpo.recipe_for(method, topology, spellings)
 
 
 def objective_of(recipe: str) -> str:

@@ -18,9 +18,9 @@ from kubetune.errors import BadInputError
 from kubetune.trainer.data import column_map
 from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.objectives import preference_rows
+from kubetune.trainer.request import process_hint
 from kubetune.trainer.request.spelling import spelling
 from kubetune.trainer.request.topology import Topology
-from kubetune.trainer.validation import heldout_set
 
 PREFERENCE_BUILDER = "kubetune.trainer.objectives.preference_data.preference_dataset"
 # (method is full, one process?) -> (recipe, base config).
@@ -31,8 +31,8 @@ _RECIPES = {
 }
 RECIPES = tuple(recipe for recipe, _ in _RECIPES.values())
 _IMPLIED = {"dora": ["model.use_dora=True"]}
-AVAILABLE = ("lora on 1 process or more, dora on 2+ processes (PET_NPROC_PER_NODE=2), "
-             "full on 2+ processes")
+# {more}: how the user on their path asks for two processes (``process_hint``).
+AVAILABLE = "lora on 1 process or more, dora and full on 2+ processes ({more})"
 # lora_dpo_distributed all-reduces its logged loss with a sum (its reward metrics with a
 # mean; full_dpo_distributed averages both): the loss a user reads is divided by the
 # processes so that it means on N what it means on 1.
@@ -45,17 +45,21 @@ def is_dpo(recipe: str) -> bool:
                for r in RECIPES)
 
 
-def recipe_for(method: str, topology: Topology | None = None) -> tuple[str, str, list[str]]:
+def recipe_for(method: str, topology: Topology | None = None,
+               spellings: dict[str, str] | None = None) -> tuple[str, str, list[str]]:
     """The DPO recipe, base config and implied overrides for ``method`` on ``topology``."""
-    check_method(method, topology)
+    check_method(method, topology, spellings)
     one = topology is None or topology.world_size == 1
     recipe, config = _RECIPES[(method == "full", one)]
     return recipe, config, list(_IMPLIED.get(method, []))
 
 
-def check_method(method: str, topology: Topology | None) -> None:
+def check_method(method: str, topology: Topology | None,
+                 spellings: dict[str, str] | None = None) -> None:
     """Refuse a method torchtune's DPO recipes cannot train on ``topology`` (a `tune run`
-    of a DPO recipe with ``model.use_dora=True`` on one process, ...)."""
+    of a DPO recipe with ``model.use_dora=True`` on one process, ...); the hint names how
+    more processes are asked for where the user is (``spellings``: `kubetune local`'s
+    ``--nproc``, else ``PET_NPROC_PER_NODE``)."""
     one = topology is None or topology.world_size == 1
     why = {"qlora": "torchtune's LoRA DPO recipes do not handle an NF4-quantized base",
            "dora": "lora_dpo_single_device does not initialise DoRA's magnitudes" if one
@@ -63,35 +67,14 @@ def check_method(method: str, topology: Topology | None) -> None:
            "full": "torchtune has full_dpo_distributed only" if one else None}.get(method)
     if why:
         raise BadInputError(f"DPO with method {method}{' on 1 process' if one else ''}: "
-                            f"{why}; available: {AVAILABLE}")
-
-
-def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
-    """A DPO run trains on every training row and measures no held-out loss: kubetune's
-    held-out loop measures SFT's cross-entropy over tokens and labels, and torchtune's DPO
-    recipes have none of their own. The held-out set the plan chose is dropped, saying so;
-    with none, the line says so too (``notes``: the plan's lines so far, its own line about
-    the held-out set replaced)."""
-    why = ("validation: none under DPO (kubetune measures held-out SFT loss; torchtune's DPO "
-           "recipes have no held-out loop)")
-    validation = (cfg.get("kubetune") or {}).get("validation")
-    if validation is None:
-        # No held-out set: the SFT hint to hold a fraction out would only lead to this line.
-        return heldout_set.without_held_out_clause(notes) + [why]
-    for key in ("dataset_val", "run_val_every_n_steps"):
-        cfg.pop(key, None)
-    cfg.kubetune.pop("validation", None)
-    cfg.kubetune.pop("holdout", None)
-    held = {"split": f"split '{validation.get('split')}'", "config": "dataset_val",
-            "fraction": "a held-out fraction"}.get(validation.get("source"), "held-out data")
-    return heldout_set.without_held_out_clause(notes) + [
-        f"{why}: {held} not used, training on every row of the training split"]
+                            f"{why}; available: "
+                            f"{AVAILABLE.format(more=process_hint.more_processes(spellings))}")
 
 
 # Builders the plan replaces with ours where data is preference-shaped: a DPO config's
 # default, and torchtune's generic builder (ours takes its arguments and reads its shape
 # too, and also TRL's and HH-RLHF's, on which torchtune's fails mid-run).
-_REPLACEABLE = ("torchtune.datasets.preference_dataset",)
+REPLACEABLE = ("torchtune.datasets.preference_dataset",)
 
 
 def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named: bool,
@@ -100,7 +83,7 @@ def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named:
     no builder of their own; the line saying so. Data that is not preference-shaped is
     refused naming the columns DPO needs."""
     component = str(dataset_cfg.get("_component_", ""))
-    if builder_named and component not in _REPLACEABLE:
+    if builder_named and component not in REPLACEABLE:
         return None
     mapping = column_map.read(dataset_cfg)
     # A row with a missing answer is one of the rows dropped and counted, not another

@@ -16,7 +16,7 @@ from kubetune.workspace import TOKEN_CACHE_PATH, TRAINER_CONFIG_NAME, Workspace
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.config import builder_settings, config_keys, lora_scale
-from kubetune.trainer.objectives import distill, dpo
+from kubetune.trainer.objectives import distill, dpo, dpo_held_out
 from kubetune.trainer.data import (csv_text, dataset_check, dataset_location, dataset_shape,
                                    step_count)
 from kubetune.trainer.performance import hardware, host_memory, speed
@@ -448,7 +448,7 @@ def _objective_and_held_out(cfg: DictConfig, request: TuneRunRequest, recipe_pat
         cfg.metric_logger.loss_summed_over = topo.world_size  # the 1-process loss's meaning
     notes = heldout_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
     if dpo.is_dpo(Path(recipe_path).stem):
-        notes = dpo.without_held_out(cfg, notes)
+        notes += dpo_held_out.plan(cfg)
     return notes + builder_settings.fit(cfg, user_keys, request.spellings, users_config)
 
 
@@ -496,7 +496,7 @@ def _place(cfg: DictConfig, request: TuneRunRequest, recipe_path, supports_distr
     if not distributed:
         topo = topology.Topology(1, 1, 0, None)
     if dpo.is_dpo(Path(recipe_path).stem):
-        dpo.check_method(method, topo)
+        dpo.check_method(method, topo, request.spellings)
     if distill.is_distill(Path(recipe_path).stem):
         distill.check_method(method)
     return hw, distributed, topo
