@@ -25,18 +25,24 @@ def before_hold_out(built: Any) -> int:
     return len(_rows_of(built))
 
 
-def counted(built: Any, before: int, result: Any) -> SideCounts:
+def counted(built: Any, before: int, result: Any, side: str = "train") -> SideCounts:
     """One dataset's counts: ``built`` the builder's dataset (a held-out fraction taken
-    already), ``before`` its rows before that, ``result`` what the cache gave the recipe."""
+    already), ``before`` its rows before that, ``result`` what the cache gave the recipe.
+    The held-out side of a fraction reads the rows the fraction kept for it (the split's
+    whole count, and the builder's drops in it, are the training side's to tell)."""
     own = getattr(_rows_of(built), COUNTS_ATTRIBUTE, None)
     meta = getattr(getattr(result, "rows", None), "meta", None) or {}
     pairs = meta.get("pairs")
     unit = own.unit if own is not None else (
         "preference pairs" if pairs is not None else "rows")
-    counts = SideCounts(unit, read=own.read if own is not None else before,
-                        held_out=before - len(_rows_of(built)))
-    if own is not None:
-        counts.add(SideCounts(unit, drops=own.drops))
+    after = len(_rows_of(built))
+    if side == "val" and after < before:
+        counts = SideCounts(unit, read=after)
+    else:
+        counts = SideCounts(unit, read=own.read if own is not None else before,
+                            held_out=before - after)
+        if own is not None:
+            counts.add(SideCounts(unit, drops=own.drops))
     for reason, entry in (meta.get("dropped_by") or {}).items():
         counts.drops.add_counted(reason, int(entry["count"]),
                                  [f"row {r}" for r in entry.get("rows") or []])

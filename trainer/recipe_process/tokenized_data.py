@@ -129,7 +129,7 @@ def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train",
         result = adopt.cached(built, deferred, dataset_cfg, tokenizer, ignore_index, settings,
                               pack_now=PackedDataset._pack)
         if counts is not None:
-            counts.append(data_counts.counted(built, before, result))
+            counts.append(data_counts.counted(built, before, result, side))
         if isinstance(result, (CachedRows, CachedPacks)):
             made.append(result)
         return result

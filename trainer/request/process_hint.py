@@ -13,6 +13,9 @@ PROCESSES_KEY = "nproc_per_node"
 
 
 def more_processes(spellings: dict[str, str] | None, count: int = 2) -> str:
-    """``PET_NPROC_PER_NODE=2``, or ``--nproc 2`` where the request was `kubetune local`'s."""
-    setting = (spellings or {}).get(PROCESSES_KEY, env.PET_NPROC_PER_NODE)
-    return Spelling(PROCESSES_KEY, setting).assign(str(count))
+    """``--nproc 2`` where the request was the built-in `kubetune local`'s, else the
+    TrainJob's field and the variable the torch plugin turns it into."""
+    setting = (spellings or {}).get(PROCESSES_KEY)
+    if setting is not None:
+        return Spelling(PROCESSES_KEY, setting).assign(str(count))
+    return f"a TrainJob's numProcPerNode: {count}, {env.PET_NPROC_PER_NODE}={count}"
