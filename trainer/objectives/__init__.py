@@ -12,6 +12,8 @@ SFT (the launcher, the step guard, the reports, the exporter):
 - ``distill``: knowledge distillation; torchtune's KD recipe and config for a method on
   a topology, the teacher (named, else the workspace's ``teacher/``) fitted and checked
   against the student's vocabulary, the methods no KD recipe runs refused;
+- ``dpo_held_out``: a DPO run's held-out set fitted to the preference builder (measured in
+  the recipe process by ``validation.preference_held_out``);
 - ``choice``: the objective a run asks for (``--objective``) -> recipe and config; each
   objective is one entry there and a module here.
 
