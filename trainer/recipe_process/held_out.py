@@ -1,7 +1,9 @@
 """Validation around an unmodified torchtune recipe (0.6.1's have no validation loop).
 
 After the recipe's setup (``recipe_hooks``), the held-out dataset named by ``dataset_val``
-is built with the recipe's tokenizer through the token cache, unpacked. The step guard's
+is built with the recipe's tokenizer through the token cache, unpacked, and measured as the
+run's objective measures it (``held_out_measure``: SFT's token loss, a DPO run's pairs with
+their rewards, a distillation run's loss with its KD term). The step guard's
 loader asks ``at_boundary`` at every optimizer-step boundary, and the epoch-save wrapper
 asks ``before_epoch_save`` (an epoch cut short by ``max_steps_per_epoch`` ends without
 another boundary); ``kubetune.trainer.validation.schedule`` says which steps are measured.
@@ -10,10 +12,11 @@ Every evaluation is logged through the recipe's metric logger and written to the
 once it is committed. Always before a save: on CPU torchtune's LoRA save folds the adapter
 into the live weights.
 
-Early stop: once ``early_stop_patience`` evaluations in a row have not bettered the best,
-the epoch ends at that boundary, ``total_epochs`` is cut to it so the recipe's own epoch
-save is its final one (no optimizer state), and the next epoch's start raises
-``step_guard.EarlyStopped``: the process ends 0, the run completed.
+Early stop: once ``early_stop_patience`` evaluations in a row after the learning-rate
+warm-up have not bettered the best, the epoch ends at that boundary, ``total_epochs`` is
+cut to it so the recipe's own epoch save is its final one (no optimizer state), and the
+next epoch's start raises ``step_guard.EarlyStopped``: the process ends 0, the run
+completed.
 """
 
 from __future__ import annotations
