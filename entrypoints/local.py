@@ -21,7 +21,10 @@ from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
 from kubetune.workspace import SUMMARY_NAME, TEACHER_PATH
 from kubetune.entrypoints.options import method_option, objective_option, repeatable_option
+from kubetune.trainer.metric_logging import held_out_numbers
 from kubetune.trainer.objectives import registry
+from kubetune.trainer.request.process_hint import PROCESSES_KEY
+from kubetune.trainer.request.topology import Topology
 
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
@@ -105,11 +108,17 @@ def demo_sources_checked(sources_dir: Path, model_uri: str | None, dataset_uri: 
                 shutil.move(str(Path(tmp) / name), str(sources_dir / name))
 
 
+# How a user of the built-in pipeline asks for more trainer processes (refusals say it).
+LOCAL_SPELLINGS = {PROCESSES_KEY: "--nproc"}
+
+
 def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
              train_args: list[str], export_uri: str | None,
-             objective: str = "sft", teacher_uri: str | None = None) -> list[list[Step]]:
+             objective: str = "sft", teacher_uri: str | None = None,
+             nproc: int = 1) -> list[list[Step]]:
     """The four steps over ``workdir/workspace``, as a ClusterTrainingRuntime wires them
-    (a distillation run's teacher: the model initializer again, into ``teacher/``)."""
+    (a distillation run's teacher: the model initializer again, into ``teacher/``);
+    ``nproc`` trainer processes, as a runtime's ``numProcPerNode``."""
     pvc = (workdir / "workspace").resolve()
     py = sys.executable
     pod_env = {env.WORKSPACE: str(pvc)}
@@ -117,7 +126,8 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
     # different KUBETUNE_METHOD inherited from this shell would be refused there).
     trainer_env = {**pod_env, env.METHOD: method, env.OBJECTIVE: objective}
     chosen = registry.get(objective)
-    recipe, config, implied = chosen.recipe_for(method)
+    recipe, config, implied = chosen.recipe_for(method, Topology(1, nproc, 0, None),
+                                                LOCAL_SPELLINGS)
     tune_run = [
         py, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config", config,
         f"output_dir={pvc / 'output'}",
@@ -135,7 +145,8 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
          Step("model-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
               {**pod_env, env.STORAGE_URI: model_uri}), *teacher],
         [Step("trainer", tune_run, {**trainer_env, env.PET_NNODES: "1",
-                                    env.PET_NPROC_PER_NODE: "1", env.PET_NODE_RANK: "0"})],
+                                    env.PET_NPROC_PER_NODE: str(nproc),
+                                    env.PET_NODE_RANK: "0"})],
         [Step("exporter", [py, "-m", "kubetune.entrypoints", "export"],
               {**pod_env, env.EXPORT_URI: export_uri or str(pvc / "export")})],
     ]
@@ -173,6 +184,10 @@ def summary_lines(workdir: Path) -> list[str]:
         lines.insert(2, f"val loss: {held_out['base_val_loss']:.4f} (base) -> "
                         f"{held_out['last_val_loss']:.4f} (last), best "
                         f"{held_out['best_val_loss']:.4f} @ step {held_out['best_step']}")
+    own = held_out_numbers.change_text(held_out)
+    if own:
+        lines.insert(3 if held_out.get("last_val_loss") is not None else 2,
+                     f"held out (base -> last): {own}")
     if adapter:
         lines.append(f"adapter: {(pvc / 'export' / adapter).parent.resolve()}")
     lines.append(f"checkpoint: {(pvc / 'output' / summary['checkpoint']).resolve()}")
@@ -213,7 +228,8 @@ def _own_variables() -> frozenset[str]:
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None, options: dict | None = None,
-              objective: str = "sft", teacher_uri: str | None = None) -> list[str]:
+              objective: str = "sft", teacher_uri: str | None = None,
+              nproc: int = 1) -> list[str]:
     """Check, then run the pipeline; return the summary lines. The trainer settings of
     the environment (``KUBETUNE_*``), then the trainer options typed (``options``:
     `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
@@ -244,12 +260,14 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
             from_env, train_overrides(TrainOptions(method=method, **(options or {})))))
     preflight.check_named_paths(args, (workdir / "workspace").resolve())
     with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
-        stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri)
+        stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri,
+                          nproc)
         # What was checked and will run: the demo defaults kept, then the user's.
         logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
         preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
                                 (workdir / "workspace").resolve(), *checked, teacher_uri,
-                                spellings_of(set_by, list(train_args or [])))
+                                {**spellings_of(set_by, list(train_args or [])),
+                                 **LOCAL_SPELLINGS})
         preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
     # A completed run of the same config and inputs stays: its trainer says so and the
     # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
@@ -332,6 +350,10 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 @click.option("--teacher", "teacher_uri", envvar=env.TEACHER_URI, default=None,
               show_envvar=True, help="Teacher model STORAGE_URI (--objective distill), "
                                      "fetched like --model into workspace/teacher")
+@click.option("--nproc", envvar=env.LOCAL_NPROC, default=1, show_default=True,
+              show_envvar=True, type=click.IntRange(1),
+              help="Trainer processes on this machine, as a runtime's numProcPerNode: 2+ "
+                   "runs the distributed recipes (full and DoRA DPO)")
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
               help="Export destination (default: workspace/export)")
 @click.option("--runtime", "runtime_path", envvar=env.LOCAL_RUNTIME, default=None,
@@ -372,8 +394,8 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
                    "With --runtime: DIR's files stand for ConfigMap NAME wherever a volume "
                    "of the runtime mounts it (a builder at /opt/custom, say)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri, export_uri,
-          runtime_path,
+def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri, nproc,
+          export_uri, runtime_path,
           trainjob_path, print_jobset, engine, gpus, images, configmaps, train_args,
           **validation) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
@@ -414,7 +436,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri,
                                      if name in typed}
                     lines = run_local(workdir, model_uri, dataset_uri, method,
                                       list(train_args) if train_args else None, export_uri,
-                                      typed_options, objective, teacher_uri)
+                                      typed_options, objective, teacher_uri, nproc)
             else:
                 if print_jobset:
                     emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), raw=True)

@@ -10,7 +10,8 @@ tokenizer with the chat template and stop tokens the run trained with: ``chat_fo
 checks a template against the run's training samples, rendered as transformers does by
 ``kubetune.chat_template.render``, torchtune's formats as templates from
 ``kubetune.chat_template.torchtune_formats``) and
-``model_card`` -> ``export_manifest`` (sha256 of every file, sources, config, metrics) ->
+``model_card`` -> ``export_manifest`` (sha256 of every file, sources, config, metrics;
+both name what the run was: ``run_identity``) ->
 ``verify`` (structure) and ``verify_logits`` (base + adapter reproduces the merged model)
 -> a ``destination`` (``destination_local``, ``destination_s3``, ``destination_hf``:
 staged, committed, read back; a remote one is built first in the local tree

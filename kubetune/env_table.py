@@ -162,6 +162,8 @@ ROWS: dict[str, Var] = {
     env.LOCAL_IMAGES: Var(YOU, LOCAL, "NAME=IMAGE overrides, space-separated"),
     env.LOCAL_CONFIGMAPS: Var(YOU, LOCAL, "NAME=DIR: a directory standing for a ConfigMap, "
                               "space-separated"),
+    env.LOCAL_NPROC: Var(YOU, LOCAL, "trainer processes of the built-in pipeline (its "
+                         "numProcPerNode)", "1"),
     env.LOCAL_RUN: Var(OURS, "all", "set by kubetune local for its steps"),
     # `kubetune size`
     env.SIZE_MODEL: Var(YOU, "size", "model directory, config.json or hf://", "required"),

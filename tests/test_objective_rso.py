@@ -26,7 +26,9 @@ def test_rso_has_dpos_recipes_memory_and_rewards_and_another_loss():
         topology = Topology(1, processes, 0, None)
         assert rso.recipe_for(method, topology) == dpo.recipe_for(method, topology)
     assert rso.memory_load("full") == dpo.memory_load("full")
-    assert rso.logged_parts == dpo.logged_parts and rso.held_out_metrics is None
+    assert rso.logged_parts == dpo.logged_parts
+    # A preference objective: its held-out pairs are measured as DPO's, with its own loss.
+    assert rso.held_out_metrics == dpo.held_out_metrics == "preference"
     assert registry.of_recipe("lora_dpo_single_device") is dpo  # a drop-in: DPO's loss
 
 
@@ -35,7 +37,7 @@ def test_kubetune_train_objective_rso_trains_with_the_hinge_loss(tmp_path, tiny_
     data = write_rows(tmp_path / "data", pairs(trl_standard, 16))
     result = kubetune("train", "--objective", "rso", "--model-dir", str(tiny_model_dir),
                       "--dataset-dir", str(data), "--output-dir", str(tmp_path / "out"),
-                      *SHORT, env=clean_env(KUBETUNE_WORKSPACE=str(tmp_path / "ws"),
+                      "--val-fraction", "0.25", *SHORT, env=clean_env(KUBETUNE_WORKSPACE=str(tmp_path / "ws"),
                                             KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "lora_dpo_single_device" in result.stderr
@@ -49,6 +51,12 @@ def test_kubetune_train_objective_rso_trains_with_the_hinge_loss(tmp_path, tiny_
     assert summary["first_loss"] == pytest.approx(1.0, abs=1e-4)  # the hinge at margin 0
     assert summary["preference"]["first_reward_margin"] == pytest.approx(0.0, abs=1e-6)
     assert summary["preference"]["last_reward_accuracy"] is not None
+    # Its held-out pairs measured as DPO's are, with the hinge: 1 at the base, where the
+    # policy is its reference (rewards and margin 0, accuracy 0 under the strict >).
+    v = summary["validation"]
+    assert v["base_val_loss"] == pytest.approx(1.0, abs=1e-4)
+    assert (v["base_reward_accuracy"], v["base_reward_margin"]) == (0.0, 0.0)
+    assert v["last_reward_accuracy"] is not None
 
 
 def test_kubetune_objective_rso_under_tune_run_is_the_dpo_recipe_with_rsos_loss(

@@ -129,9 +129,9 @@ class CellRun:
 
     @property
     def validated(self) -> bool:
-        """The held-out loss measured on the base (step 0) and after the last step; under
-        an objective kubetune measures no held-out loss for (DPO: `dpo.without_held_out`),
-        none measured, and its test split left out of training."""
+        """The held-out loss measured on the base (step 0) and after the last step (a DPO
+        run's: the DPO loss on its held-out pairs); under an objective whose ``held_out``
+        is off, none measured, and its test split left out of training."""
         v = self.validation or {}
         if self.cell.objective != SFT and not OBJECTIVES[self.cell.objective].held_out:
             return not v and not self.answered

@@ -28,7 +28,8 @@ from kubetune.trainer.performance import model_shape
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
 from kubetune.trainer.objectives import registry
 from kubetune.trainer.objectives.objective import LoggedPart
-from kubetune.trainer.metric_logging.validation_numbers import train_data, validation_summary
+from kubetune.trainer.metric_logging.validation_numbers import (row_summary, train_data,
+                                                                 validation_summary)
 from kubetune.trainer.performance.model_shape import parameter_count  # noqa: F401 (part of this module's API)
 
 # Dense bf16 peak FLOP/s by device name fragment (vendor datasheets, without sparsity).
@@ -164,6 +165,7 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
         "exit_reason": exit_reason,
         "checkpoint": checkpoint,
         "train_data": train_data(output_dir, cfg),
+        "rows": row_summary(output_dir),
         "validation": validation_summary(output_dir),
         **{section: parts_summary(steps, parts)
            for section, parts in registry.summary_sections().items()},

@@ -25,6 +25,7 @@ from kubetune.remote.trainjob_status import StatusReporter
 from kubetune.trainer.metric_logging.validation_progress import ValidationProgress
 from kubetune.trainer.objectives import registry
 from kubetune.trainer.request import passed_env
+from kubetune.workspace import held_out_keys
 
 COMPONENT = "trainer"
 _drawn: "TrainProgress | None" = None  # the bar on the terminal, in this process
@@ -348,5 +349,8 @@ def report_finished(summary: Mapping[str, Any], environ: Mapping[str, str] | Non
                       ("base_val_loss", "base_val_loss")):
         if validation.get(key) is not None:
             metrics[name] = f"{float(validation[key]):.6g}"
+    for number in held_out_keys.ALL:  # an objective's own, as the last evaluation's
+        if validation.get(f"last_{number.stem}") is not None:
+            metrics[number.key] = f"{float(validation[f'last_{number.stem}']):.6g}"
     metrics["wall_time_s"] = summary.get("wall_time_s")
     reporter.finish(100, 0, metrics)

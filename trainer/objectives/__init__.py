@@ -11,7 +11,9 @@ module:
   registry entry;
 - ``distill``: knowledge distillation; torchtune's KD recipe and config for a method on
   a topology, the teacher (named, else the workspace's ``teacher/``) fitted and checked
-  against the student's vocabulary, the methods no KD recipe runs refused.
+  against the student's vocabulary, the methods no KD recipe runs refused;
+- ``dpo_held_out``: a preference objective's held-out set fitted to the preference builder
+  (measured in the recipe process by ``validation.preference_held_out``).
 
 Their data: ``preference_rows`` (preference rows in the shapes users have: TRL's
 standard, conversational and implicit-prompt, torchtune's, HH-RLHF's, read as a prompt

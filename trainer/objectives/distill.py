@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.objectives.objective import Fitted, LoggedPart, Objective
+from kubetune.trainer.objectives.objective import Fitted, LoggedPart, Objective, checkpoint_named
 from kubetune.trainer.performance.memory_plan import ObjectiveLoad
 from kubetune.trainer.request.topology import Topology
 
@@ -45,8 +45,9 @@ CE_METRIC, KD_METRIC = "class_loss", "kd_loss"
 class Distill(Objective):
     name = "distill"
     recipes = RECIPES
-    # The student's held-out cross-entropy, as SFT's.
-    held_out_metrics = "cross_entropy"
+    # The student's held-out cross-entropy, as SFT's, and the KD term beside it
+    # (``validation.distill_held_out``).
+    held_out_metrics = "cross_entropy_and_kd"
     logged_parts = (LoggedPart(CE_METRIC, "ce", "ce_loss", 4),
                     LoggedPart(KD_METRIC, "kd", "kd_loss", 4))
     summary_section = "distillation"
@@ -58,7 +59,8 @@ class Distill(Objective):
     def recipe_table(self, method: str, one_process: bool) -> tuple[str, str]:
         return _RECIPES[one_process]
 
-    def check_method(self, method: str, topology: Topology | None = None) -> None:
+    def check_method(self, method: str, topology: Topology | None = None,
+                     spellings: dict[str, str] | None = None) -> None:
         """Refuse a student method torchtune's KD recipes cannot train."""
         why = {"full": "torchtune's KD recipes train a LoRA student only (no full KD recipe)",
                "qlora": "torchtune's KD recipes do not save an NF4-quantized base"}.get(method)
@@ -82,6 +84,13 @@ class Distill(Objective):
         teacher = read_checkpoint_model(teacher_dir(cfg, user_keys, workspace_teacher))
         checkpointer_section(cfg, TEACHER_SECTION, teacher)
         return Fitted(fit_teacher(cfg, student, teacher), teacher)
+
+    def described(self, cfg: "DictConfig") -> dict[str, Any]:
+        from omegaconf import OmegaConf
+
+        return {"teacher": checkpoint_named(cfg, TEACHER_SECTION),
+                "kd_ratio": OmegaConf.select(cfg, "kd_ratio", default=None),
+                "kd_loss": OmegaConf.select(cfg, "kd_loss._component_", default=None)}
 
 
 OBJECTIVE = Distill()

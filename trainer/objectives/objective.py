@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubetune.trainer.performance.memory_plan import ObjectiveLoad
 from kubetune.trainer.request.topology import Topology
@@ -60,11 +60,12 @@ class Objective:
     name: str = ""
     # The recipes (names) that train it: a drop-in `tune run` of one is this objective.
     recipes: tuple[str, ...] = ()
-    # Held-out data is measured as ``held_out_metrics`` says: "cross_entropy" (the
-    # held-out loop's token loss over labels), or None: the objective's recipes measure
-    # nothing the loop can, and the plan drops the held-out set, saying so
-    # (``without_held_out``). The held-out code asks this attribute, never the name.
-    held_out_metrics: str | None = "cross_entropy"
+    # What the held-out loop measures on held-out data (``recipe_process.held_out_measure``
+    # reads this, never the name): "cross_entropy" (the token loss over labels),
+    # "preference" (a preference loss, reward accuracy, margin and rewards over held-out
+    # pairs) or "cross_entropy_and_kd" (the student's token loss with the KD term beside
+    # it). The plan fits the held-out section to it (``fit_held_out``).
+    held_out_metrics: str = "cross_entropy"
     # What its recipes log beside the loss (shown on the progress line, the status, the
     # report and summary.json's ``summary_section``).
     logged_parts: tuple[LoggedPart, ...] = ()
@@ -77,15 +78,16 @@ class Objective:
     # What a base config of its recipes leaves to the method (DoRA: ``model.use_dora``).
     implied: dict[str, list[str]] = {}
 
-    def recipe_for(self, method: str, topology: Topology | None = None
-                   ) -> tuple[str, str, list[str]]:
+    def recipe_for(self, method: str, topology: Topology | None = None,
+                   spellings: dict[str, str] | None = None) -> tuple[str, str, list[str]]:
         """The recipe, base config and implied overrides for ``method`` on ``topology``:
-        the method checked (``check_method``), then the objective's ``recipe_table``."""
+        the method checked (``check_method``; ``spellings``: how the user sets things, for
+        a refusal's hint), then the objective's ``recipe_table``."""
         from kubetune.trainer.request import methods
 
         if method not in methods.METHODS:
             return methods.recipe_for(method, topology)  # a bad method: its line names them
-        self.check_method(method, topology)
+        self.check_method(method, topology, spellings)
         recipe, config = self.recipe_table(method, topology is None or topology.world_size == 1)
         return recipe, config, list(self.implied.get(method, []))
 
@@ -93,8 +95,10 @@ class Objective:
         """The recipe and base config that train ``method`` on one process or several."""
         raise NotImplementedError
 
-    def check_method(self, method: str, topology: Topology | None = None) -> None:
-        """Refuse, in one line naming what can run, a method its recipes cannot train."""
+    def check_method(self, method: str, topology: Topology | None = None,
+                     spellings: dict[str, str] | None = None) -> None:
+        """Refuse, in one line naming what can run (and how more processes are asked for
+        where the user is: ``spellings``), a method its recipes cannot train."""
 
     def fewest_processes(self, method: str) -> int:
         """The fewest processes a recipe of this objective trains ``method`` on."""
@@ -134,7 +138,27 @@ class Objective:
         """How many processes' losses ``recipe`` sums into the loss it logs (1: a mean)."""
         return 1
 
-    def without_held_out(self, cfg: "DictConfig", notes: list[str]) -> list[str]:
-        """For an objective that measures nothing held out: the plan's lines once the
-        held-out set is dropped from ``cfg``."""
+    def fit_held_out(self, cfg: "DictConfig", notes: list[str]) -> list[str]:
+        """The held-out set the plan chose (``dataset_val``), fitted to what
+        ``held_out_metrics`` measures; the plan's lines so far (``notes``) and any saying
+        so."""
         return notes
+
+    def described(self, cfg: "DictConfig") -> dict[str, Any]:
+        """What summary.json's ``objective`` says of the run beyond its name, method,
+        recipe and loss: the model it compares against (a reference, a teacher) and its
+        own settings."""
+        return {}
+
+
+def checkpoint_named(cfg: "DictConfig", section: str) -> dict[str, Any] | None:
+    """A checkpointer section's model, for ``described``: its directory and the repo it
+    came from."""
+    from omegaconf import OmegaConf
+
+    from kubetune.workspace.model_files import original_repo_id
+
+    where = OmegaConf.select(cfg, f"{section}.checkpoint_dir", default=None)
+    if where is None:
+        return None
+    return {"checkpoint_dir": str(where), "name": original_repo_id(Path(str(where)))}

@@ -13,8 +13,8 @@ class SFT(Objective):
     name = "sft"
     recipes = methods.RECIPES
 
-    def recipe_for(self, method: str, topology: Topology | None = None
-                   ) -> tuple[str, str, list[str]]:
+    def recipe_for(self, method: str, topology: Topology | None = None,
+                   spellings: dict[str, str] | None = None) -> tuple[str, str, list[str]]:
         # The controller's choice, which also knows several nodes (its multi-node recipe).
         return methods.recipe_for(method, topology)
 

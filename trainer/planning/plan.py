@@ -211,15 +211,14 @@ def _data_and_sections(request: TuneRunRequest, workspace: Workspace, m: _Merged
 def _objective_and_held_out(cfg: DictConfig, request: TuneRunRequest, m: _Merged,
                             topo: topology.Topology, workspace: Workspace, found,
                             users_config: bool) -> list[str]:
-    """What the objective's recipe logs, the held-out set (dropped where the objective
-    measures nothing held out), and the dataset keys fitted to what its builders take
+    """What the objective's recipe logs, the held-out set (fitted to what the objective
+    measures on it), and the dataset keys fitted to what its builders take
     (``dataset_val``'s too, now that it exists)."""
     summed = m.objective.loss_summed_over(m.recipe_path.stem, topo.world_size)
     if summed > 1:
         cfg.metric_logger.loss_summed_over = summed  # the 1-process loss's meaning
     notes = held_out_set.plan(cfg, workspace.dataset_dir, found, request.spellings)
-    if m.objective.held_out_metrics is None:
-        notes = m.objective.without_held_out(cfg, notes)
+    notes = m.objective.fit_held_out(cfg, notes)
     return notes + builder_settings.fit(cfg, m.user_keys, request.spellings, users_config)
 
 
@@ -239,7 +238,7 @@ def _place(cfg: DictConfig, request: TuneRunRequest, m: _Merged, method: str,
     m.notes.extend(methods.check_recipe(request.recipe, method, topo))
     if not distributed:
         topo = topology.Topology(1, 1, 0, None)
-    m.objective.check_method(method, topo)
+    m.objective.check_method(method, topo, request.spellings)
     return hw, distributed, topo
 
 

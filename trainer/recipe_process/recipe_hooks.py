@@ -16,7 +16,7 @@ import functools
 from kubetune.trainer.checkpointing import epoch_saves
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.metric_logging import run_report, train_progress
-from kubetune.trainer.recipe_process import (empty_batches, held_out, run_sanity,
+from kubetune.trainer.recipe_process import (empty_batches, few_steps, held_out, run_sanity,
                                              sample_capture, save_progress, tokenized_data,
                                              warmup_cap)
 from kubetune.trainer.recipe_process.step_guard import Guard
@@ -64,6 +64,7 @@ def _wrap_setup(cls: type, guard: Guard, data: CacheSettings | None) -> None:
         cfg = kwargs.get("cfg", args[0] if args else None)  # recipe_main: setup(cfg=cfg)
         if cfg is not None:
             train_progress.warn_about_warmup(self, cfg)
+            few_steps.warn(self, cfg)
             if data is not None:
                 guard.held_out = held_out.HeldOut.set_up(self, cfg, guard.settings, guard, data)
         return result

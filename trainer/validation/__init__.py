@@ -8,6 +8,10 @@ last step, and answers a person can read.
 - ``budget``: how many held-out rows each evaluation measures (about 5% of the run's
   compute at the default frequency);
 - ``val_loop``: the validation loss on every rank together, the RNG and train mode untouched;
+- ``preference_held_out``: a DPO run's held-out pairs through the recipe's own forward and
+  loss: DPO loss, reward accuracy, margin, chosen and rejected rewards;
+- ``distill_held_out``: a distillation run's held-out KD term beside the student's
+  cross-entropy;
 - ``early_stop``: a run stopped after evaluations without improvement;
 - ``answers``: greedy answers to a few held-out prompts, the base's and the tuned model's,
   recorded beside the reference (``kubetune.workspace.answers_record``) for the run report.

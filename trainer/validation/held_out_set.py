@@ -37,8 +37,7 @@ DEFAULT_PROMPTS = 3
 DEFAULT_MAX_NEW_TOKENS = 64
 # The data's own held-out splits, the first one present wins.
 HELDOUT_SPLITS = ("validation", "test")
-# The dataset line's held-out clause begins with one of these (``_describe``); an objective
-# that measures no held-out data cuts it off (``without_held_out_clause``).
+# The dataset line's held-out clause begins with one of these (``_describe``).
 _VALIDATION_ON = "; validation on"
 _NO_HELD_OUT = "; no held-out set"
 
@@ -198,11 +197,6 @@ def _describe(train_split: str | None, found: DatasetSample | None, source: str 
         line += (f"{_NO_HELD_OUT} (no validation or test split besides the one trained "
                  f"on; --val-fraction 0.1 or {env.VAL_FRACTION}=0.1 holds a tenth out)")
     return line, rows, exact, val_rows
-
-
-def without_held_out_clause(notes: list[str]) -> list[str]:
-    """``notes`` (``plan``'s lines) with the dataset line's held-out clause cut off."""
-    return [n.split(_VALIDATION_ON)[0].split(_NO_HELD_OUT)[0] for n in notes]
 
 
 def _larger_than_training(val_rows: int | None, train_rows: int | None) -> list[str]:

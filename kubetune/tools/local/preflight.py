@@ -86,8 +86,8 @@ def check_combinations(o: Options, option_names: set[str],
         raise BadInputError(f"with --runtime, set {', '.join(o.settings_in_shell)} in the "
                             "TrainJob's spec.trainer.env, not in this shell: the runtime's "
                             "pods get only the TrainJob's env")
-    ignored = sorted(({"method", "objective", "teacher_uri", "export_uri"} | TRAINER_OPTIONS)
-                     & on_command_line)
+    ignored = sorted(({"method", "objective", "teacher_uri", "export_uri", "nproc"}
+                      | TRAINER_OPTIONS) & on_command_line)
     if o.runtime_path is not None and ignored:
         # The option's flag, where its parameter is named otherwise (--teacher: teacher_uri).
         flags = "/".join("--teacher" if name == "teacher_uri" else "--" + name.replace("_", "-")

@@ -1,0 +1,33 @@
+"""A DPO run's held-out set, planned: the one ``heldout_set.plan`` chose (the data's
+``validation`` or ``test`` split, ``--val-fraction``, or the user's ``dataset_val``), read
+as preference pairs. In the recipe process each evaluation measures those pairs as the
+DPO recipe measures a step (``kubetune.trainer.validation.preference_held_out``).
+
+The split's copy of the training section already names our preference builder
+(``dpo.choose_builder`` ran on it), but carries ``packed=False`` (SFT's held-out rows are
+never packed), which the preference builder would pass on to ``load_dataset``; a user's
+``dataset_val`` naming torchtune's generic ``preference_dataset`` is read by ours, as the
+training section is.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from kubetune.trainer.objectives import dpo
+
+MEASURES = ("validation under DPO: the held-out pairs' DPO loss, reward accuracy, margin "
+            "and chosen/rejected rewards, at the base, every N steps and at the end (at the "
+            "base the policy is its reference: rewards and margin 0, accuracy 0)")
+
+
+def plan(cfg: DictConfig) -> list[str]:
+    """Fit the held-out section to the preference builder; the line saying what is
+    measured (none without a held-out set)."""
+    val = cfg.get("dataset_val")
+    if not isinstance(val, DictConfig) or (cfg.get("kubetune") or {}).get("validation") is None:
+        return []
+    val.pop("packed", None)
+    if str(val.get("_component_", "")) in dpo.REPLACEABLE:
+        val._component_ = dpo.PREFERENCE_BUILDER
+    return [MEASURES]
