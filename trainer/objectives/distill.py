@@ -45,14 +45,14 @@ CE_METRIC, KD_METRIC = "class_loss", "kd_loss"
 class Distill(Objective):
     name = "distill"
     recipes = RECIPES
+    needs_teacher = True
+    own_checkpointers = (TEACHER_SECTION,)  # the teacher is another model, never the policy
     # The student's held-out cross-entropy, as SFT's, and the KD term beside it
     # (``validation.distill_held_out``).
     held_out_metrics = "cross_entropy_and_kd"
     logged_parts = (LoggedPart(CE_METRIC, "ce", "ce_loss", 4),
                     LoggedPart(KD_METRIC, "kd", "kd_loss", 4))
     summary_section = "distillation"
-    needs_teacher = True
-    own_checkpointers = (TEACHER_SECTION,)  # the teacher is another model, never the policy
 
     implied = _IMPLIED
 

@@ -25,24 +25,16 @@ def holds_teacher(recipe: Any) -> bool:
 
 def batch_losses(recipe: Any, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(summed token CE, summed token KD, labelled tokens) of one batch."""
-    from torchtune import utils
-
-    utils.batch_to_device(batch, recipe._device)
-    labels = batch.pop("labels")
+    labels, tokens = val_loop.shifted_labels(recipe, batch)
     logits = recipe._model(**batch)
     teacher_logits = recipe._teacher_model(**batch)
-    labels = torch.hstack((labels[..., 1:], recipe.ignore_labels_cache[: labels.shape[0]]))
-    tokens = (labels != recipe._loss_fn.ignore_index).sum()
     if not isinstance(logits, list):
         labels = labels.reshape(-1)
         logits = logits.reshape(-1, logits.size(-1))
         teacher_logits = teacher_logits.reshape(-1, teacher_logits.size(-1))
     ce = recipe._loss_fn(logits, labels)
     kd = recipe._kd_loss_fn(logits, teacher_logits, labels)
-    zero = torch.zeros((), dtype=torch.float64, device=ce.device)
-    # A batch with nothing to score (pad rows) adds 0, not the loss's 0/0.
-    return (torch.where(tokens > 0, ce.double() * tokens, zero),
-            torch.where(tokens > 0, kd.double() * tokens, zero), tokens)
+    return val_loop.token_sum(ce, tokens), val_loop.token_sum(kd, tokens), tokens
 
 
 def measure(recipe: Any, dataset: Any, batch_size: int, collate: Callable[[list[dict]], dict],
