@@ -53,6 +53,7 @@ def test_kubetune_train_objective_rso_trains_with_the_hinge_loss(tmp_path, tiny_
     assert summary["preference"]["last_reward_accuracy"] is not None
     # Its held-out pairs measured as DPO's are, with the hinge: 1 at the base, where the
     # policy is its reference (rewards and margin 0, accuracy 0 under the strict >).
+    assert "validation under RSO: the held-out pairs' RSO loss" in result.stderr
     v = summary["validation"]
     assert v["base_val_loss"] == pytest.approx(1.0, abs=1e-4)
     assert (v["base_reward_accuracy"], v["base_reward_margin"]) == (0.0, 0.0)

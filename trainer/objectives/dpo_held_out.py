@@ -1,6 +1,6 @@
-"""A DPO run's held-out set, planned: the one ``heldout_set.plan`` chose (the data's
-``validation`` or ``test`` split, ``--val-fraction``, or the user's ``dataset_val``), read
-as preference pairs. In the recipe process each evaluation measures those pairs as the
+"""A preference run's (DPO, RSO) held-out set, planned: the one ``held_out_set.plan``
+chose (the data's ``validation`` or ``test`` split, ``--val-fraction``, or the user's
+``dataset_val``), read as preference pairs. In the recipe process each evaluation measures those pairs as the
 DPO recipe measures a step (``kubetune.trainer.validation.preference_held_out``).
 
 The split's copy of the training section already names our preference builder
@@ -16,12 +16,13 @@ from omegaconf import DictConfig
 
 from kubetune.trainer.objectives import dpo
 
-MEASURES = ("validation under DPO: the held-out pairs' DPO loss, reward accuracy, margin "
-            "and chosen/rejected rewards, at the base, every N steps and at the end (at the "
-            "base the policy is its reference: rewards and margin 0, accuracy 0)")
+# {name}: the objective's, upper-cased (DPO, RSO); the loss is the run's own.
+MEASURES = ("validation under {name}: the held-out pairs' {name} loss, reward accuracy, "
+            "margin and chosen/rejected rewards, at the base, every N steps and at the end (at "
+            "the base the policy is its reference: rewards and margin 0, accuracy 0)")
 
 
-def plan(cfg: DictConfig) -> list[str]:
+def plan(cfg: DictConfig, objective: str) -> list[str]:
     """Fit the held-out section to the preference builder; the line saying what is
     measured (none without a held-out set)."""
     val = cfg.get("dataset_val")
@@ -30,4 +31,4 @@ def plan(cfg: DictConfig) -> list[str]:
     val.pop("packed", None)
     if str(val.get("_component_", "")) in dpo.REPLACEABLE:
         val._component_ = dpo.PREFERENCE_BUILDER
-    return [MEASURES]
+    return [MEASURES.format(name=objective.upper())]
