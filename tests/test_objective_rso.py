@@ -47,7 +47,9 @@ def test_kubetune_train_objective_rso_trains_with_the_hinge_loss(tmp_path, tiny_
     assert config["kubetune"]["objective"] == "rso"
     assert config["loss"] == {"_component_": RSO_LOSS}
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["steps"] == 3
+    kept = summary["rows"]["train"]["kept"]  # the pairs not held out
+    assert kept + summary["validation"]["rows"] == 16
+    assert summary["steps"] == kept // 4  # whole batches of 4 (the DPO recipes drop the last)
     assert summary["first_loss"] == pytest.approx(1.0, abs=1e-4)  # the hinge at margin 0
     assert summary["preference"]["first_reward_margin"] == pytest.approx(0.0, abs=1e-6)
     assert summary["preference"]["last_reward_accuracy"] is not None

@@ -101,7 +101,7 @@ class DPO(Objective):
     def fit_held_out(self, cfg: "DictConfig", notes: list[str]) -> list[str]:
         from kubetune.trainer.objectives import dpo_held_out
 
-        return notes + dpo_held_out.plan(cfg, self.name)
+        return notes + dpo_held_out.plan(cfg, self.name, PREFERENCE_BUILDER, REPLACEABLE)
 
     def described(self, cfg: "DictConfig") -> dict[str, Any]:
         from omegaconf import OmegaConf

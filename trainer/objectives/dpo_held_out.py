@@ -14,21 +14,21 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from kubetune.trainer.objectives import dpo
-
 # {name}: the objective's, upper-cased (DPO, RSO); the loss is the run's own.
 MEASURES = ("validation under {name}: the held-out pairs' {name} loss, reward accuracy, "
             "margin and chosen/rejected rewards, at the base, every N steps and at the end (at "
             "the base the policy is its reference: rewards and margin 0, accuracy 0)")
 
 
-def plan(cfg: DictConfig, objective: str) -> list[str]:
-    """Fit the held-out section to the preference builder; the line saying what is
-    measured (none without a held-out set)."""
+def plan(cfg: DictConfig, objective: str, builder: str, replaceable: tuple[str, ...]
+         ) -> list[str]:
+    """Fit the held-out section to the preference builder (``builder``, in place of one of
+    ``replaceable``: the objective's, ``dpo``'s); the line saying what ``objective``
+    measures (none without a held-out set)."""
     val = cfg.get("dataset_val")
     if not isinstance(val, DictConfig) or (cfg.get("kubetune") or {}).get("validation") is None:
         return []
     val.pop("packed", None)
-    if str(val.get("_component_", "")) in dpo.REPLACEABLE:
-        val._component_ = dpo.PREFERENCE_BUILDER
+    if str(val.get("_component_", "")) in replaceable:
+        val._component_ = builder
     return [MEASURES.format(name=objective.upper())]
