@@ -20,8 +20,11 @@ from kubetune.tools.local import preflight, train_args as train_args_rules
 from kubetune.tools.local.steps import (Step, emit, flush_or_discard_output,
                                         forwarding_signals, run_stages)
 from kubetune.workspace import SUMMARY_NAME, TEACHER_PATH
-from kubetune.trainer.objectives.choice import OBJECTIVES, recipe_for
-from kubetune.trainer.request.methods import METHODS
+from kubetune.entrypoints.options import method_option, objective_option, repeatable_option
+from kubetune.trainer.metric_logging import held_out_numbers
+from kubetune.trainer.objectives import registry
+from kubetune.trainer.request.process_hint import PROCESSES_KEY
+from kubetune.trainer.request.topology import Topology
 
 if TYPE_CHECKING:
     from kubetune.tools.local.containers import EngineOptions
@@ -105,24 +108,32 @@ def demo_sources_checked(sources_dir: Path, model_uri: str | None, dataset_uri: 
                 shutil.move(str(Path(tmp) / name), str(sources_dir / name))
 
 
+# How a user of the built-in pipeline asks for more trainer processes (refusals say it).
+LOCAL_SPELLINGS = {PROCESSES_KEY: "--nproc"}
+
+
 def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
              train_args: list[str], export_uri: str | None,
-             objective: str = "sft", teacher_uri: str | None = None) -> list[list[Step]]:
+             objective: str = "sft", teacher_uri: str | None = None,
+             nproc: int = 1) -> list[list[Step]]:
     """The four steps over ``workdir/workspace``, as a ClusterTrainingRuntime wires them
-    (a distillation run's teacher: the model initializer again, into ``teacher/``)."""
+    (a distillation run's teacher: the model initializer again, into ``teacher/``);
+    ``nproc`` trainer processes, as a runtime's ``numProcPerNode``."""
     pvc = (workdir / "workspace").resolve()
     py = sys.executable
     pod_env = {env.WORKSPACE: str(pvc)}
     # As the byo-model runtime's pod says it: the trainer reads the method it runs (a
     # different KUBETUNE_METHOD inherited from this shell would be refused there).
     trainer_env = {**pod_env, env.METHOD: method, env.OBJECTIVE: objective}
-    recipe, config, implied = recipe_for(objective, method)
+    chosen = registry.get(objective)
+    recipe, config, implied = chosen.recipe_for(method, Topology(1, nproc, 0, None),
+                                                LOCAL_SPELLINGS)
     tune_run = [
         py, "-m", "kubetune.entrypoints.tune", "run", recipe, "--config", config,
         f"output_dir={pvc / 'output'}",
         f"tokenizer.path={pvc / 'model' / 'original' / 'tokenizer.model'}",
         f"checkpointer.checkpoint_dir={pvc / 'model'}",
-        *([f"teacher_checkpointer.checkpoint_dir={pvc / TEACHER_PATH}"] if teacher_uri else []),
+        *(chosen.teacher_overrides(pvc / TEACHER_PATH) if teacher_uri else []),
         *implied, *train_args,
     ]
     teacher = [Step("teacher-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
@@ -134,7 +145,8 @@ def pipeline(workdir: Path, model_uri: str, dataset_uri: str, method: str,
          Step("model-initializer", [py, "-m", "kubetune.entrypoints", "init-model"],
               {**pod_env, env.STORAGE_URI: model_uri}), *teacher],
         [Step("trainer", tune_run, {**trainer_env, env.PET_NNODES: "1",
-                                    env.PET_NPROC_PER_NODE: "1", env.PET_NODE_RANK: "0"})],
+                                    env.PET_NPROC_PER_NODE: str(nproc),
+                                    env.PET_NODE_RANK: "0"})],
         [Step("exporter", [py, "-m", "kubetune.entrypoints", "export"],
               {**pod_env, env.EXPORT_URI: export_uri or str(pvc / "export")})],
     ]
@@ -172,6 +184,10 @@ def summary_lines(workdir: Path) -> list[str]:
         lines.insert(2, f"val loss: {held_out['base_val_loss']:.4f} (base) -> "
                         f"{held_out['last_val_loss']:.4f} (last), best "
                         f"{held_out['best_val_loss']:.4f} @ step {held_out['best_step']}")
+    own = held_out_numbers.change_text(held_out)
+    if own:
+        lines.insert(3 if held_out.get("last_val_loss") is not None else 2,
+                     f"held out (base -> last): {own}")
     if adapter:
         lines.append(f"adapter: {(pvc / 'export' / adapter).parent.resolve()}")
     lines.append(f"checkpoint: {(pvc / 'output' / summary['checkpoint']).resolve()}")
@@ -212,7 +228,8 @@ def _own_variables() -> frozenset[str]:
 def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | None = None,
               method: str = "lora", train_args: list[str] | None = None,
               export_uri: str | None = None, options: dict | None = None,
-              objective: str = "sft", teacher_uri: str | None = None) -> list[str]:
+              objective: str = "sft", teacher_uri: str | None = None,
+              nproc: int = 1) -> list[str]:
     """Check, then run the pipeline; return the summary lines. The trainer settings of
     the environment (``KUBETUNE_*``), then the trainer options typed (``options``:
     `kubetune train`'s names, ``val_fraction`` ...), then ``train_args``, override the
@@ -243,12 +260,14 @@ def run_local(workdir: Path, model_uri: str | None = None, dataset_uri: str | No
             from_env, train_overrides(TrainOptions(method=method, **(options or {})))))
     preflight.check_named_paths(args, (workdir / "workspace").resolve())
     with demo_sources_checked(workdir / "sources", model_uri, dataset_uri) as (checked, final):
-        stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri)
+        stages = pipeline(workdir, *final, method, args, export_uri, objective, teacher_uri,
+                          nproc)
         # What was checked and will run: the demo defaults kept, then the user's.
         logging.getLogger("local").info("trainer arguments: %s", " ".join(args))
         preflight.check_trainer(_tune_run_args(stages), stages[1][0].env,
                                 (workdir / "workspace").resolve(), *checked, teacher_uri,
-                                spellings_of(set_by, list(train_args or [])))
+                                {**spellings_of(set_by, list(train_args or [])),
+                                 **LOCAL_SPELLINGS})
         preflight.check_export_destination(export_uri, (workdir / "workspace").resolve())
     # A completed run of the same config and inputs stays: its trainer says so and the
     # exporter runs on it (the trainer's fingerprint decides, as in a pod restarted).
@@ -324,15 +343,17 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 @click.option("--dataset", "dataset_uri", envvar=env.LOCAL_DATASET, default=None,
               show_envvar=True,
               help="Dataset STORAGE_URI (default: the embedded addition dataset)")
-@click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
-              show_envvar=True, type=click.Choice(sorted(METHODS)), help="Fine-tuning method")
-@click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
-              show_envvar=True, type=click.Choice(OBJECTIVES),
-              help="sft, dpo: preference tuning on chosen/rejected pairs (--dataset), or "
-                   "distill: a LoRA student learns from --teacher's logits")
+@method_option("Fine-tuning method")
+@objective_option("sft, dpo: preference tuning on chosen/rejected pairs (--dataset; rso: "
+                  "the same with torchtune's hinge loss), or distill: a LoRA student learns "
+                  "from --teacher's logits")
 @click.option("--teacher", "teacher_uri", envvar=env.TEACHER_URI, default=None,
               show_envvar=True, help="Teacher model STORAGE_URI (--objective distill), "
                                      "fetched like --model into workspace/teacher")
+@click.option("--nproc", envvar=env.LOCAL_NPROC, default=1, show_default=True,
+              show_envvar=True, type=click.IntRange(1),
+              help="Trainer processes on this machine, as a runtime's numProcPerNode: 2+ "
+                   "runs the distributed recipes (full and DoRA DPO)")
 @click.option("--export-uri", envvar=env.EXPORT_URI, default=None, show_envvar=True,
               help="Export destination (default: workspace/export)")
 @click.option("--runtime", "runtime_path", envvar=env.LOCAL_RUNTIME, default=None,
@@ -352,11 +373,9 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
 @click.option("--gpus", is_flag=True, envvar=env.LOCAL_GPUS, show_envvar=True,
               help="With a container engine: give every GPU to the containers that request "
                    "nvidia.com/gpu (docker --gpus, podman CDI)")
-@click.option("--image", "images", multiple=True, envvar=env.LOCAL_IMAGES,
-              metavar="NAME=IMAGE", show_envvar=True,
-              help="With a container engine: run IMAGE where the runtime names NAME (a full "
-                   "reference, or its last part: initializer, trainer, exporter); repeatable "
-                   "(the variable: space-separated)")
+@repeatable_option("--image", "images", env.LOCAL_IMAGES, "NAME=IMAGE",
+                   "With a container engine: run IMAGE where the runtime names NAME (a full "
+                   "reference, or its last part: initializer, trainer, exporter)")
 @click.option("--val-fraction", envvar=env.VAL_FRACTION, type=float, default=None,
               show_envvar=True, help="Hold out this fraction (at most 0.5) of the training "
               "split where the data ships no validation or test split (kubetune train's)")
@@ -371,14 +390,12 @@ def run_runtime(workdir: Path, runtime_path: Path, trainjob_path: Path | None = 
               type=click.Choice(["base", "torchtune"]),
               help="Chat data's format: base (the base model's own chat template) or "
                    "torchtune (torchtune's); default base where the base has one")
-@click.option("--configmap", "configmaps", multiple=True, envvar=env.LOCAL_CONFIGMAPS,
-              metavar="NAME=DIR", show_envvar=True,
-              help="With --runtime: DIR's files stand for ConfigMap NAME wherever a volume "
-                   "of the runtime mounts it (a builder at /opt/custom, say); repeatable "
-                   "(the variable: space-separated)")
+@repeatable_option("--configmap", "configmaps", env.LOCAL_CONFIGMAPS, "NAME=DIR",
+                   "With --runtime: DIR's files stand for ConfigMap NAME wherever a volume "
+                   "of the runtime mounts it (a builder at /opt/custom, say)")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri, export_uri,
-          runtime_path,
+def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri, nproc,
+          export_uri, runtime_path,
           trainjob_path, print_jobset, engine, gpus, images, configmaps, train_args,
           **validation) -> None:
     """Run the whole pipeline here: both initializers, trainer, exporter.
@@ -419,7 +436,7 @@ def local(workdir: Path, model_uri, dataset_uri, method, objective, teacher_uri,
                                      if name in typed}
                     lines = run_local(workdir, model_uri, dataset_uri, method,
                                       list(train_args) if train_args else None, export_uri,
-                                      typed_options, objective, teacher_uri)
+                                      typed_options, objective, teacher_uri, nproc)
             else:
                 if print_jobset:
                     emit(jobset_yaml(merged_jobset(runtime_path, trainjob_path)), raw=True)

@@ -15,11 +15,11 @@ import click
 
 from kubetune import env, quantity
 from kubetune.errors import BadInputError
+from kubetune.entrypoints.options import method_option, objective_option
 from kubetune.entrypoints.step import step_command
-from kubetune.trainer.objectives.choice import OBJECTIVES
-from kubetune.trainer.request.methods import METHOD_NAMES
 
 if TYPE_CHECKING:
+    from kubetune.trainer.objectives.objective import Objective
     from kubetune.trainer.performance import sizing
     from kubetune.trainer.performance.sized_model import SizedModel
 
@@ -86,22 +86,19 @@ def _text(result: dict, line: str) -> str:
     ])
 
 
-def _teacher(objective: str, method: str, teacher: str | None):
+def _teacher(objective: "Objective", method: str, teacher: str | None):
     """The teacher a distillation run holds beside the student (None otherwise); refused where
     the objective and the teacher do not go together, or the method has no KD recipe."""
-    from kubetune.trainer.objectives import distill
-    from kubetune.trainer.objectives.choice import DISTILL
     from kubetune.trainer.performance import sized_model
 
-
-    if objective != DISTILL:
+    if not objective.needs_teacher:
         if teacher:
             raise BadInputError("--teacher is for --objective distill")
         return None
-    distill.check_method(method)
+    objective.check_method(method)
     if not teacher:
-        raise BadInputError(f"--objective distill counts the teacher: --teacher MODEL (or "
-                            f"{env.TEACHER_URI})")
+        raise BadInputError(f"--objective {objective.name} counts the teacher: --teacher "
+                            f"MODEL (or {env.TEACHER_URI})")
     return sized_model.read(teacher)
 
 
@@ -109,13 +106,10 @@ def _teacher(objective: str, method: str, teacher: str | None):
 @click.option("--model", envvar=env.SIZE_MODEL, required=True, show_envvar=True,
               help="A model directory, its config.json, or hf://org/name (only config.json "
                    "is fetched).")
-@click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
-              show_envvar=True, type=click.Choice(METHOD_NAMES), help="Fine-tuning method.")
-@click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
-              show_envvar=True, type=click.Choice(OBJECTIVES),
-              help="dpo: each row a pair of answers through the model, and full DPO's "
-                   "frozen reference copy counted; distill: --teacher's weights and logits "
-                   "counted.")
+@method_option("Fine-tuning method.")
+@objective_option("dpo (or rso): each row a pair of answers through the model, and full "
+                  "DPO's frozen reference copy counted; distill: --teacher's weights and "
+                  "logits counted.")
 @click.option("--teacher", envvar=env.TEACHER_URI, default=None, show_envvar=True,
               help="The teacher (--objective distill): a model directory, its config.json "
                    "or hf://org/name.")
@@ -144,11 +138,13 @@ def size(model: str, method: str, objective: str, teacher: str | None, max_seq_l
     """The nodes, GPUs per node, GPU memory per device and host memory per node a
     fine-tuning run needs, from the memory plan the trainer runs, with the
     resourcesPerNode block for the TrainJob."""
+    from kubetune.trainer.objectives import registry
     from kubetune.trainer.performance import sized_model, sizing
 
     sized = sized_model.read(model)
     arch = sized.architecture
-    teacher_sized = _teacher(objective, method, teacher)
+    chosen = registry.get(objective)
+    teacher_sized = _teacher(chosen, method, teacher)
     teacher_dims = teacher_sized.architecture.shape if teacher_sized else None
     # Each process loads the teacher's checkpoint beside the student's.
     checkpoint_bytes = sized.checkpoint_bytes
@@ -159,8 +155,9 @@ def size(model: str, method: str, objective: str, teacher: str | None, max_seq_l
         label=label, dims=arch.shape, method=method,
         seq_len=max_seq_len or min(int(arch.dims.get("max_seq_len", 2048)), 2048),
         batch_size=batch_size, gpu_memory_bytes=gpu_memory, gpus_per_node=gpus_per_node,
-        checkpoint_bytes=checkpoint_bytes, max_nodes=max_nodes, objective=objective,
-        teacher_dims=teacher_dims)
+        checkpoint_bytes=checkpoint_bytes, max_nodes=max_nodes,
+        load=chosen.memory_load(method, teacher_dims),
+        fewest_gpus=chosen.fewest_processes(method))
     fit = sizing.smallest(request)
     result = answer(fit, sized, request)
     if output == "json":

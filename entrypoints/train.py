@@ -17,14 +17,13 @@ import click
 from click.core import ParameterSource
 
 from kubetune.entrypoints.extras import require
-from kubetune.entrypoints.options import dataset_dir_option, model_dir_option, output_dir_option
+from kubetune.entrypoints.options import (dataset_dir_option, method_option, model_dir_option,
+                                          objective_option, output_dir_option)
 from kubetune.entrypoints.step import step_command
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.suggest import closest
 from kubetune.workspace import workspace
-from kubetune.trainer.objectives.choice import OBJECTIVES, objective_of
-from kubetune.trainer.request.methods import METHOD_NAMES
 from kubetune.trainer.request.train_options import (DATASET_TYPES, TrainOptions,
                                                     setting_overrides, spellings_of)
 
@@ -48,7 +47,7 @@ def environment_settings(method: str | None = None
     given = {name: value for name, value in ctx.params.items()
              if ctx.get_parameter_source(name) == ParameterSource.ENVIRONMENT}
     named_method = given.pop("method", None)
-    given.pop("objective", None)  # the recipe's choice (`objective_of`), not an override
+    given.pop("objective", None)  # the run's objective (`named_objective`), not an override
     options = TrainOptions(method=method or named_method or "lora",
                            **{k: v for k, v in given.items() if k in _OPTION_FIELDS})
     set_by = {param.name: param.envvar for param in train.params
@@ -82,8 +81,9 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
                  "arguments win)", " ".join(from_env))
     request.spellings = spellings_of(set_by, request.overrides)
     request.overrides = [*from_env, *request.overrides]
+    # KUBETUNE_OBJECTIVE where set, else the recipe's: the plan resolves it, once.
+    request.objective = named_objective()
     plan_ = plan(request, workspace())
-    _check_objective(request.recipe)
     if named_method is not None and named_method != plan_.method:
         raise BadInputError(f"{env.METHOD}={named_method}, but the command runs "
                             f"{request.recipe} as {plan_.method}: the recipe and its "
@@ -92,17 +92,13 @@ def run_tune(argv: list[str], dry_run: bool = False) -> int:
     return launch.run(plan_, dry_run=dry_run)
 
 
-def _check_objective(recipe: str) -> None:
-    """A KUBETUNE_OBJECTIVE the `tune run` command's recipe does not train with is refused,
-    as a KUBETUNE_METHOD it does not run is."""
+def named_objective() -> str | None:
+    """The objective this process's environment names (KUBETUNE_OBJECTIVE, read by `kubetune
+    train`'s own option), or None where it names none."""
     ctx = train.make_context("train", [], resilient_parsing=True)
     if ctx.get_parameter_source("objective") != ParameterSource.ENVIRONMENT:
-        return
-    named, runs = ctx.params["objective"], objective_of(recipe)
-    if named != runs:
-        raise BadInputError(f"{env.OBJECTIVE}={named}, but the command runs {recipe} "
-                            f"({runs}): the recipe chooses the objective in `tune run`; "
-                            f"unset {env.OBJECTIVE} or set it to {runs}")
+        return None
+    return ctx.params["objective"]
 
 
 def run_train(model_dir: str | None = None, dataset_dir: str | None = None,
@@ -199,13 +195,11 @@ class _TrainCommand(click.Command):
 @model_dir_option
 @dataset_dir_option
 @output_dir_option
-@click.option("--method", envvar=env.METHOD, default="lora", show_default=True,
-              show_envvar=True, type=click.Choice(METHOD_NAMES), help="Fine-tuning method")
-@click.option("--objective", envvar=env.OBJECTIVE, default="sft", show_default=True,
-              show_envvar=True, type=click.Choice(OBJECTIVES),
-              help="What the method optimises: sft (imitate the answers), dpo (prefer "
-                   "the chosen answer of preference pairs over the rejected) or distill "
-                   "(also match the logits of the teacher in <workspace>/teacher)")
+@method_option("Fine-tuning method")
+@objective_option("What the method optimises: sft (imitate the answers), dpo (prefer the "
+                  "chosen answer of preference pairs over the rejected; rso: the same with "
+                  "torchtune's hinge loss) or distill (also match the logits of the teacher "
+                  "in <workspace>/teacher)")
 @_opt("--epochs", env.EPOCHS, "Epochs (default: the recipe's)", type=int)
 @_opt("--max-steps", env.MAX_STEPS, "Maximum optimizer steps per epoch", type=int)
 @_opt("--batch-size", env.BATCH_SIZE, "Per-device batch size", type=int)

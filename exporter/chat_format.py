@@ -12,7 +12,7 @@ saw. Then:
   a base's template need not); otherwise the export fails, naming the first difference;
 - the run trained in the base's own template (``chat_template`` in the samples): that
   template, checked the same way, is kept (or written, where the base's files now differ);
-- the base has none: torchtune's format for the run's tokenizer (``chat_templates``) is
+- the base has none: torchtune's format for the run's tokenizer (``torchtune_formats``) is
   written, after it reproduced every sample's ids exactly.
 
 ``--chat-template trained`` writes torchtune's format over a base's; ``base`` exports the
@@ -30,8 +30,8 @@ from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.chat_template.parity import answer_end_tokens
 from kubetune.chat_template.parity import sample_problem as _sample_problem
-from kubetune.exporter import chat_template_render as rendering
-from kubetune.exporter.chat_templates import known_tokenizers, trained_template
+from kubetune.chat_template import render as rendering
+from kubetune.chat_template.torchtune_formats import known_tokenizers, trained_template
 from kubetune.workspace.training_samples import TrainingSample, TrainingSamples
 
 log = logging.getLogger("exporter")
@@ -152,6 +152,15 @@ def decide(samples: TrainingSamples | None, model_dir: Path, mode: str = "check"
                    f"with {env.EXPORT_CHAT_TEMPLATE}=base")
         raise BadInputError(f"the base model's chat template ({base.where}) does not prompt "
                             f"the model as it was trained: {problem}; {instead}")
+    return _torchtune_format(samples, base, where, stops, answered, encoder, named, mode)
+
+
+def _torchtune_format(samples: TrainingSamples, base: rendering.FoundTemplate | None,
+                      where: str, stops: list[int],
+                      answered: list, encoder: rendering.TextTokenizer,
+                      named: dict[str, str], mode: str) -> ChatFormat:
+    """Where the base's own template is not the export's: torchtune's format for the run's
+    tokenizer as a template, written only if it reproduces every checked sample exactly."""
     template = _trained(samples)
     if template is None:
         reason = _no_template_known(samples)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune.exporter import (artifact, base_model, chat_format, export_manifest,
-                               model_card, verify)
-from kubetune.exporter.chat_template_render import find_template
+                               model_card, run_identity, verify)
+from kubetune.chat_template.render import find_template
 from kubetune.exporter.tokenizer_files import GENERATION_CONFIG_NAME
 from kubetune.exporter.destination import open_destination
 from kubetune.exporter.training_output import TrainingOutput, locate
@@ -161,7 +161,8 @@ def export(request: ExportRequest) -> dict:
                 training_config=training.config_text(), metrics=metrics,
                 checkpoint=training.checkpoint, verification={},
                 checkpoint_by=training.chosen.by if training.chosen else None,
-                checkpoint_val_loss=training.chosen.val_loss if training.chosen else None)
+                checkpoint_val_loss=training.chosen.val_loss if training.chosen else None,
+                identity=run_identity.manifest_fields(metrics, training.method))
             previous = destination.read_manifest()
             if export_manifest.same_export(previous, result):
                 log.info("%s already holds this export (manifest matches): nothing to upload",

@@ -31,15 +31,19 @@ def file_entries(tree: Path) -> list[dict]:
 
 def build(tree: Path, *, fmt: str, base_model: dict, dataset: dict, training_config: str | None,
           metrics: dict, checkpoint: str | None, verification: dict,
-          checkpoint_by: str | None = None, checkpoint_val_loss: float | None = None) -> dict:
+          checkpoint_by: str | None = None, checkpoint_val_loss: float | None = None,
+          identity: dict | None = None) -> dict:
     """``checkpoint``: the exported checkpoint's directory; ``checkpoint_by``: how it was
-    chosen (last, best); ``checkpoint_val_loss``: its validation loss, where measured."""
+    chosen (last, best); ``checkpoint_val_loss``: its validation loss, where measured;
+    ``identity``: what the run was (``run_identity.manifest_fields``: ``objective``,
+    ``held_out``)."""
     return {
         "version": VERSION,
         "format": fmt,
         "files": file_entries(tree),
         "base_model": base_model,
         "dataset": dataset,
+        **(identity or {}),
         "training_config": training_config,
         "metrics": metrics,
         "checkpoint": checkpoint,

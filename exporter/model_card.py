@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from huggingface_hub import ModelCard, ModelCardData
 
 from kubetune import env, storage_uri
+from kubetune.exporter import run_identity
 from kubetune.workspace.model_files import original_repo_id
 
 # The run's settings a reader compares runs by (keys of the merged torchtune config).
@@ -37,13 +38,14 @@ def _fmt(value) -> str:
 
 
 def title(base_name: str | None, model_dir: Path | None, destination: str | None,
-          method: str) -> str:
+          method: str, kind: str = "fine-tune") -> str:
     """What the card is called: the base model's repo id (as the hub source or the
-    initializer's ``original_repo_id`` names it), else the export's own name; never a path."""
+    initializer's ``original_repo_id`` names it), else the export's own name; never a path.
+    ``kind``: what was done to it (``run_identity.title_kind``: "DPO fine-tune", ...)."""
     repo = hub_id(base_name) or hub_id(original_repo_id(model_dir) if model_dir else None)
     label = METHODS.get(method, method)
     if repo:
-        return f"{repo.split('/')[-1]} ({label} fine-tune of {repo})"
+        return f"{repo.split('/')[-1]} ({label} {kind} of {repo})"
     where = storage_uri.export_destination(destination) if destination else None
     if isinstance(where, storage_uri.HubUri):
         name = where.repo_id.split("/")[-1]
@@ -53,7 +55,7 @@ def title(base_name: str | None, model_dir: Path | None, destination: str | None
         name = where.path.name
     else:
         name = "model"
-    return f"{name} ({label} fine-tune)"
+    return f"{name} ({label} {kind})"
 
 
 # The prompt of the card's example: a user's turn, nothing from the training data (a
@@ -179,11 +181,17 @@ def on_kubeflow(environ: Mapping[str, str]) -> bool:
     return bool(environ.get(env.KUBERNETES_SERVICE_HOST)) and not environ.get(env.LOCAL_RUN)
 
 
+HUB_TAGS = {"dpo": "dpo", "rso": "rso", "distill": "distillation"}
+
+
 def card_data(fmt: str, base: dict, dataset: dict, adapter_dir: str | None, method: str,
-              model_dir: Path | None) -> ModelCardData:
-    """``method``: the trainer's (full, lora, dora, qlora), from its completion marker."""
+              model_dir: Path | None, objective: str = "sft") -> ModelCardData:
+    """``method``: the trainer's (full, lora, dora, qlora), from its completion marker;
+    ``objective``: the run's (sft, dpo, rso, distill), from its summary."""
     tag = "full-fine-tune" if method == "full" else method
-    tags = ["kubetune", "torchtune", tag]
+    # The hub's tag for what the run was (SFT has none: a fine-tune is the default).
+    tags = ["kubetune", "torchtune", tag] + (
+        [HUB_TAGS[objective]] if objective in HUB_TAGS else [])
     return ModelCardData(
         base_model=hub_id(base.get("name")),
         datasets=[d] if (d := dataset_hub_id(dataset.get("source"))) else None,
@@ -212,10 +220,12 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
     name = base.get("name") or "the base model"
     revision = base.get("revision")
     where = " on Kubeflow Trainer" if on_kubeflow(environ) else ""
+    kind = run_identity.title_kind(metrics)
     lines = [
-        f"# {title(base.get('name'), model_dir, destination, method)}", "",
+        f"# {title(base.get('name'), model_dir, destination, method, kind)}", "",
         f"Fine-tuned with kubetune from a torchtune run{where}; exported as {fmt}.", "",
         f"- method: {METHODS.get(method, method)}",
+        *run_identity.card_lines(metrics),
         f"- base model: `{name}`" + (f" at revision `{revision}`" if revision else ""),
         f"- base model source: `{base.get('source')}`",
         f"- dataset: `{dataset.get('source')}`"
@@ -228,6 +238,7 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
         if metrics.get(key) is not None:
             lines.append(f"- {label}: {_fmt(metrics[key])}")
     lines += validation_lines(metrics.get("validation"), checkpoint)
+    lines += run_identity.held_out_lines(metrics)
     if metrics.get("tokens_per_second"):
         device = metrics.get("gpu") or metrics.get("device")
         lines.append(f"- speed: {metrics['tokens_per_second']:.0f} tokens/s on {device} x "
@@ -246,5 +257,6 @@ def render(fmt: str, base: dict, dataset: dict, metrics: dict, adapter_dir: str 
     lines += load_lines(destination, adapter_dir, merged_dir, name, chat_template,
                         generation_config)
     lines += [""]
-    data = card_data(fmt, base, dataset, adapter_dir, method, model_dir)
+    data = card_data(fmt, base, dataset, adapter_dir, method, model_dir,
+                     run_identity.objective(metrics))
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))

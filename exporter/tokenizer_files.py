@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from kubetune.exporter import chat_template_render as rendering
+from kubetune.chat_template import render as rendering
 from kubetune.errors import BadInputError
 from kubetune.exporter.chat_format import ChatFormat
 from kubetune.workspace.model_files import read_config

@@ -56,7 +56,7 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 # Direct training (`kubetune train`).
 METHOD = "KUBETUNE_METHOD"
-OBJECTIVE = "KUBETUNE_OBJECTIVE"  # sft | dpo | distill
+OBJECTIVE = "KUBETUNE_OBJECTIVE"  # sft | dpo | distill | rso (kubetune.trainer.objectives.registry)
 TEACHER_URI = "KUBETUNE_TEACHER_URI"  # a distillation run's teacher model (a STORAGE_URI)
 EPOCHS = "KUBETUNE_EPOCHS"
 MAX_STEPS = "KUBETUNE_MAX_STEPS"
@@ -84,6 +84,7 @@ LOCAL_ENGINE = "KUBETUNE_LOCAL_ENGINE"
 LOCAL_GPUS = "KUBETUNE_LOCAL_GPUS"
 LOCAL_IMAGES = "KUBETUNE_LOCAL_IMAGES"
 LOCAL_CONFIGMAPS = "KUBETUNE_LOCAL_CONFIGMAPS"
+LOCAL_NPROC = "KUBETUNE_LOCAL_NPROC"
 
 # `kubetune size` (its --method, --max-seq-len and --batch-size read the trainer's own
 # KUBETUNE_METHOD, KUBETUNE_MAX_SEQ_LEN and KUBETUNE_BATCH_SIZE).

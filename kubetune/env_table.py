@@ -93,8 +93,9 @@ ROWS: dict[str, Var] = {
     env.LOG_LEVEL: Var(YOU, "all", "info, debug, warning or error", "info"),
     # Training settings (`kubetune train`'s options; `tune run` and `kubetune local` too)
     env.METHOD: Var(YOU, "trainer, local, size", "lora, qlora, dora or full", "lora"),
-    env.OBJECTIVE: Var(YOU, "trainer, local, size", "what the run optimises: sft (imitation) "
-                       "dpo (preference pairs) or distill (a teacher's logits)", "sft"),
+    env.OBJECTIVE: Var(YOU, "trainer, local, size", "what the run optimises: sft (imitation), "
+                       "dpo or rso (preference pairs; rso: DPO's recipes with torchtune's "
+                       "hinge loss) or distill (a teacher's logits)", "sft"),
     env.TEACHER_URI: Var(YOU, "local, size", "the teacher model's STORAGE_URI (--objective "
                          "distill): fetched into <workspace>/teacher"),
     env.EPOCHS: _train("epochs"),
@@ -161,6 +162,8 @@ ROWS: dict[str, Var] = {
     env.LOCAL_IMAGES: Var(YOU, LOCAL, "NAME=IMAGE overrides, space-separated"),
     env.LOCAL_CONFIGMAPS: Var(YOU, LOCAL, "NAME=DIR: a directory standing for a ConfigMap, "
                               "space-separated"),
+    env.LOCAL_NPROC: Var(YOU, LOCAL, "trainer processes of the built-in pipeline (its "
+                         "numProcPerNode)", "1"),
     env.LOCAL_RUN: Var(OURS, "all", "set by kubetune local for its steps"),
     # `kubetune size`
     env.SIZE_MODEL: Var(YOU, "size", "model directory, config.json or hf://", "required"),

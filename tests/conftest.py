@@ -71,7 +71,7 @@ FILE_SECONDS = {
     "test_chat_template_training.py": 300, "test_model_families.py": 287,
     "test_validation_loop.py": 277, "test_sdk_any_model.py": 203,
     "test_docs_commands.py": 183, "test_second_run.py": 172, "test_objective_dpo.py": 145,
-    "test_local_signals.py": 142, "test_heldout_data.py": 138, "test_pipeline_local.py": 117,
+    "test_local_signals.py": 142, "test_held_out_data.py": 138, "test_pipeline_local.py": 117,
 }
 
 

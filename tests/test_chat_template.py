@@ -207,7 +207,7 @@ def test_transformers_renders_tool_and_parts_rows_to_the_trainers_ids(
 
 def test_the_renderer_matches_transformers(llama3_run, serving_python, tmp_path):
     """The exporter renders without transformers: its text and ids are transformers'."""
-    from kubetune.exporter import chat_template_render as rendering
+    from kubetune.chat_template import render as rendering
 
     base = llama3_run.workspace / "model"
     rows = conversations(6, seed=1)

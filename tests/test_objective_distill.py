@@ -16,7 +16,7 @@ import pytest
 from kubetune.errors import EXIT_BAD_INPUT, BadInputError
 from kubetune.tools.demo import write_tiny_dataset
 from kubetune.tools.demo.tiny_model import TinyModelSpec, write_tiny_model
-from kubetune.trainer.objectives.choice import objective_of, recipe_for
+from kubetune.trainer.objectives import registry
 from kubetune.trainer.request.topology import Topology
 from tests.support.cli import clean_env, kubetune
 from tests.support.trainer import make_pvc, tune_run
@@ -66,20 +66,20 @@ def drop_in(tmp_path_factory, tiny_model_dir, teacher_dir, small_dataset):
 
 
 def test_objective_distill_picks_torchtunes_kd_recipe_per_topology():
-    one = recipe_for("distill", "lora", Topology(1, 1, 0, None))
-    two = recipe_for("distill", "dora", Topology(1, 2, 0, None))
+    one = registry.get("distill").recipe_for("lora", Topology(1, 1, 0, None))
+    two = registry.get("distill").recipe_for("dora", Topology(1, 2, 0, None))
     assert one[:2] == ("knowledge_distillation_single_device",
                        "llama3_2/8B_to_1B_KD_lora_single_device") and one[2] == []
     assert two[0] == "knowledge_distillation_distributed" and two[2] == ["model.use_dora=True"]
-    assert objective_of("knowledge_distillation_distributed") == "distill"
-    assert objective_of("lora_finetune_single_device") == "sft"
+    assert registry.of_recipe("knowledge_distillation_distributed").name == "distill"
+    assert registry.of_recipe("lora_finetune_single_device").name == "sft"
 
 
 @pytest.mark.parametrize("method", ["full", "qlora"])
 def test_a_method_no_kd_recipe_runs_is_one_line_naming_what_can(method):
     with pytest.raises(BadInputError, match=f"distillation with method {method}: .*; "
                                             "available: lora or dora"):
-        recipe_for("distill", method, Topology(1, 1, 0, None))
+        registry.get("distill").recipe_for(method, Topology(1, 1, 0, None))
 
 
 def test_the_memory_plan_counts_the_teacher(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from kubetune.errors import EXIT_BAD_INPUT, BadInputError
 from kubetune.trainer.objectives import dpo, preference_rows
-from kubetune.trainer.objectives.choice import recipe_for
+from kubetune.trainer.objectives import registry
 from kubetune.trainer.request.topology import Topology
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.preference_data import (REFUSAL, SHAPES, hh_rlhf, pairs, trl_conversational,
@@ -54,7 +54,7 @@ def test_sft_rows_are_no_preference_shape_and_bad_pairs_are_named():
     same = preference_rows.pair_of({"prompt": "q", "chosen": "a", "rejected": "a"})
     assert preference_rows.problem(same) == "chosen == rejected"
     empty = preference_rows.pair_of({"prompt": "q", "chosen": "a", "rejected": " "})
-    assert preference_rows.problem(empty) == "empty"
+    assert preference_rows.problem(empty) == "empty rejected"
     hh_same = hh_rlhf(1, 1) | {"rejected": hh_rlhf(1, 1)["chosen"]}
     assert preference_rows.problem(preference_rows.pair_of(hh_same)) == "chosen == rejected"
 
@@ -125,7 +125,8 @@ def test_the_token_cache_serves_the_pairs_the_builder_made(tmp_path, tiny_model_
     ("lora", 1, "lora_dpo_single_device"), ("lora", 2, "lora_dpo_distributed"),
     ("dora", 2, "lora_dpo_distributed"), ("full", 2, "full_dpo_distributed")])
 def test_objective_dpo_picks_torchtunes_recipe(method, processes, recipe):
-    chosen, config, implied = recipe_for("dpo", method, Topology(1, processes, 0, None))
+    chosen, config, implied = registry.get("dpo").recipe_for(method,
+                                                             Topology(1, processes, 0, None))
     assert chosen == recipe and "dpo" in config
     assert ("model.use_dora=True" in implied) == (method == "dora")
 
@@ -134,7 +135,7 @@ def test_objective_dpo_picks_torchtunes_recipe(method, processes, recipe):
                                                ("dora", 1)])
 def test_a_method_no_dpo_recipe_runs_is_one_line_naming_what_can(method, processes):
     with pytest.raises(BadInputError, match=f"DPO with method {method}.*available: lora"):
-        recipe_for("dpo", method, Topology(1, processes, 0, None))
+        registry.get("dpo").recipe_for(method, Topology(1, processes, 0, None))
 
 
 def test_the_logger_reads_a_summed_loss_as_the_mean_and_keeps_the_rewards(tmp_path, capsys):
@@ -167,6 +168,11 @@ def test_sft_data_for_dpo_is_refused_naming_the_columns(tmp_path, tiny_model_dir
            "rejected" in line
 
 
+# The drop-in run's two bad pairs, named by row (appended after 30 good ones).
+DROPPED = ("dataset: 2 of 32 preference pairs dropped (1 chosen == rejected (train.jsonl row "
+           "31), 1 empty rejected (train.jsonl row 32)); 30 left")
+
+
 def _first_losses(pvc) -> list[float]:
     return [r["loss"] for r in pvc.metrics() if "loss" in r]
 
@@ -183,11 +189,13 @@ def test_drop_in_lora_dpo_single_device_on_trl_rows(tmp_path, tiny_model_dir):
                       "llama3_1/8B_lora_dpo_single_device", *pvc.runtime_args(), *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "TRL standard" in result.stderr
-    assert "2 of 32 preference pairs dropped (1 chosen == rejected, 1 empty); training on 30" \
-        in result.stderr
+    assert DROPPED in result.stderr
     assert "| loss 0.6931 | reward acc 0.00 | margin 0.0000 |" in result.stdout
-    # No test split: DPO says it measures none, not SFT's hint to hold a fraction out.
-    assert "validation: none under DPO" in result.stderr and "--val-fraction" not in result.stderr
+    # No test split: nothing held out, and the hint to hold a fraction out (DPO measures
+    # one: tests/test_dpo_held_out.py).
+    assert "; no held-out set (no validation or test split besides the one trained on; " \
+           "--val-fraction 0.1" in result.stderr
+    assert "validation under DPO" not in result.stderr
     summary = pvc.summary()
     assert summary["steps"] == 3 and summary["tokens"] > 0
     assert summary["first_loss"] == pytest.approx(LN2, abs=1e-4)
@@ -209,30 +217,10 @@ def test_drop_in_lora_dpo_single_device_on_trl_rows(tmp_path, tiny_model_dir):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "token cache: 30 preference pairs mapped from" in again.stderr
     assert "tokenized" not in again.stderr
-    assert "2 of 32 preference pairs dropped (1 chosen == rejected, 1 empty); training on 30" \
-        in again.stderr
+    assert DROPPED in again.stderr
     metrics = [json.loads(line) for line in (again_output / "metrics.jsonl").open()]
     assert [r["loss"] for r in metrics if "loss" in r] == losses
     assert [r["batch_digest"] for r in metrics if "loss" in r] == digests
-
-
-@pytest.mark.slow
-def test_kubetune_train_objective_dpo_on_hh_rlhf_rows(tmp_path, tiny_model_dir):
-    data = write_rows(tmp_path / "data", pairs(hh_rlhf, 16))
-    # A test split beside it: kubetune's held-out loss is SFT's, so DPO leaves it out.
-    (data / "test.jsonl").write_text((data / "train.jsonl").read_text())
-    result = kubetune("train", "--objective", "dpo", "--model-dir", str(tiny_model_dir),
-                      "--dataset-dir", str(data), "--output-dir", str(tmp_path / "out"),
-                      *SHORT, env=clean_env(KUBETUNE_WORKSPACE=str(tmp_path / "ws"),
-                                            KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "preference data, HH-RLHF" in result.stderr
-    assert "lora_dpo_single_device" in result.stderr
-    assert "validation: none under DPO" in result.stderr
-    assert "split 'test' not used" in result.stderr
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["tokens"] > 0
-    assert not summary.get("validation")
 
 
 @pytest.mark.slow
@@ -378,7 +366,8 @@ def test_data_with_no_pair_to_learn_from_is_the_users_line(tmp_path, tiny_model_
     tokenizer = llama3_tokenizer(str(tiny_model_dir / "original" / "tokenizer.model"))
     with pytest.raises(BadInputError) as refused:
         preference_dataset(tokenizer, source="json", data_files=str(data / "train.jsonl"))
-    assert "all 2 rows dropped (1 chosen == rejected, 1 empty)" in str(refused.value)
+    assert "all 2 rows dropped (1 chosen == rejected (train.jsonl row 1), 1 empty chosen " \
+           "(train.jsonl row 2))" in str(refused.value)
     # Raised in the recipe process, it is the failure record's one line, exit 65.
     record = failure_report.classify(refused.value)
     assert record.exit_code == EXIT_BAD_INPUT and "no preference pair" in record.message

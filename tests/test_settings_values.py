@@ -152,7 +152,7 @@ def test_the_trainers_own_check_names_the_setting(spellings, said):
 
     from kubetune.errors import BadInputError
     from kubetune.trainer.config.validate import check_values
-    from kubetune.trainer.validation.heldout_set import fraction_of
+    from kubetune.trainer.validation.held_out_set import fraction_of
 
     with pytest.raises(BadInputError) as err:
         fraction_of(OmegaConf.create({"kubetune": {"val_fraction": 0.9}}), spellings)

@@ -112,7 +112,7 @@ def sources(serving_python, tmp_path_factory):  # noqa: F811
     checkpoints = matrix_runner.write_checkpoints(serving_python, root / "checkpoints",
                                                   sorted(MODEL))
     dataset = write_tiny_dataset(root / "data", rows=matrix_runner.ROWS)
-    matrix_runner.write_heldout_split(dataset)
+    matrix_runner.write_held_out_split(dataset)
     datasets = {SFT: dataset, **matrix_runner.write_objective_data(root)}
     return checkpoints, datasets, root
 

@@ -362,8 +362,8 @@ def test_the_exported_template_takes_openais_messages_as_trained(family, tiny_mo
     """At inference a client passes OpenAI's messages themselves (tool calls with their
     arguments as a dict, as transformers takes them; content parts; a null system
     prompt): the exported template renders them to the ids training fed the model."""
-    from kubetune.exporter import chat_template_render as rendering
-    from kubetune.exporter.chat_templates import trained_template
+    from kubetune.chat_template import render as rendering
+    from kubetune.chat_template.torchtune_formats import trained_template
     from kubetune.tools.demo import write_tiny_qwen2
     from kubetune.trainer.data import chat_messages
     from kubetune.trainer.recipe_process import sample_capture

@@ -105,8 +105,8 @@ def torchtune_greedy(model, tokenizer, prompt: list[int], new_tokens: int,
 @pytest.mark.parametrize("train_on_input", [False, True])
 def test_the_prompt_is_what_the_exported_chat_template_renders_before_the_last_answer(
         model_dir, tokenizer, tmp_path, train_on_input):
-    from kubetune.exporter.chat_template_render import TextTokenizer, named_tokens, render
-    from kubetune.exporter.chat_templates import trained_template
+    from kubetune.chat_template.render import TextTokenizer, named_tokens, render
+    from kubetune.chat_template.torchtune_formats import trained_template
 
     row = heldout(tokenizer, tmp_path, [ADDING], train_on_input)[0]
     split = answers.split_row(row["tokens"], row["labels"],
@@ -123,8 +123,8 @@ def test_the_prompt_is_what_the_exported_chat_template_renders_before_the_last_a
 def test_a_chatml_prompt_is_what_its_exported_chat_template_renders(tmp_path):
     from torchtune.models.qwen2 import qwen2_tokenizer
 
-    from kubetune.exporter.chat_template_render import TextTokenizer, named_tokens, render
-    from kubetune.exporter.chat_templates import trained_template
+    from kubetune.chat_template.render import TextTokenizer, named_tokens, render
+    from kubetune.chat_template.torchtune_formats import trained_template
     from kubetune.tools.demo.tiny_qwen2 import write_tiny_qwen2
 
     qwen = write_tiny_qwen2(tmp_path / "qwen2")
@@ -150,7 +150,7 @@ def test_rows_with_nothing_to_answer_are_passed_over(tokenizer, tmp_path):
     assert answers.split_row(unlabelled["tokens"], unlabelled["labels"]) is None
     assert answers.split_row(completion["tokens"], completion["labels"]) is None
     header = answers.answer_header(tokenizer)
-    found = answers.heldout_prompts([unlabelled, completion, rows[1], rows[2]], 3, -100,
+    found = answers.held_out_prompts([unlabelled, completion, rows[1], rows[2]], 3, -100,
                                     header, context=512)
     assert [answers._decode(tokenizer, f.reference, keep_special=False) for f in found] == [
         "Blue.", "One, two, three."]

@@ -66,7 +66,7 @@ def serving(python: Path, *args: str, timeout: float = 1200) -> subprocess.Compl
                                                 "HOME": "/tmp"})
 
 
-def write_heldout_split(dataset_dir: Path) -> None:
+def write_held_out_split(dataset_dir: Path) -> None:
     """The data's test split beside its train split, as a hub dataset lays them out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -129,9 +129,9 @@ class CellRun:
 
     @property
     def validated(self) -> bool:
-        """The held-out loss measured on the base (step 0) and after the last step; under
-        an objective kubetune measures no held-out loss for (DPO: `dpo.without_held_out`),
-        none measured, and its test split left out of training."""
+        """The held-out loss measured on the base (step 0) and after the last step (a DPO
+        run's: the DPO loss on its held-out pairs); under an objective whose ``held_out``
+        is off, none measured, and its test split left out of training."""
         v = self.validation or {}
         if self.cell.objective != SFT and not OBJECTIVES[self.cell.objective].held_out:
             return not v and not self.answered

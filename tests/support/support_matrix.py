@@ -117,7 +117,7 @@ OBJECTIVES = {
         "full_dpo_distributed), the data (preference pairs) and the loss, not the model: "
         "the family's builder, checkpointer, tokenizer and FSDP units are the ones its SFT "
         "cells run, for every family; Llama 3's tiny checkpoint carries DPO's cells",
-        held_out=False),  # kubetune's held-out loss is SFT's (trainer/objectives/dpo.py)
+        ),  # its held-out pairs: trainer/validation/preference_held_out.py
     "distill": Objective(
         "Distillation", ("Llama 3",),
         "distillation changes the recipe (torchtune's knowledge_distillation_single_device "

@@ -12,5 +12,7 @@ reason; in the base model's own chat template by ``chat_template_tokens``), and,
 on the volume (``token_cache``: rows with nothing to train on dropped, packs made as
 torchtune makes them), the samples the tokenizer cuts to the context counted on the way
 (``truncation``) and batches padded to whole output chunks where FSDP shards the output
-apart (``whole_chunks``); rows held out by a hash of their content (``holdout``: the
-same rows on every rank and resume, never trained on)."""
+apart (``whole_chunks``); rows held out by a hash of their content (``held_out_rows``: the
+same rows on every rank and resume, never trained on); the rows read, dropped by reason,
+held out and kept (``row_counts``), a dropped row named by its file and row number
+(``row_origin``)."""

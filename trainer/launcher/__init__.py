@@ -11,5 +11,7 @@ run of the recipe process(es):
 - ``outcome``: how it ended, as a typed error: stopped (resumable or not), a failure
   record's line and exit code, killed by a signal, or the recipe's own error line;
 - ``finish``: ``summary.json`` and the run report however it ended; for a completed run
-  the adapter configs named, the epoch directory chosen and the completion marker, last.
+  the adapter configs named, the epoch directory chosen and the completion marker, last;
+- ``run_objective``: what the run was for ``summary.json`` (objective, method, recipe,
+  loss, a DPO run's reference, a distillation run's teacher), which the exporter names.
 """

@@ -16,6 +16,7 @@ from kubetune.workspace.model_files import original_repo_id
 from kubetune.workspace.trainer_output import CompletionMarker
 from kubetune.trainer.checkpointing import resume
 from kubetune.trainer.planning.plan import RunPlan
+from kubetune.trainer.launcher import run_objective
 from kubetune.trainer.launcher.supervision import RecipeRun
 from kubetune.trainer.metric_logging import run_report, train_progress
 from kubetune.trainer.metric_logging.summary import summarize
@@ -35,6 +36,7 @@ def record_summary(plan_: RunPlan, ran: RecipeRun, stopped: bool) -> dict:
     summary = summarize(plan_.output_dir, ran.wall_s, reason, plan_.checkpoint.architecture.shape,
                         str(plan_.cfg.device), plan_.topology.world_size,
                         final_epoch_dir(plan_), plan_.method, plan_.cfg)
+    summary["objective"] = run_objective.section(plan_)  # the exporter's manifest and card
     write_atomic(plan_.output_dir / SUMMARY_NAME, json.dumps(summary, indent=2))
     run_report.at_end(plan_.output_dir, summary)
     return summary

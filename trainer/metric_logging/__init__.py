@@ -3,4 +3,5 @@
 ``summary.json`` (``summary``), and the run report with its curves (``run_report``, drawn by
 ``curves`` with matplotlib). The held-out losses: their progress line (``validation_progress``),
 their numbers for the summary and the launcher's last line (``validation_numbers``), and the
-report's section (``validation_report``)."""
+report's section (``validation_report``); an objective's own held-out numbers (a DPO run's
+rewards, a distillation run's KD term) at the base, best and last (``held_out_numbers``)."""

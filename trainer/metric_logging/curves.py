@@ -1,6 +1,7 @@
 """``kubetune-curves.png``: loss (raw points and a smoothed line; the held-out validation
 loss on the same axis when the run measured one, the base model's at step 0 marked as the
-reference), learning rate and tokens/s by step, drawn with matplotlib's Agg backend (no
+reference; a distillation run's held-out KD term beside it), learning rate, tokens/s and a
+DPO run's held-out reward accuracy and margin by step, drawn with matplotlib's Agg backend (no
 display in a pod).
 
 matplotlib is imported when a figure is drawn, not with this module: the launcher and the
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
+
+from kubetune.workspace.held_out_keys import KD_LOSS, REWARD_ACCURACY, REWARD_MARGIN
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -57,6 +60,31 @@ def _plot_validation(ax, xs: list[int], ys: list[float]) -> None:
                 label=f"base model (step 0): {ys[0]:.4f}")
 
 
+def _plot_kd(ax, eval_records: Sequence[dict]) -> None:
+    """A distillation run's held-out KD term beside its held-out cross-entropy."""
+    points = [r for r in eval_records if KD_LOSS.key in r]
+    if points:
+        ax.plot([r["step"] for r in points], [float(r[KD_LOSS.key]) for r in points], "d--",
+                color="tab:purple", markersize=4, label="validation KD")
+
+
+def _plot_preference(ax, eval_records: Sequence[dict]) -> None:
+    """A DPO run's held-out reward accuracy (left axis) and margin (right axis)."""
+    points = [r for r in eval_records if REWARD_ACCURACY.key in r]
+    xs = [r["step"] for r in points]
+    ax.set_title("Held-out preference pairs")
+    ax.set_ylabel("reward accuracy")
+    ax.set_ylim(-0.05, 1.05)
+    ax.plot(xs, [float(r[REWARD_ACCURACY.key]) for r in points], "s-", color="tab:red",
+            markersize=4, label="reward accuracy")
+    margin = ax.twinx()
+    margin.set_ylabel("reward margin")
+    margin.plot(xs, [float(r.get(REWARD_MARGIN.key, float("nan"))) for r in points], "^--",
+                color="tab:gray", markersize=4, label="reward margin")
+    ax.legend(loc="upper left")
+    margin.legend(loc="lower right")
+
+
 def _figure_class() -> type["Figure"]:
     import matplotlib
 
@@ -73,6 +101,8 @@ def figure(steps: Sequence[dict], eval_records: Sequence[dict] = ()) -> "Figure"
         panels.append("lr")
     if any("tokens_per_second" in r for r in steps):
         panels.append("tokens_per_second")
+    if any(REWARD_ACCURACY.key in r for r in eval_records):
+        panels.append("preference")
     fig = _figure_class()(figsize=SIZE_INCHES, dpi=DPI, layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, panel in zip(axes, panels):
@@ -86,7 +116,10 @@ def figure(steps: Sequence[dict], eval_records: Sequence[dict] = ()) -> "Figure"
             ax.plot(xs, ys, "o", color="tab:blue", alpha=0.35, markersize=3, label="train")
             ax.plot(xs, smoothed(ys), "-", color="tab:blue", label="train (smoothed)")
             _plot_validation(ax, *_eval_points(eval_records))
+            _plot_kd(ax, eval_records)
             ax.legend(loc="upper right")
+        elif panel == "preference":
+            _plot_preference(ax, eval_records)
         elif panel == "lr":
             ax.set_title("Learning rate")
             ax.set_ylabel("learning rate")

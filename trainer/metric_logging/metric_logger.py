@@ -12,7 +12,8 @@ resident memory on CPU), time_s since the logger started.
 
 A held-out evaluation (``log_dict({"val_loss": x, "val_tokens": n}, step=N)``, from the
 validation loop) is a line of its own, ``{"step", "epoch", "val_loss", "val_tokens",
-"time_s"}``, with no training fields: a reader tells the two kinds apart by ``loss`` and
+"time_s"}`` (and an objective's own held-out numbers, ``val_reward_accuracy`` ...:
+``kubetune.workspace.held_out_keys``), with no training fields: a reader tells the two kinds apart by ``loss`` and
 ``val_loss``. It prints a progress line of its own too.
 
 A logger the user configured (TensorBoard, W&B, MLflow, torchtune's DiskLogger) comes in
@@ -160,6 +161,9 @@ class JsonLinesMetricLogger:
         record["val_loss"] = float(_scalar(payload["val_loss"]))
         if payload.get("val_tokens") is not None:
             record["val_tokens"] = int(_scalar(payload["val_tokens"]))
+        for key, value in payload.items():  # an objective's own (held_out_keys)
+            if key.startswith("val_") and key not in record and value is not None:
+                record[key] = _scalar(value)
         record["time_s"] = round(time.monotonic() - self._start, 3)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

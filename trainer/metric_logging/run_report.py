@@ -23,8 +23,8 @@ from kubetune.workspace import answers_record
 # The workspace's names: the exporter carries the report and curves into the export.
 from kubetune.workspace import CURVES_NAME, METRICS_NAME, RUN_REPORT_NAME, TRAINER_CONFIG_NAME
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
-from kubetune.trainer.metric_logging.train_progress import (CLASS_LOSS, KD_LOSS, REWARD_ACCURACY,
-                                                           REWARD_MARGIN)
+from kubetune.trainer.objectives.distill import CE_METRIC as CLASS_LOSS, KD_METRIC as KD_LOSS
+from kubetune.trainer.objectives.dpo import REWARD_ACCURACY, REWARD_MARGIN
 
 log = logging.getLogger("trainer")
 
@@ -126,7 +126,9 @@ def render(output_dir: Path, steps: list[dict], summary: dict | None, state: str
     if steps:
         lines += ["", f"![loss and learning rate by step]({CURVES_NAME})"]
     lines += validation_report.table(output_dir)
-    lines += _answers_section(output_dir)
+    preference = any(REWARD_ACCURACY in s for s in steps)
+    lines += _answers_section(output_dir, "Reference (the chosen answer)" if preference
+                              else "Reference")
     lines += ["", f"The full config: `{TRAINER_CONFIG_NAME}`; every logged step: "
               f"`{METRICS_NAME}`.", ""]
     return "\n".join(lines)
@@ -160,9 +162,10 @@ def _answer_block(title: str, text: str | None, missing: str) -> list[str]:
     return [f"**{title}**", "", *_fenced(_shortened(text, _TEXT_SHOWN)), ""]
 
 
-def _answers_section(output_dir: Path) -> list[str]:
-    """Answers on held-out prompts: each prompt's reference, the base's and the tuned
-    model's greedy answers (``kubetune.workspace.answers_record``); none without a record."""
+def _answers_section(output_dir: Path, reference: str = "Reference") -> list[str]:
+    """Answers on held-out prompts: each prompt's reference (a DPO pair's chosen answer),
+    the base's and the tuned model's greedy answers (``kubetune.workspace.answers_record``);
+    none without a record."""
     record = answers_record.read(output_dir)
     if record is None or not record.prompts:
         return []
@@ -175,7 +178,7 @@ def _answers_section(output_dir: Path) -> list[str]:
     for number, entry in enumerate(record.prompts, start=1):
         lines += [f"### Prompt {number}", "",
                   *_fenced(_shortened(entry.prompt, _PROMPT_SHOWN, tail=True)), ""]
-        lines += _answer_block("Reference", entry.reference, "none")
+        lines += _answer_block(reference, entry.reference, "none")
         lines += _answer_block(base.capitalize(), entry.base, "not recorded")
         lines += _answer_block(tuned.capitalize(), entry.tuned,
                                "not yet: answered after the last step")

@@ -26,9 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from kubetune.trainer.performance import model_shape
 from kubetune.trainer.metric_logging.metric_logger import read_metrics
-from kubetune.trainer.metric_logging.train_progress import (CLASS_LOSS, KD_LOSS, REWARD_ACCURACY,
-                                                           REWARD_MARGIN)
-from kubetune.trainer.metric_logging.validation_numbers import train_data, validation_summary
+from kubetune.trainer.objectives import registry
+from kubetune.trainer.objectives.objective import LoggedPart
+from kubetune.trainer.metric_logging.validation_numbers import (row_summary, train_data,
+                                                                 validation_summary)
 from kubetune.trainer.performance.model_shape import parameter_count  # noqa: F401 (part of this module's API)
 
 # Dense bf16 peak FLOP/s by device name fragment (vendor datasheets, without sparsity).
@@ -94,27 +95,16 @@ def _attention_tokens(cfg: DictConfig | None, tokens: int, steps: int,
     return tokens / samples if samples else 0.0
 
 
-def preference_summary(steps: list[dict]) -> dict | None:
-    """A DPO run's reward accuracy and margin, first and last step (None for SFT)."""
-    logged = [s for s in steps if REWARD_ACCURACY in s or REWARD_MARGIN in s]
+def parts_summary(steps: list[dict], parts: tuple[LoggedPart, ...]) -> dict | None:
+    """An objective's logged parts (a DPO run's reward accuracy and margin, a distillation
+    run's cross-entropy and KD), first and last step: ``first_<status>``,
+    ``last_<status>``; None where no step logged them (another objective's run)."""
+    logged = [s for s in steps if any(p.key in s for p in parts)]
     if not logged:
         return None
     first, last = logged[0], logged[-1]
-    return {"first_reward_accuracy": first.get(REWARD_ACCURACY),
-            "last_reward_accuracy": last.get(REWARD_ACCURACY),
-            "first_reward_margin": first.get(REWARD_MARGIN),
-            "last_reward_margin": last.get(REWARD_MARGIN)}
-
-
-def distillation_summary(steps: list[dict]) -> dict | None:
-    """A distillation run's loss parts, cross-entropy and KD, first and last step (None
-    for other objectives)."""
-    logged = [s for s in steps if KD_LOSS in s]
-    if not logged:
-        return None
-    first, last = logged[0], logged[-1]
-    return {"first_ce_loss": first.get(CLASS_LOSS), "last_ce_loss": last.get(CLASS_LOSS),
-            "first_kd_loss": first.get(KD_LOSS), "last_kd_loss": last.get(KD_LOSS)}
+    return {f"{when}_{p.status}": record.get(p.key) for p in parts
+            for when, record in (("first", first), ("last", last))}
 
 
 def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict,
@@ -175,9 +165,10 @@ def summarize(output_dir: Path, wall_time_s: float, exit_reason: str, dims: dict
         "exit_reason": exit_reason,
         "checkpoint": checkpoint,
         "train_data": train_data(output_dir, cfg),
+        "rows": row_summary(output_dir),
         "validation": validation_summary(output_dir),
-        "preference": preference_summary(steps),
-        "distillation": distillation_summary(steps),
+        **{section: parts_summary(steps, parts)
+           for section, parts in registry.summary_sections().items()},
     }
     name = gpu_name() if device.startswith("cuda") else None
     flops = peak_flops(name) if name else None

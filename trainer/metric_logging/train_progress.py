@@ -23,7 +23,9 @@ from kubetune import logs
 from kubetune.phase_progress import format_duration
 from kubetune.remote.trainjob_status import StatusReporter
 from kubetune.trainer.metric_logging.validation_progress import ValidationProgress
+from kubetune.trainer.objectives import registry
 from kubetune.trainer.request import passed_env
+from kubetune.workspace import held_out_keys
 
 COMPONENT = "trainer"
 _drawn: "TrainProgress | None" = None  # the bar on the terminal, in this process
@@ -79,32 +81,16 @@ def recipe_plan(recipe: Any) -> tuple[int | None, int | None]:
     return epochs * per_epoch, epochs
 
 
-# What a DPO recipe logs beside its loss: how often the policy prefers the chosen answer
-# more than the reference does, and by how much (its implicit reward's margin).
-REWARD_ACCURACY, REWARD_MARGIN = "rewards/accuracies", "rewards/margins"
+# What an objective's recipes log beside the loss, as its ``Objective.logged_parts`` name
+# them (a DPO recipe's rewards, a distillation recipe's cross-entropy and KD terms): each
+# shown where a record holds it.
+LOGGED_PARTS = registry.logged_parts()
 
 
-def reward_parts(record: Mapping[str, Any]) -> list[str]:
-    """The preference numbers a DPO step logged, as the progress line shows them."""
-    parts = []
-    if REWARD_ACCURACY in record:
-        parts.append(f"reward acc {float(record[REWARD_ACCURACY]):.2f}")
-    if REWARD_MARGIN in record:
-        parts.append(f"margin {float(record[REWARD_MARGIN]):.4f}")
-    return parts
-
-
-# What a distillation recipe logs beside its loss ((1 - kd_ratio) * class + kd_ratio * kd):
-# the cross-entropy against the labels and the KL divergence from the teacher's logits.
-CLASS_LOSS, KD_LOSS = "class_loss", "kd_loss"
-_STATUS_NAMES = ((REWARD_ACCURACY, "reward_accuracy"), (REWARD_MARGIN, "reward_margin"),
-                 (CLASS_LOSS, "ce_loss"), (KD_LOSS, "kd_loss"))
-
-
-def distill_parts(record: Mapping[str, Any]) -> list[str]:
-    """The two parts of a distillation step's loss, as the progress line shows them."""
-    return [f"{name} {float(record[key]):.4f}" for key, name in
-            ((CLASS_LOSS, "ce"), (KD_LOSS, "kd")) if key in record]
+def objective_parts(record: Mapping[str, Any]) -> list[str]:
+    """The numbers an objective's step logged beside its loss, as the progress line shows
+    them."""
+    return [shown for part in LOGGED_PARTS if (shown := part.shown(record)) is not None]
 
 
 class TrainProgress:
@@ -240,8 +226,7 @@ class TrainProgress:
         _drawn, self._mid_line = self, True
 
     def postfix(self, record: Mapping[str, Any]) -> str:
-        parts = [f"loss {float(record['loss']):.4f}", *distill_parts(record),
-                 *reward_parts(record)]
+        parts = [f"loss {float(record['loss']):.4f}", *objective_parts(record)]
         if "epoch" in record:
             epoch = int(record["epoch"]) + 1
             parts.insert(0, f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
@@ -258,9 +243,9 @@ class TrainProgress:
             metrics["lr"] = f"{float(record['lr']):.6g}"
         if "tokens_per_second" in record:
             metrics["tokens_per_second"] = f"{float(record['tokens_per_second']):.1f}"
-        for key, name in _STATUS_NAMES:
-            if key in record:
-                metrics[name] = f"{float(record[key]):.6g}"
+        for part in LOGGED_PARTS:
+            if part.key in record:
+                metrics[part.status] = f"{float(record[part.key]):.6g}"
         metrics["step"] = int(record["step"])
         if self.total_steps:
             metrics["total_steps"] = self.total_steps
@@ -280,7 +265,7 @@ class TrainProgress:
             parts.append(f"epoch {epoch}/{self.total_epochs}" if self.total_epochs
                          else f"epoch {epoch}")
         parts.append(f"loss {float(record['loss']):.4f}")
-        parts += distill_parts(record) + reward_parts(record)
+        parts += objective_parts(record)
         if "lr" in record:
             parts.append(f"lr {float(record['lr']):.2e}")
         if "tokens_per_second" in record:
@@ -294,7 +279,7 @@ class TrainProgress:
                   "total_epochs": self.total_epochs, "loss": float(record["loss"]),
                   "lr": record.get("lr"), "tokens_per_second": record.get("tokens_per_second"),
                   "eta_s": None if eta is None else round(eta, 1),
-                  **{name: record[key] for key, name in _STATUS_NAMES if key in record}}
+                  **{p.status: record[p.key] for p in LOGGED_PARTS if p.key in record}}
         return logs.json_line(COMPONENT, "INFO", text, fields)
 
     def close(self) -> None:
@@ -364,5 +349,8 @@ def report_finished(summary: Mapping[str, Any], environ: Mapping[str, str] | Non
                       ("base_val_loss", "base_val_loss")):
         if validation.get(key) is not None:
             metrics[name] = f"{float(validation[key]):.6g}"
+    for number in held_out_keys.ALL:  # an objective's own, as the last evaluation's
+        if validation.get(f"last_{number.stem}") is not None:
+            metrics[number.key] = f"{float(validation[f'last_{number.stem}']):.6g}"
     metrics["wall_time_s"] = summary.get("wall_time_s")
     reporter.finish(100, 0, metrics)

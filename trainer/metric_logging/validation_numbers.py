@@ -9,6 +9,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from kubetune.trainer.data import row_counts
+from kubetune.trainer.metric_logging import held_out_numbers
 from kubetune.workspace import TRAINER_CONFIG_NAME, validation_record
 
 
@@ -30,6 +32,8 @@ def validation_summary(output_dir: Path) -> dict[str, Any] | None:
         "evaluations": len(record.by_step()),
         "checkpoints": record.checkpoints,
         "early_stop": record.early_stop,
+        # An objective's own: a DPO run's base_reward_accuracy ..., a distillation's kd_loss.
+        **held_out_numbers.summary_fields(record),
     }
 
 
@@ -44,7 +48,17 @@ def train_data(output_dir: Path, cfg: DictConfig | None = None) -> dict[str, Any
             return None
     if data is None:
         return None
-    return {"split": data.get("split"), "rows": data.get("rows")}
+    counted = (row_counts.read(output_dir) or {}).get("train") or {}
+    # The rows trained on as the recipe counted them (after the rows it dropped), else as
+    # the plan counted the split.
+    rows = counted.get("kept") if counted.get("kept") is not None else data.get("rows")
+    return {"split": data.get("split"), "rows": rows}
+
+
+def row_summary(output_dir: Path) -> dict[str, Any] | None:
+    """``summary.json``'s ``rows``: per side (train, val) the rows or pairs read, dropped
+    (by reason, the first named by file and row), held out and kept."""
+    return row_counts.read(output_dir)
 
 
 def _data_section(cfg: Any) -> DictConfig | None:

@@ -1,6 +1,6 @@
 """The held-out losses as the progress line tells them: each evaluation read against the
 base model (step 0) and the best so far, ``validation: step N | val_loss x | base y | best z
-@ step s``.
+@ step s``, then an objective's own numbers (a DPO run's ``reward acc``, ``margin`` ...).
 
 Fed the ``val_loss`` records the metric logger writes to ``metrics.jsonl``; a resumed run
 seeds it with the records already there, so its line still names the base and the best.
@@ -9,6 +9,8 @@ seeds it with the records already there, so its line still names the base and th
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
+
+from kubetune.workspace import held_out_keys
 
 
 class ValidationProgress:
@@ -40,10 +42,11 @@ class ValidationProgress:
         """The numbers of one evaluation, with the base and the best so far."""
         step = int(record["step"])
         best = self.best(step)
+        own = {n.key: float(record[n.key]) for n in held_out_keys.present(dict(record))}
         return {"step": step, "val_loss": float(record["val_loss"]),
                 "val_tokens": record.get("val_tokens"), "base_val_loss": self.base,
                 "best_val_loss": best[1] if best else None,
-                "best_step": best[0] if best else None}
+                "best_step": best[0] if best else None, **own}
 
     def text(self, record: Mapping[str, Any]) -> str:
         f = self.fields(record)
@@ -52,6 +55,7 @@ class ValidationProgress:
             parts.append(f"base {f['base_val_loss']:.4f}")
         if f["best_val_loss"] is not None:
             parts.append(f"best {f['best_val_loss']:.4f} @ step {f['best_step']}")
+        parts += [held_out_keys.shown(n, f[n.key]) for n in held_out_keys.present(f)]
         return "validation: " + " | ".join(parts)
 
     def status_metrics(self, record: Mapping[str, Any]) -> dict[str, object]:
@@ -62,4 +66,6 @@ class ValidationProgress:
             metrics["best_val_loss"] = f"{f['best_val_loss']:.6g}"
         if f["base_val_loss"] is not None:
             metrics["base_val_loss"] = f"{f['base_val_loss']:.6g}"
+        for number in held_out_keys.present(f):
+            metrics[number.key] = f"{f[number.key]:.6g}"
         return metrics

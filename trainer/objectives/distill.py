@@ -16,9 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubetune.errors import BadInputError
+from kubetune.trainer.objectives.objective import Fitted, LoggedPart, Objective, checkpoint_named
+from kubetune.trainer.performance.memory_plan import ObjectiveLoad
 from kubetune.trainer.request.topology import Topology
 
 if TYPE_CHECKING:  # light to import: `kubetune size` checks the method without torch
@@ -35,31 +37,63 @@ RECIPES = tuple(recipe for recipe, _ in _RECIPES.values())
 _IMPLIED = {"dora": ["model.use_dora=True"]}
 AVAILABLE = "lora or dora, on 1 process or more"
 TEACHER_SECTION, TEACHER_MODEL = "teacher_checkpointer", "teacher_model"
-# What the KD recipes log beside the loss (the loss is (1 - kd_ratio) * class + kd_ratio * kd).
+# What the KD recipes log beside the loss (the loss is (1 - kd_ratio) * class + kd_ratio * kd):
+# the cross-entropy against the labels and the KL divergence from the teacher's logits.
 CE_METRIC, KD_METRIC = "class_loss", "kd_loss"
 
 
-def is_distill(recipe: str) -> bool:
-    """Whether ``recipe`` (a name or a path's stem) is one of torchtune's KD recipes."""
-    return any(recipe == r or recipe.endswith(r) or recipe.endswith("/" + r + ".py")
-               for r in RECIPES)
+class Distill(Objective):
+    name = "distill"
+    recipes = RECIPES
+    needs_teacher = True
+    own_checkpointers = (TEACHER_SECTION,)  # the teacher is another model, never the policy
+    # The student's held-out cross-entropy, as SFT's, and the KD term beside it
+    # (``validation.distill_held_out``).
+    held_out_metrics = "cross_entropy_and_kd"
+    logged_parts = (LoggedPart(CE_METRIC, "ce", "ce_loss", 4),
+                    LoggedPart(KD_METRIC, "kd", "kd_loss", 4))
+    summary_section = "distillation"
+
+    implied = _IMPLIED
+
+    def recipe_table(self, method: str, one_process: bool) -> tuple[str, str]:
+        return _RECIPES[one_process]
+
+    def check_method(self, method: str, topology: Topology | None = None,
+                     spellings: dict[str, str] | None = None) -> None:
+        """Refuse a student method torchtune's KD recipes cannot train."""
+        why = {"full": "torchtune's KD recipes train a LoRA student only (no full KD recipe)",
+               "qlora": "torchtune's KD recipes do not save an NF4-quantized base"}.get(method)
+        if why:
+            raise BadInputError(f"distillation with method {method}: {why}; available: "
+                                f"{AVAILABLE}")
+
+    def memory_load(self, method: str, teacher_dims: dict | None = None) -> ObjectiveLoad:
+        return ObjectiveLoad(teacher_dims=teacher_dims)
+
+    def teacher_overrides(self, teacher_dir: Path) -> list[str]:
+        return [f"{TEACHER_SECTION}.checkpoint_dir={teacher_dir}"]
+
+    def fit_models(self, cfg: "DictConfig", student: "CheckpointModel", user_keys: set[str],
+                   workspace_teacher: Path) -> Fitted:
+        """The teacher: its checkpointer and model sections fitted to the teacher on disk
+        (the one named, else the workspace's), its vocabulary the student's."""
+        from kubetune.trainer.checkpointing.checkpoint_model import read_checkpoint_model
+        from kubetune.trainer.checkpointing.checkpointer_sections import checkpointer_section
+
+        teacher = read_checkpoint_model(teacher_dir(cfg, user_keys, workspace_teacher))
+        checkpointer_section(cfg, TEACHER_SECTION, teacher)
+        return Fitted(fit_teacher(cfg, student, teacher), teacher)
+
+    def described(self, cfg: "DictConfig") -> dict[str, Any]:
+        from omegaconf import OmegaConf
+
+        return {"teacher": checkpoint_named(cfg, TEACHER_SECTION),
+                "kd_ratio": OmegaConf.select(cfg, "kd_ratio", default=None),
+                "kd_loss": OmegaConf.select(cfg, "kd_loss._component_", default=None)}
 
 
-def recipe_for(method: str, topology: Topology | None = None) -> tuple[str, str, list[str]]:
-    """The KD recipe, base config and implied overrides for ``method`` on ``topology``."""
-    check_method(method)
-    one = topology is None or topology.world_size == 1
-    recipe, config = _RECIPES[one]
-    return recipe, config, list(_IMPLIED.get(method, []))
-
-
-def check_method(method: str) -> None:
-    """Refuse a student method torchtune's KD recipes cannot train."""
-    why = {"full": "torchtune's KD recipes train a LoRA student only (no full KD recipe)",
-           "qlora": "torchtune's KD recipes do not save an NF4-quantized base"}.get(method)
-    if why:
-        raise BadInputError(f"distillation with method {method}: {why}; available: "
-                            f"{AVAILABLE}")
+OBJECTIVE = Distill()
 
 
 def teacher_dir(cfg: "DictConfig", user_keys: set[str], default: Path) -> Path:
@@ -78,7 +112,8 @@ def teacher_dir(cfg: "DictConfig", user_keys: set[str], default: Path) -> Path:
     return where
 
 
-def fit_teacher(cfg: DictConfig, student: CheckpointModel, teacher: CheckpointModel) -> list[str]:
+def fit_teacher(cfg: "DictConfig", student: "CheckpointModel",
+                teacher: "CheckpointModel") -> list[str]:
     """The ``teacher_model`` section built for the teacher's checkpoint (a frozen full
     model), after checking that its vocabulary is the student's."""
     from omegaconf import OmegaConf

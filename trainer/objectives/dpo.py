@@ -8,19 +8,27 @@ full DPO on one process (no recipe); DoRA on one process (``lora_dpo_single_devi
 initialises DoRA's magnitudes: they would train from uninitialised memory; the
 distributed recipe does); QLoRA (neither LoRA DPO recipe handles an NF4 base: no
 state-dict hooks to save it in the checkpoint's dtype, as the SFT recipes have).
+
+The recipes' loss is the config's (``loss._component_``): torchtune's ``DPOLoss``, or
+another of its preference losses with the same arguments (``RSOLoss``: the ``rso``
+objective, ``kubetune.trainer.objectives.rso``).
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any
 
 from kubetune.errors import BadInputError
-from kubetune.trainer.data import column_map
-from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.objectives import preference_rows
-from kubetune.trainer.request.spelling import spelling
+from kubetune.trainer.objectives.objective import LoggedPart, Objective, checkpoint_named
+from kubetune.trainer.performance.memory_plan import ObjectiveLoad
+from kubetune.trainer.request import process_hint
 from kubetune.trainer.request.topology import Topology
-from kubetune.trainer.validation import heldout_set
+
+if TYPE_CHECKING:  # light to import: `kubetune size` and --help read the objective
+    from omegaconf import DictConfig
+
+    from kubetune.trainer.data.dataset_check import DatasetSample
 
 PREFERENCE_BUILDER = "kubetune.trainer.objectives.preference_data.preference_dataset"
 # (method is full, one process?) -> (recipe, base config).
@@ -31,76 +39,99 @@ _RECIPES = {
 }
 RECIPES = tuple(recipe for recipe, _ in _RECIPES.values())
 _IMPLIED = {"dora": ["model.use_dora=True"]}
-AVAILABLE = ("lora on 1 process or more, dora on 2+ processes (PET_NPROC_PER_NODE=2), "
-             "full on 2+ processes")
+# {more}: how the user on their path asks for two processes (``process_hint``).
+AVAILABLE = "lora on 1 process or more, dora and full on 2+ processes ({more})"
 # lora_dpo_distributed all-reduces its logged loss with a sum (its reward metrics with a
 # mean; full_dpo_distributed averages both): the loss a user reads is divided by the
 # processes so that it means on N what it means on 1.
 LOSS_SUMMED_OVER_RANKS = ("lora_dpo_distributed",)
+# What a DPO recipe logs beside its loss: how often the policy prefers the chosen answer
+# more than the reference does, and by how much (its implicit reward's margin).
+REWARD_ACCURACY, REWARD_MARGIN = "rewards/accuracies", "rewards/margins"
 
 
-def is_dpo(recipe: str) -> bool:
-    """Whether ``recipe`` (a name or a path's stem) is one of torchtune's DPO recipes."""
-    return any(recipe == r or recipe.endswith("/" + r + ".py") or recipe.endswith(r)
-               for r in RECIPES)
+class DPO(Objective):
+    name = "dpo"
+    recipes = RECIPES
+    # torchtune's DPO recipes have no held-out loop of their own: ours measures held-out
+    # pairs as a training step does (``validation.preference_held_out``).
+    held_out_metrics = "preference"
+    logged_parts = (LoggedPart(REWARD_ACCURACY, "reward acc", "reward_accuracy", 2),
+                    LoggedPart(REWARD_MARGIN, "margin", "reward_margin", 4))
+    summary_section = "preference"
+    packs = False  # torchtune's preference datasets refuse to ("Packed is ... not supported")
+
+    implied = _IMPLIED
+
+    def recipe_table(self, method: str, one_process: bool) -> tuple[str, str]:
+        return _RECIPES[(method == "full", one_process)]
+
+    def check_method(self, method: str, topology: Topology | None = None,
+                     spellings: dict[str, str] | None = None) -> None:
+        """Refuse a method torchtune's DPO recipes cannot train on ``topology`` (a `tune
+        run` of a DPO recipe with ``model.use_dora=True`` on one process, ...); the hint
+        names how more processes are asked for where the user is (``spellings``:
+        `kubetune local`'s ``--nproc``, else ``PET_NPROC_PER_NODE``)."""
+        one = topology is None or topology.world_size == 1
+        why = {"qlora": "torchtune's LoRA DPO recipes do not handle an NF4-quantized base",
+               "dora": "lora_dpo_single_device does not initialise DoRA's magnitudes" if one
+               else None,
+               "full": "torchtune has full_dpo_distributed only" if one else None}.get(method)
+        if why:
+            raise BadInputError(f"DPO with method {method}{' on 1 process' if one else ''}: "
+                                f"{why}; available: "
+                                f"{AVAILABLE.format(more=process_hint.more_processes(spellings))}")
+
+    def fewest_processes(self, method: str) -> int:
+        return 2 if method == "full" else 1  # full DPO has a distributed recipe only
+
+    def memory_load(self, method: str, teacher_dims: dict | None = None) -> ObjectiveLoad:
+        # Each row a pair, chosen and rejected run through the model together; full DPO
+        # holds a frozen reference copy of the weights (LoRA's reference is the base with
+        # its adapters off).
+        return ObjectiveLoad(sequences_per_row=2, reference_copy=method == "full")
+
+    def choose_builder(self, dataset_cfg: "DictConfig", found: "DatasetSample",
+                       builder_named: bool, spellings: dict[str, str]) -> str | None:
+        return choose_builder(dataset_cfg, found, builder_named, spellings)
+
+    def loss_summed_over(self, recipe: str, world_size: int) -> int:
+        return world_size if recipe in LOSS_SUMMED_OVER_RANKS else 1
+
+    def fit_held_out(self, cfg: "DictConfig", notes: list[str]) -> list[str]:
+        from kubetune.trainer.objectives import dpo_held_out
+
+        return notes + dpo_held_out.plan(cfg, self.name, PREFERENCE_BUILDER, REPLACEABLE)
+
+    def described(self, cfg: "DictConfig") -> dict[str, Any]:
+        from omegaconf import OmegaConf
+
+        separate = checkpoint_named(cfg, "ref_checkpointer")
+        reference = {**separate, "kind": "a frozen copy"} if separate else {
+            **(checkpoint_named(cfg, "checkpointer") or {}),
+            "kind": "the base model (the policy with its adapters off)"}
+        return {"reference": reference, "beta": OmegaConf.select(cfg, "loss.beta", default=None)}
 
 
-def recipe_for(method: str, topology: Topology | None = None) -> tuple[str, str, list[str]]:
-    """The DPO recipe, base config and implied overrides for ``method`` on ``topology``."""
-    check_method(method, topology)
-    one = topology is None or topology.world_size == 1
-    recipe, config = _RECIPES[(method == "full", one)]
-    return recipe, config, list(_IMPLIED.get(method, []))
-
-
-def check_method(method: str, topology: Topology | None) -> None:
-    """Refuse a method torchtune's DPO recipes cannot train on ``topology`` (a `tune run`
-    of a DPO recipe with ``model.use_dora=True`` on one process, ...)."""
-    one = topology is None or topology.world_size == 1
-    why = {"qlora": "torchtune's LoRA DPO recipes do not handle an NF4-quantized base",
-           "dora": "lora_dpo_single_device does not initialise DoRA's magnitudes" if one
-           else None,
-           "full": "torchtune has full_dpo_distributed only" if one else None}.get(method)
-    if why:
-        raise BadInputError(f"DPO with method {method}{' on 1 process' if one else ''}: "
-                            f"{why}; available: {AVAILABLE}")
-
-
-def without_held_out(cfg: DictConfig, notes: list[str]) -> list[str]:
-    """A DPO run trains on every training row and measures no held-out loss: kubetune's
-    held-out loop measures SFT's cross-entropy over tokens and labels, and torchtune's DPO
-    recipes have none of their own. The held-out set the plan chose is dropped, saying so;
-    with none, the line says so too (``notes``: the plan's lines so far, its own line about
-    the held-out set replaced)."""
-    why = ("validation: none under DPO (kubetune measures held-out SFT loss; torchtune's DPO "
-           "recipes have no held-out loop)")
-    validation = (cfg.get("kubetune") or {}).get("validation")
-    if validation is None:
-        # No held-out set: the SFT hint to hold a fraction out would only lead to this line.
-        return heldout_set.without_held_out_clause(notes) + [why]
-    for key in ("dataset_val", "run_val_every_n_steps"):
-        cfg.pop(key, None)
-    cfg.kubetune.pop("validation", None)
-    cfg.kubetune.pop("holdout", None)
-    held = {"split": f"split '{validation.get('split')}'", "config": "dataset_val",
-            "fraction": "a held-out fraction"}.get(validation.get("source"), "held-out data")
-    return heldout_set.without_held_out_clause(notes) + [
-        f"{why}: {held} not used, training on every row of the training split"]
+OBJECTIVE = DPO()
 
 
 # Builders the plan replaces with ours where data is preference-shaped: a DPO config's
 # default, and torchtune's generic builder (ours takes its arguments and reads its shape
 # too, and also TRL's and HH-RLHF's, on which torchtune's fails mid-run).
-_REPLACEABLE = ("torchtune.datasets.preference_dataset",)
+REPLACEABLE = ("torchtune.datasets.preference_dataset",)
 
 
-def choose_builder(dataset_cfg: DictConfig, found: DatasetSample, builder_named: bool,
+def choose_builder(dataset_cfg: "DictConfig", found: "DatasetSample", builder_named: bool,
                    spellings: dict[str, str] | None = None) -> str | None:
     """Point a DPO run's dataset section at our preference builder where the user named
     no builder of their own; the line saying so. Data that is not preference-shaped is
     refused naming the columns DPO needs."""
+    from kubetune.trainer.data import column_map
+    from kubetune.trainer.request.spelling import spelling
+
     component = str(dataset_cfg.get("_component_", ""))
-    if builder_named and component not in _REPLACEABLE:
+    if builder_named and component not in REPLACEABLE:
         return None
     mapping = column_map.read(dataset_cfg)
     # A row with a missing answer is one of the rows dropped and counted, not another

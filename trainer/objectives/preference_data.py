@@ -11,10 +11,11 @@ with this one unchanged.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import Any, Callable, Mapping
 
 from kubetune.errors import BadInputError
+from kubetune.trainer.data import row_counts, row_origin
+from kubetune.trainer.data.row_counts import COUNTS_ATTRIBUTE
 from kubetune.trainer.objectives import preference_rows
 
 log = logging.getLogger("trainer")
@@ -70,33 +71,35 @@ def preference_dataset(tokenizer: Any, *, source: str,
     dataset = PreferenceDataset(source=source, message_transform=transform,
                                 tokenizer=tokenizer, filter_fn=filter_fn, split=split,
                                 **load_dataset_kwargs)
-    _drop_bad_pairs(dataset, transform.column_map)
+    _drop_bad_pairs(dataset, transform.column_map, load_dataset_kwargs, split)
     return dataset
 
 
-def _drop_bad_pairs(dataset: Any, column_map: dict[str, str]) -> None:
+def _drop_bad_pairs(dataset: Any, column_map: dict[str, str],
+                    load_kwargs: dict[str, Any], split: str) -> None:
+    """Drop the pairs DPO cannot learn from, each named by file and row; the counts go on
+    the dataset (``COUNTS_ATTRIBUTE``) for the run's row counts."""
     # PreferenceDataset keeps its rows in `_data` (a Hugging Face dataset) and offers no
     # other way to drop rows once it has loaded them.
     data = dataset._data
-    problems: Counter[str] = Counter()
+    name = row_origin.namer(load_kwargs.get("data_files"), split, len(data))
+    drops = row_counts.Drops()
     keep = []
     for index, row in enumerate(data):
         try:
-            why = preference_rows.problem(preference_rows.pair_of(row, column_map))
+            why = preference_rows.row_problem(row, column_map)
         except ValueError as exc:
-            raise NoPreferencePairsError(f"preference row {index + 1}: {exc}") from None
+            raise NoPreferencePairsError(f"preference pair {name(index)}: {exc}") from None
         if why is None:
             keep.append(index)
         else:
-            problems[why] += 1
+            drops.add(why, name(index))
     if not keep:
-        raise NoPreferencePairsError(f"no preference pair to train on: all {len(data)} rows dropped "
-                            f"({_counts(problems)})")
-    if problems:
+        raise NoPreferencePairsError(f"no preference pair to train on: all {len(data)} rows "
+                                     f"dropped ({drops.text()})")
+    if drops.count:
         dataset._data = data.select(keep)
-        log.info("dataset: %d of %d preference pairs dropped (%s); training on %d",
-                 len(data) - len(keep), len(data), _counts(problems), len(keep))
-
-
-def _counts(problems: Counter) -> str:
-    return ", ".join(f"{n} {why}" for why, n in sorted(problems.items()))
+        log.info("dataset: %d of %d preference pairs dropped (%s); %d left", drops.count,
+                 len(data), drops.text(), len(keep))
+    setattr(dataset, COUNTS_ATTRIBUTE, row_counts.SideCounts(
+        "preference pairs", read=len(data), drops=drops, kept=len(keep)))

@@ -86,12 +86,22 @@ def pair_of(row: dict, columns: dict[str, str] | None = None) -> Pair:
 
 def problem(pair: Pair) -> str | None:
     """Why DPO cannot learn from ``pair`` (the row is dropped and counted), or None."""
-    if not any(t.content.strip() for t in pair.chosen) or \
-            not any(t.content.strip() for t in pair.rejected):
-        return "empty"
+    for side, answer in (("chosen", pair.chosen), ("rejected", pair.rejected)):
+        if not any(t.content.strip() for t in answer):
+            return f"empty {side}"
     if pair.chosen == pair.rejected:
         return "chosen == rejected"
     return None
+
+
+def row_problem(row: dict, columns: dict[str, str] | None = None) -> str | None:
+    """``problem`` of a row as read, a column the row lacks (absent or null: "missing
+    chosen") told apart from one it holds empty ("empty chosen")."""
+    columns = {**{c: c for c in COLUMNS}, **(columns or {})}
+    for side in ("chosen", "rejected"):
+        if row.get(columns[side]) is None:
+            return f"missing {side}"
+    return problem(pair_of(row, columns))
 
 
 def shape_name(row: dict, columns: dict[str, str] | None = None) -> str | None:

@@ -44,6 +44,22 @@ _CE_CHUNKS = 8
 
 
 @dataclass(frozen=True)
+class ObjectiveLoad:
+    """What a training objective adds to a run's memory, as its ``Objective`` says
+    (``kubetune.trainer.objectives``): the planner itself knows no objective."""
+
+    # Sequences each micro-batch row runs through the model: a preference pair's chosen
+    # and rejected answers run together (2).
+    sequences_per_row: int = 1
+    # A frozen copy of the policy's weights besides it (full DPO's reference).
+    reference_copy: bool = False
+    # A frozen teacher's shape (Architecture.shape): its weights, sharded as the
+    # student's are, and the logits it holds for the micro-batch during the student's
+    # forward.
+    teacher_dims: dict | None = None
+
+
+@dataclass(frozen=True)
 class Workload:
     dims: dict
     method: str  # full, lora, qlora, dora
@@ -52,12 +68,7 @@ class Workload:
     world_size: int = 1
     n_adapter: int = 0
     optimizer_in_bwd: bool = False
-    # dpo: each micro-batch row is a pair (chosen and rejected run through the model
-    # together), and full DPO holds a frozen reference copy of the weights besides.
-    objective: str = "sft"
-    # distill: the frozen teacher's weights (sharded as the student's are) and the logits
-    # it holds for the micro-batch while the student's forward runs.
-    teacher_dims: dict | None = None
+    load: ObjectiveLoad = ObjectiveLoad()
 
 
 @dataclass(frozen=True)
@@ -85,10 +96,10 @@ def state_bytes(w: Workload) -> float:
         total = q * NF4_BYTES_PER_PARAM + (n - q) * b + 4 * w.n_adapter * b
     else:
         total = n * b + 4 * w.n_adapter * b
-    if w.objective == "dpo" and w.method == "full":
+    if w.load.reference_copy:
         total += n * b
-    if w.teacher_dims:
-        total += parameter_count(w.teacher_dims) * b
+    if w.load.teacher_dims:
+        total += parameter_count(w.load.teacher_dims) * b
     return total / max(1, w.world_size)
 
 
@@ -100,7 +111,7 @@ def layer_activation_bytes_per_token(w: Workload) -> float:
 
 
 def activation_bytes(w: Workload, micro_batch: int, checkpointing: bool) -> float:
-    tokens = micro_batch * w.seq_len * (2 if w.objective == "dpo" else 1)
+    tokens = micro_batch * w.seq_len * w.load.sequences_per_row
     layer = layer_activation_bytes_per_token(w)
     layers = w.dims["num_layers"]
     if checkpointing:
@@ -108,8 +119,8 @@ def activation_bytes(w: Workload, micro_batch: int, checkpointing: bool) -> floa
     else:
         per_token = layers * layer
     logits = w.dims["vocab_size"] * (2 * _bytes(w.dtype) + 4 * 2 / _CE_CHUNKS)
-    if w.teacher_dims:  # the teacher's logits, kept for the KD loss
-        logits += w.teacher_dims["vocab_size"] * _bytes(w.dtype)
+    if w.load.teacher_dims:  # the teacher's logits, kept for the KD loss
+        logits += w.load.teacher_dims["vocab_size"] * _bytes(w.dtype)
     return tokens * (per_token + logits)
 
 

@@ -128,8 +128,11 @@ class Request:
     gpus_per_node: int
     checkpoint_bytes: int | None
     max_nodes: int | None = None
-    objective: str = "sft"  # dpo: pairs per row, and full DPO's frozen reference counted
-    teacher_dims: dict | None = None  # distill: the teacher's shape (Architecture.shape)
+    # What the objective adds (pairs per row, a reference copy, a teacher): its
+    # ``Objective.memory_load``.
+    load: memory_plan.ObjectiveLoad = memory_plan.ObjectiveLoad()
+    # The fewest processes the objective's recipe for the method runs on.
+    fewest_gpus: int = 1
 
 
 def trainer_fit(r: Request, nodes: int, gpus: int) -> Fit:
@@ -140,7 +143,7 @@ def trainer_fit(r: Request, nodes: int, gpus: int) -> Fit:
     workload = memory_plan.Workload(
         dims=r.dims, method=r.method, dtype=DTYPE, seq_len=r.seq_len,
         world_size=nodes * gpus, n_adapter=adapter_count(r.dims, BASE_LORA, r.method),
-        optimizer_in_bwd=in_backward, objective=r.objective, teacher_dims=r.teacher_dims)
+        optimizer_in_bwd=in_backward, load=r.load)
     return fit(workload, r.gpu_memory_bytes, r.batch_size, accumulation, None, in_backward,
                nodes, r.checkpoint_bytes)
 
@@ -171,9 +174,7 @@ def smallest(r: Request) -> Fit:
     """One node with the fewest GPUs that fit; else the fewest nodes with all of theirs.
     A request that fits nowhere, or only on more nodes than ``max_nodes``, or a QLoRA run
     that needs more than one node, is one line saying what would fit."""
-    # Full DPO has a distributed recipe only (kubetune.trainer.objectives.dpo).
-    fewest = 2 if (r.objective, r.method) == ("dpo", "full") else 1
-    for gpus in range(fewest, r.gpus_per_node + 1):
+    for gpus in range(r.fewest_gpus, r.gpus_per_node + 1):
         one = trainer_fit(r, 1, gpus)
         if one.fits:
             return one

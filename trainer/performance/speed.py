@@ -64,10 +64,14 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
           mean_chars: float | None, rows: int | None, max_seq_len: int, *,
           method: str = "lora", dims: dict | None = None,
           gpu_memory_bytes: int | None = None, nodes: int = 1,
-          checkpoint_bytes: int | None = None) -> list[str]:
+          checkpoint_bytes: int | None = None,
+          load: memory_plan.ObjectiveLoad = memory_plan.ObjectiveLoad(),
+          may_pack: bool = True) -> list[str]:
     """Set the speed defaults in ``cfg``; ``dims`` (config.json's) and
     ``gpu_memory_bytes`` (the smallest GPU's) let the memory plan run on CUDA, over
-    ``world_size`` processes on ``nodes`` nodes, each loading ``checkpoint_bytes``."""
+    ``world_size`` processes on ``nodes`` nodes, each loading ``checkpoint_bytes``;
+    ``load`` and ``may_pack``: what the run's objective adds to memory, and whether its
+    rows may be packed (``Objective.memory_load``, ``Objective.packs``)."""
     notes: list[str] = []
     loss = cfg.get("loss")
     if isinstance(loss, DictConfig) and loss.get("_component_") in _PLAIN_CE \
@@ -75,26 +79,7 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
         cfg.loss = OmegaConf.create({"_component_": CHUNKED_CE})
         notes.append("speed: chunked cross-entropy (CEWithChunkedOutputLoss; "
                      "loss._component_=torch.nn.CrossEntropyLoss to turn off)")
-
-    optimizer = cfg.get("optimizer")
-    component = str(optimizer.get("_component_", "")) if isinstance(optimizer, DictConfig) else ""
-    if component.startswith("bitsandbytes.") and (
-            device == "cpu" or importlib.util.find_spec("bitsandbytes") is None) \
-            and not {"optimizer", "optimizer._component_"} & user_keys:
-        # torchtune's full single-device configs pick 8-bit paged AdamW: CUDA-only, and
-        # bitsandbytes is not in our images.
-        cfg.optimizer = OmegaConf.create({"_component_": "torch.optim.AdamW",
-                                          "lr": optimizer.get("lr", 2e-5),
-                                          "weight_decay": optimizer.get("weight_decay", 0.01)})
-        optimizer = cfg.optimizer
-        notes.append(f"optimizer {component} is unavailable here: using torch.optim.AdamW")
-    if isinstance(optimizer, DictConfig) and "Adam" in str(optimizer.get("_component_", "")):
-        if device.startswith("cuda"):
-            if not _user_set(user_keys, "optimizer.fused") and not optimizer.get("fused"):
-                optimizer.fused = True
-                notes.append("speed: fused AdamW (optimizer.fused=False to turn off)")
-        elif optimizer.get("fused"):
-            optimizer.fused = False  # a CUDA kernel
+    notes += _optimizer(cfg, user_keys, device)
 
     if not _user_set(user_keys, "compile"):
         if device == "cpu" and cfg.get("compile"):
@@ -107,10 +92,9 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
                          "(compile=False to turn off)")
 
     dataset = cfg.get("dataset")
-    # torchtune's preference datasets refuse to pack ("Packed is currently not supported").
-    if (isinstance(dataset, DictConfig) and not _user_set(user_keys, "dataset.packed")
+    if (may_pack and isinstance(dataset, DictConfig) and not _user_set(user_keys, "dataset.packed")
             and not dataset.get("packed") and mean_chars and rows
-            and objective_of_loss(cfg) != "dpo" and builder_takes(dataset, "packed")):
+            and builder_takes(dataset, "packed")):
         tokens_per_sample = mean_chars / CHARS_PER_TOKEN
         packs = rows * tokens_per_sample / max_seq_len
         steps = packs / max(1, int(cfg.get("batch_size") or 1) * world_size)
@@ -132,7 +116,32 @@ def apply(cfg: DictConfig, user_keys: set[str], device: str, world_size: int,
         notes += _one_pack_per_forward(cfg)
     if device.startswith("cuda") and dims and gpu_memory_bytes:
         notes += _fit_memory(cfg, user_keys, world_size, max_seq_len, method, dims,
-                             gpu_memory_bytes, nodes, checkpoint_bytes)
+                             gpu_memory_bytes, nodes, checkpoint_bytes, load)
+    return notes
+
+
+def _optimizer(cfg: DictConfig, user_keys: set[str], device: str) -> list[str]:
+    """AdamW where the config's optimizer cannot run here; fused AdamW on CUDA."""
+    notes = []
+    optimizer = cfg.get("optimizer")
+    component = str(optimizer.get("_component_", "")) if isinstance(optimizer, DictConfig) else ""
+    if component.startswith("bitsandbytes.") and (
+            device == "cpu" or importlib.util.find_spec("bitsandbytes") is None) \
+            and not {"optimizer", "optimizer._component_"} & user_keys:
+        # torchtune's full single-device configs pick 8-bit paged AdamW: CUDA-only, and
+        # bitsandbytes is not in our images.
+        cfg.optimizer = OmegaConf.create({"_component_": "torch.optim.AdamW",
+                                          "lr": optimizer.get("lr", 2e-5),
+                                          "weight_decay": optimizer.get("weight_decay", 0.01)})
+        optimizer = cfg.optimizer
+        notes.append(f"optimizer {component} is unavailable here: using torch.optim.AdamW")
+    if isinstance(optimizer, DictConfig) and "Adam" in str(optimizer.get("_component_", "")):
+        if device.startswith("cuda"):
+            if not _user_set(user_keys, "optimizer.fused") and not optimizer.get("fused"):
+                optimizer.fused = True
+                notes.append("speed: fused AdamW (optimizer.fused=False to turn off)")
+        elif optimizer.get("fused"):
+            optimizer.fused = False  # a CUDA kernel
     return notes
 
 
@@ -158,25 +167,10 @@ def _one_pack_per_forward(cfg: DictConfig) -> list[str]:
             f"holds one pack's activations, not {batch})"]
 
 
-def objective_of_loss(cfg: DictConfig) -> str:
-    """dpo where the config's loss is one of torchtune's preference losses (its DPO
-    recipes'), else sft."""
-    loss = str(OmegaConf.select(cfg, "loss._component_", default="") or "")
-    return "dpo" if loss.startswith("torchtune.rlhf.loss.") else "sft"
-
-
-def _teacher_dims(cfg: DictConfig) -> dict | None:
-    """A distillation config's teacher shape (its ``teacher_model`` section, fitted to the
-    teacher's checkpoint by the plan), for the memory plan to count."""
-    teacher = cfg.get("teacher_model")
-    if not isinstance(teacher, DictConfig) or "vocab_size" not in teacher:
-        return None
-    return {k: v for k, v in OmegaConf.to_container(teacher).items() if k != "_component_"}
-
-
 def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_len: int,
                 method: str, dims: dict, gpu_memory_bytes: int, nodes: int,
-                checkpoint_bytes: int | None) -> list[str]:
+                checkpoint_bytes: int | None,
+                load: memory_plan.ObjectiveLoad) -> list[str]:
     """Micro-batch and activation checkpointing for this GPU
     (``kubetune.trainer.performance.memory_plan``), and the ``memory plan:`` line
     `kubetune size` answers with for the same model, method, length and batch."""
@@ -191,7 +185,7 @@ def _fit_memory(cfg: DictConfig, user_keys: set[str], world_size: int, max_seq_l
         # tokenizer's max_seq_len; without one, the pack length the plan defaults to).
         seq_len=int(cfg.tokenizer.get("max_seq_len") or max_seq_len), world_size=world_size,
         n_adapter=adapter_count(dims, model_cfg, method), optimizer_in_bwd=in_backward,
-        objective=objective_of_loss(cfg), teacher_dims=_teacher_dims(cfg))
+        load=load)
     batch, accumulation = batch_sizes(cfg)
     fit = sizing.fit(
         workload, gpu_memory_bytes, batch, accumulation,

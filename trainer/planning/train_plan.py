@@ -14,7 +14,7 @@ from kubetune.workspace import Workspace, workspace
 from kubetune.trainer.performance import hardware
 from kubetune.trainer.planning.plan import RunPlan, plan
 from kubetune.trainer.request import topology
-from kubetune.trainer.objectives.choice import recipe_for
+from kubetune.trainer.objectives import registry
 from kubetune.trainer.request.settings import LauncherSettings
 from kubetune.trainer.request.train_options import (TrainOptions, spellings_of,
                                                     split_overrides, train_overrides)
@@ -48,12 +48,13 @@ def plan_training(options: TrainOptions, model_dir: str, dataset_dir: str, outpu
     # the device the run asks for (a `device=cpu` override on a GPU host is one process).
     topo = topology.resolve(None, _requested_device(user_args), settings,
                             cuda_device_count=hardware.cuda_device_count)
-    recipe, config, implied = recipe_for(options.objective, options.method, topo)
+    recipe, config, implied = registry.get(options.objective).recipe_for(options.method, topo)
     args = [f"output_dir={output_dir}", f"checkpointer.checkpoint_dir={model_dir}", *implied,
             *user_args]
     shared = workspace()
     steps = Workspace(shared.root, dataset_dir=Path(dataset_dir), model_dir=Path(model_dir),
                       output_dir=Path(output_dir), export_dir=shared.export_dir)
     request = TuneRunRequest(recipe=recipe, config=config, overrides=args,
-                             spellings=spellings_of(set_by or {}, [*extra, *overrides]))
+                             spellings=spellings_of(set_by or {}, [*extra, *overrides]),
+                             objective=options.objective)
     return plan(request, steps, settings, topo)

@@ -11,7 +11,10 @@ eager; out of memory at the first step -> a smaller micro-batch, same effective 
 ``failure_report`` (a refused run, no fallback left or out of memory, found by type even
 when wrapped, left for the launcher as a failure record: its line and exit code),
 ``tokenized_data`` (the recipe's datasets tokenized once through the token cache),
-``held_out`` (the held-out set measured at step boundaries, recorded; early stop),
+``held_out`` (the held-out set measured at step boundaries, recorded; early stop; what each
+evaluation measures by objective: ``held_out_measure``), ``data_counts`` (the rows each
+dataset read, dropped, held out and kept, logged and recorded), ``few_steps`` (a line before
+step 1 where the data makes few optimizer steps),
 ``dataset_features`` (a config's ``dataset.features`` dict made datasets' ``Features``),
 ``empty_batches`` (a micro-batch with nothing to train on adds nothing to its step, instead
 of NaN), ``warmup_cap`` (a warm-up the user did not set capped to a tenth of the run's

@@ -1,7 +1,9 @@
 """Validation around an unmodified torchtune recipe (0.6.1's have no validation loop).
 
 After the recipe's setup (``recipe_hooks``), the held-out dataset named by ``dataset_val``
-is built with the recipe's tokenizer through the token cache, unpacked. The step guard's
+is built with the recipe's tokenizer through the token cache, unpacked, and measured as the
+run's objective measures it (``held_out_measure``: SFT's token loss, a DPO run's pairs with
+their rewards, a distillation run's loss with its KD term). The step guard's
 loader asks ``at_boundary`` at every optimizer-step boundary, and the epoch-save wrapper
 asks ``before_epoch_save`` (an epoch cut short by ``max_steps_per_epoch`` ends without
 another boundary); ``kubetune.trainer.validation.schedule`` says which steps are measured.
@@ -10,15 +12,15 @@ Every evaluation is logged through the recipe's metric logger and written to the
 once it is committed. Always before a save: on CPU torchtune's LoRA save folds the adapter
 into the live weights.
 
-Early stop: once ``early_stop_patience`` evaluations in a row have not bettered the best,
-the epoch ends at that boundary, ``total_epochs`` is cut to it so the recipe's own epoch
-save is its final one (no optimizer state), and the next epoch's start raises
-``step_guard.EarlyStopped``: the process ends 0, the run completed.
+Early stop: once ``early_stop_patience`` evaluations in a row after the learning-rate
+warm-up have not bettered the best, the epoch ends at that boundary, ``total_epochs`` is
+cut to it so the recipe's own epoch save is its final one (no optimizer state), and the
+next epoch's start raises ``step_guard.EarlyStopped``: the process ends 0, the run
+completed.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any
@@ -29,22 +31,13 @@ from kubetune.phase_progress import PhaseProgress
 from kubetune.workspace import validation_record
 from kubetune.workspace.validation_record import ValidationRecord
 from kubetune.trainer.data.token_cache.settings import CacheSettings
-from kubetune.trainer.recipe_process import tokenized_data
+from kubetune.trainer.recipe_process import held_out_measure, tokenized_data
 from kubetune.trainer.recipe_process.step_guard import Guard
 from kubetune.trainer.validation import answers, budget, val_loop
 from kubetune.trainer.validation.early_stop import EarlyStop
 from kubetune.trainer.validation.schedule import Schedule, every_n_steps
 
 log = logging.getLogger("trainer")
-
-
-def _collate(cfg: DictConfig, recipe: Any) -> Any:
-    """The recipe's collate for unpacked rows (validation is never packed)."""
-    from torchtune.config._utils import _get_component_from_path
-
-    collate = _get_component_from_path(cfg.get("collate_fn", "torchtune.data.padded_collate_sft"))
-    return functools.partial(collate, padding_idx=recipe._tokenizer.pad_id,
-                             ignore_idx=recipe._loss_fn.ignore_index)
 
 
 def _world() -> int:
@@ -72,6 +65,12 @@ def steps_per_epoch(recipe: Any) -> int:
     return steps
 
 
+def _warmup_steps(cfg: DictConfig) -> int:
+    """The run's learning-rate warm-up (capped already: ``warmup_cap`` runs in setup)."""
+    steps = OmegaConf.select(cfg, "lr_scheduler.num_warmup_steps", default=None)
+    return steps if isinstance(steps, int) and steps > 0 else 0
+
+
 def _answers_allowed(recipe: Any) -> float | None:
     """Forward positions each set of held-out answers may cost (``budget``): the run's
     own training tokens, as far as ``max_steps_per_epoch`` lets it go."""
@@ -91,10 +90,11 @@ class HeldOut:
         self.guard = guard
         self.dataset = dataset
         self.batch_size = int(cfg.batch_size)
-        self.collate = _collate(cfg, recipe)
+        self.measure = held_out_measure.for_recipe(recipe, cfg)
         self.world = _world()
         self.section = section  # prompts and max_new_tokens: the answers' own defaults
-        self.prompt_rows = dataset  # the whole held-out set (set_up: beyond the measured)
+        # The whole held-out set (set_up: beyond the measured), as rows with an answer.
+        self.prompt_rows = self.measure.answer_rows(dataset)
         resumed = bool(recipe._resume_from_checkpoint) and guard.resume_global_step is not None
         self.schedule = Schedule(every_n, steps_per_epoch(recipe), int(recipe.total_epochs),
                                  resumed=resumed)
@@ -109,7 +109,7 @@ class HeldOut:
         for evaluation in self.record.evaluations:
             self.schedule.mark(int(evaluation["step"]))
         self.early = EarlyStop.replayed(int(section.get("early_stop_patience") or 0),
-                                        self.record.evaluations)
+                                        self.record.evaluations, _warmup_steps(cfg))
         self.stopped_at: int | None = None
         self._write()
 
@@ -124,18 +124,18 @@ class HeldOut:
         every_n = every_n_steps(cfg.get("run_val_every_n_steps"), total)
         if every_n == 0:
             return None
-        dataset = tokenized_data.build_heldout(recipe, dataset_val, data)
+        dataset = tokenized_data.build_held_out(recipe, dataset_val, data)
         if len(dataset) == 0:
             return None  # A refuses an empty held-out split in the plan (exit 65)
         measured = _bounded(recipe, dataset, total, every_n)
         held = cls(recipe, cfg, settings, guard, measured, every_n)
-        held.prompt_rows = dataset
+        held.prompt_rows = held.measure.answer_rows(dataset)
         if guard.rank == 0:
             of = "" if len(measured) == len(dataset) else (
                 f" (the first {len(measured)} of {len(dataset)}: validation bounded to about "
                 f"{budget.SHARE:.0%} of the run's compute)")
-            log.info("validation: %d held-out rows%s, every %d step(s) of %d%s",
-                     len(measured), of, every_n, total,
+            log.info("validation: %d held-out %s%s, every %d step(s) of %d%s",
+                     len(measured), held.measure.unit, of, every_n, total,
                      f", early stop after {held.early.patience} without improvement"
                      if held.early.patience else "")
         return held
@@ -184,19 +184,18 @@ class HeldOut:
         count = val_loop.batch_count(len(self.dataset), self.batch_size, self.world)
         with PhaseProgress(f"validation at step {step}", count, "batches",
                            self._emit()) as progress:
-            loss, tokens = val_loop.held_out_loss(recipe, self.dataset, self.batch_size,
-                                                  self.collate, self.guard.rank, self.world,
-                                                  progress)
+            numbers = self.measure.numbers(recipe, self.dataset, self.batch_size,
+                                           self.guard.rank, self.world, progress)
         seconds = time.perf_counter() - started
+        loss, tokens = numbers["val_loss"], numbers["val_tokens"]
         self.schedule.mark(step)
         self.early.observe(step, loss)
         self.record.tokens = tokens
-        self.record.evaluations.append({"step": step, "epoch": int(epoch),
-                                        "val_loss": loss, "val_tokens": tokens})
+        self.record.evaluations.append({"step": step, "epoch": int(epoch), **numbers})
         self._write()
         logger = getattr(recipe, "_metric_logger", None)
         if self.guard.rank == 0 and logger is not None:
-            logger.log_dict({"val_loss": loss, "val_tokens": tokens}, step=step)
+            logger.log_dict(numbers, step=step)
             if hasattr(logger, "note_validation_s"):
                 # The recipe times its next step from before this evaluation: its tokens/s
                 # would count these seconds as training's.

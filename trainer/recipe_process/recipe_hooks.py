@@ -16,7 +16,7 @@ import functools
 from kubetune.trainer.checkpointing import epoch_saves
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.metric_logging import run_report, train_progress
-from kubetune.trainer.recipe_process import (empty_batches, held_out, run_sanity,
+from kubetune.trainer.recipe_process import (empty_batches, few_steps, held_out, run_sanity,
                                              sample_capture, save_progress, tokenized_data,
                                              warmup_cap)
 from kubetune.trainer.recipe_process.step_guard import Guard
@@ -44,6 +44,16 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
         # replaced it.
         cls._setup_data = sample_capture.wrap_setup_data(cls._setup_data, guard.output_dir,
                                                          fingerprint)
+    _wrap_setup(cls, guard, data)
+    if defines_save(cls):
+        _wrap_own_save(cls, guard)
+    else:
+        _wrap_client_save(cls, guard)
+
+
+def _wrap_setup(cls: type, guard: Guard, data: CacheSettings | None) -> None:
+    """After the recipe's setup: the step guard and the progress logger get the recipe
+    and its plan, and the held-out set is built with the recipe's tokenizer."""
     original_setup = cls.setup
 
     @functools.wraps(original_setup)
@@ -54,71 +64,79 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
         cfg = kwargs.get("cfg", args[0] if args else None)  # recipe_main: setup(cfg=cfg)
         if cfg is not None:
             train_progress.warn_about_warmup(self, cfg)
+            few_steps.warn(self, cfg)
             if data is not None:
                 guard.held_out = held_out.HeldOut.set_up(self, cfg, guard.settings, guard, data)
         return result
 
     cls.setup = setup
 
-    if defines_save(cls):
-        original_save = cls.save_checkpoint
 
-        @functools.wraps(original_save)
-        def save_checkpoint(self, epoch: int, *args, **kwargs):
-            # Nothing trained, or garbage trained, is never saved (as a result or to resume).
-            run_sanity.check_before_save(self, getattr(self, "_model", None), guard.asked_sizes)
-            validated = guard.held_out if guard.forced_reason is None else None
-            if validated is not None:
-                validated.before_epoch_save(self, epoch)  # may make this save the final one
-            checkpointer = getattr(self, "_checkpointer", None)
-            original_dir = guard.before_save(checkpointer)
-            resumable = epoch + 1 < self.total_epochs  # the recipe's own test, as it saves
-            # Only the run's last save holds the merged model (a LoRA run's: epoch_saves).
-            with epoch_saves.adapter_only_unless_final(self, guard.settings, not resumable), \
-                    save_progress.reporting(checkpointer, getattr(self, "_model", None), epoch,
-                                            guard.rank):
-                result = original_save(self, epoch, *args, **kwargs)
-            guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch, resumable)
-            if validated is not None:
-                validated.after_epoch_save(self, epoch)
-            _report_progress(guard, resumable)
-            return result
+def _wrap_own_save(cls: type, guard: Guard) -> None:
+    """The recipe's own ``save_checkpoint`` (LoRA, full single-device) checked before,
+    measured on held-out data around, and vouched for after."""
+    original_save = cls.save_checkpoint
 
-        cls.save_checkpoint = save_checkpoint
-    else:
-        from torchtune.training.checkpointing._checkpoint_client import CheckpointClient
+    @functools.wraps(original_save)
+    def save_checkpoint(self, epoch: int, *args, **kwargs):
+        # Nothing trained, or garbage trained, is never saved (as a result or to resume).
+        run_sanity.check_before_save(self, getattr(self, "_model", None), guard.asked_sizes)
+        validated = guard.held_out if guard.forced_reason is None else None
+        if validated is not None:
+            validated.before_epoch_save(self, epoch)  # may make this save the final one
+        checkpointer = getattr(self, "_checkpointer", None)
+        original_dir = guard.before_save(checkpointer)
+        resumable = epoch + 1 < self.total_epochs  # the recipe's own test, as it saves
+        # Only the run's last save holds the merged model (a LoRA run's: epoch_saves).
+        with epoch_saves.adapter_only_unless_final(self, guard.settings, not resumable), \
+                save_progress.reporting(checkpointer, getattr(self, "_model", None), epoch,
+                                        guard.rank):
+            result = original_save(self, epoch, *args, **kwargs)
+        guard.after_save(self, checkpointer, original_dir, self.epochs_run, epoch, resumable)
+        if validated is not None:
+            validated.after_epoch_save(self, epoch)
+        _report_progress(guard, resumable)
+        return result
 
-        original_client_save = CheckpointClient.save_checkpoint
-        current: dict = {}
+    cls.save_checkpoint = save_checkpoint
 
-        @functools.wraps(original_client_save)
-        def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
-            recipe = current.get("recipe")
-            run_sanity.check_before_save(recipe, model, guard.asked_sizes)
-            validated = guard.held_out if guard.forced_reason is None else None
-            if validated is not None and recipe is not None:
-                validated.before_epoch_save(recipe, epoch, training_progress)
-            checkpointer = self._get_checkpointer()
-            original_dir = guard.before_save(checkpointer)
-            with save_progress.reporting(checkpointer, model, epoch, guard.rank):
-                result = original_client_save(self, model, optimizer, training_progress,
-                                              epoch, *args, **kwargs)
-            resumable = epoch + 1 < training_progress.total_epochs
-            guard.after_save(recipe, checkpointer, original_dir,
-                             training_progress.epochs_run, epoch, resumable)
-            if validated is not None and recipe is not None:
-                validated.after_epoch_save(recipe, epoch)
-            _report_progress(guard, resumable)
-            return result
 
-        CheckpointClient.save_checkpoint = client_save
-        inner_setup = cls.setup
+def _wrap_client_save(cls: type, guard: Guard) -> None:
+    """torchtune's CheckpointClient's save (full distributed recipes), wrapped as
+    ``_wrap_own_save`` wraps a recipe's own; the recipe it saves for remembered at setup."""
+    from torchtune.training.checkpointing._checkpoint_client import CheckpointClient
 
-        def remember(self, *args, **kwargs):
-            current["recipe"] = self
-            return inner_setup(self, *args, **kwargs)
+    original_client_save = CheckpointClient.save_checkpoint
+    current: dict = {}
 
-        cls.setup = remember
+    @functools.wraps(original_client_save)
+    def client_save(self, model, optimizer, training_progress, epoch, *args, **kwargs):
+        recipe = current.get("recipe")
+        run_sanity.check_before_save(recipe, model, guard.asked_sizes)
+        validated = guard.held_out if guard.forced_reason is None else None
+        if validated is not None and recipe is not None:
+            validated.before_epoch_save(recipe, epoch, training_progress)
+        checkpointer = self._get_checkpointer()
+        original_dir = guard.before_save(checkpointer)
+        with save_progress.reporting(checkpointer, model, epoch, guard.rank):
+            result = original_client_save(self, model, optimizer, training_progress,
+                                          epoch, *args, **kwargs)
+        resumable = epoch + 1 < training_progress.total_epochs
+        guard.after_save(recipe, checkpointer, original_dir,
+                         training_progress.epochs_run, epoch, resumable)
+        if validated is not None and recipe is not None:
+            validated.after_epoch_save(recipe, epoch)
+        _report_progress(guard, resumable)
+        return result
+
+    CheckpointClient.save_checkpoint = client_save
+    inner_setup = cls.setup
+
+    def remember(self, *args, **kwargs):
+        current["recipe"] = self
+        return inner_setup(self, *args, **kwargs)
+
+    cls.setup = remember
 
 
 def _report_progress(guard: Guard, resumable: bool) -> None:

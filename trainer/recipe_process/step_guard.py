@@ -283,24 +283,8 @@ class GuardedLoader:
         seen, step_tokens, hasher = 0, 0, hashlib.blake2b(digest_size=16)
         while True:
             if seen and seen % accum == 0:  # the recipe finished an optimizer step
-                guard.steps_in_epoch = offset + seen // accum
-                if guard.test_step_pause:
-                    time.sleep(guard.test_step_pause)
-                guard.check_loss(recipe)  # before any save of this step's weights
-                # At the epoch's end the recipe's own save follows (and a pending stop
-                # raises at the next epoch's start): no save of ours there.
-                mid_epoch = guard.steps_in_epoch < steps_this_epoch
-                # Measured before a save (the record holds it when a resume starts here);
-                # an early stop ends the epoch here and the recipe's own save follows.
-                if guard.held_out is not None and guard.held_out.at_boundary(
-                        recipe, epoch_end=not mid_epoch):
+                if self._after_step(offset + seen // accum, steps_this_epoch):
                     return
-                if guard.stop_pending and mid_epoch:
-                    guard.save_now(recipe, "signal")
-                    raise StopRequested()
-                if (guard.save_every and recipe.global_step % guard.save_every == 0
-                        and mid_epoch):
-                    guard.save_now(recipe, "step")
             if seen >= budget:
                 return
             try:
@@ -314,17 +298,47 @@ class GuardedLoader:
                 step_tokens += int((labels != ignore).sum())
             batch_digest(batch, hasher)
             if seen % accum == 0:
-                stop, tokens, digest = guard.agree(recipe, guard.stop_asked_here(),
-                                                   step_tokens, hasher.digest())
-                guard.stop_pending = guard.stop_pending or stop
-                guard.step_tokens = tokens
+                self._before_step(logger, step_tokens, hasher.digest())
                 step_tokens, hasher = 0, hashlib.blake2b(digest_size=16)
-                if hasattr(logger, "note_step_tokens"):
-                    logger.note_step_tokens(tokens)
-                if hasattr(logger, "note_step_digest"):
-                    logger.note_step_digest(digest)
-                if hasattr(logger, "note_step_lr"):
-                    # Before the step: the rate it trains with (the recipe logs the one the
-                    # scheduler has moved on to for the next step).
-                    logger.note_step_lr(run_sanity.current_lr(recipe))
             yield batch
+
+    def _after_step(self, steps_in_epoch: int, steps_this_epoch: int) -> bool:
+        """At an optimizer-step boundary: the loss checked, the held-out set measured, a
+        stop or periodic save made mid-epoch. True: the epoch ends here (an early stop)."""
+        recipe, guard = self._recipe, self._guard
+        guard.steps_in_epoch = steps_in_epoch
+        if guard.test_step_pause:
+            time.sleep(guard.test_step_pause)
+        guard.check_loss(recipe)  # before any save of this step's weights
+        # At the epoch's end the recipe's own save follows (and a pending stop raises at
+        # the next epoch's start): no save of ours there.
+        mid_epoch = guard.steps_in_epoch < steps_this_epoch
+        # Measured before a save (the record holds it when a resume starts here); an early
+        # stop ends the epoch here and the recipe's own save follows.
+        if guard.held_out is not None and guard.held_out.at_boundary(
+                recipe, epoch_end=not mid_epoch):
+            return True
+        if guard.stop_pending and mid_epoch:
+            guard.save_now(recipe, "signal")
+            raise StopRequested()
+        if guard.save_every and recipe.global_step % guard.save_every == 0 and mid_epoch:
+            guard.save_now(recipe, "step")
+        return False
+
+    def _before_step(self, logger: Any, step_tokens: int, digest: bytes) -> None:
+        """Once a step's micro-batches are drawn, before the recipe trains on them: every
+        rank agrees on a stop, the step's tokens and its batches' digest, and the logger
+        is told them and the learning rate the step trains with."""
+        recipe, guard = self._recipe, self._guard
+        stop, tokens, digest = guard.agree(recipe, guard.stop_asked_here(), step_tokens,
+                                           digest)
+        guard.stop_pending = guard.stop_pending or stop
+        guard.step_tokens = tokens
+        if hasattr(logger, "note_step_tokens"):
+            logger.note_step_tokens(tokens)
+        if hasattr(logger, "note_step_digest"):
+            logger.note_step_digest(digest)
+        if hasattr(logger, "note_step_lr"):
+            # Before the step: the rate it trains with (the recipe logs the one the
+            # scheduler has moved on to for the next step).
+            logger.note_step_lr(run_sanity.current_lr(recipe))

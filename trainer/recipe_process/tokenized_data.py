@@ -10,9 +10,9 @@ The recipe is not changed; the wrap ends when ``_setup_data`` returns. The DPO r
 preference pairs go the same way (``CachedPairs``: a pair stored as two rows).
 
 Where a fraction of the training split is held out (``kubetune.holdout``), each dataset
-built keeps only its side's rows (``kubetune.trainer.data.holdout``) before it is
+built keeps only its side's rows (``kubetune.trainer.data.held_out_rows``) before it is
 tokenized: the training side the rows at or above the fraction, the validation side
-(``build_heldout``) the rows below it; the side and fraction are part of the cache key.
+(``build_held_out``) the rows below it; the side and fraction are part of the cache key.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.performance.cpu_cores import usable_cores
 from kubetune.trainer.request import passed_env
+from kubetune.trainer.recipe_process import data_counts
 from kubetune.trainer.recipe_process.run_sanity import NoTrainableRowsError, RunRefused
 
 # The key the cache key reads the holdout under (never passed to the builder).
@@ -64,7 +65,7 @@ def _hold_out(built: Any, fraction: float, side: str) -> None:
     Hugging Face dataset in ``_data``, and index through it."""
     from torchtune.datasets import PackedDataset
 
-    from kubetune.trainer.data import holdout
+    from kubetune.trainer.data import held_out_rows
 
     rows = built.ds if isinstance(built, PackedDataset) else built
     data = getattr(rows, "_data", None)
@@ -72,7 +73,7 @@ def _hold_out(built: Any, fraction: float, side: str) -> None:
         raise RunRefused(f"kubetune.holdout: {type(rows).__name__} keeps no rows a held-out "
                          "fraction can be taken from (torchtune's SFTDataset and "
                          "TextCompletionDataset do): hold data out with dataset_val instead")
-    rows._data = data.select(holdout.keep_indices(data, fraction, side))
+    rows._data = data.select(held_out_rows.keep_indices(data, fraction, side))
 
 
 @contextlib.contextmanager
@@ -90,11 +91,12 @@ def _packing_deferred() -> Iterator[list]:
 
 
 @contextlib.contextmanager
-def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train"
-                    ) -> Iterator[list]:
+def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train",
+                    counts: list | None = None) -> Iterator[list]:
     """torchtune's ``config.instantiate``, for the recipe's datasets, through the cache;
     yields the cached datasets made. ``side``: "train" or "val", the rows each keeps
-    where a fraction is held out (``settings.holdout_fraction``)."""
+    where a fraction is held out (``settings.holdout_fraction``); ``counts``: gets each
+    dataset's row counts (``data_counts``)."""
     from torchtune import config
     from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
     from torchtune.datasets import PackedDataset
@@ -120,11 +122,14 @@ def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train"
                                CROSS_ENTROPY_IGNORE_IDX)
         dataset_cfg = OmegaConf.to_container(node, resolve=True) \
             if isinstance(node, DictConfig) else dict(node)
+        before = data_counts.before_hold_out(built)
         if fraction is not None:
             _hold_out(built, fraction, side)
             dataset_cfg[HOLDOUT_KEY] = {"fraction": fraction, "side": side}
         result = adopt.cached(built, deferred, dataset_cfg, tokenizer, ignore_index, settings,
                               pack_now=PackedDataset._pack)
+        if counts is not None:
+            counts.append(data_counts.counted(built, before, result, side))
         if isinstance(result, (CachedRows, CachedPacks)):
             made.append(result)
         return result
@@ -136,14 +141,16 @@ def datasets_cached(recipe: Any, settings: CacheSettings, side: str = "train"
         config.instantiate = original
 
 
-def build_heldout(recipe: Any, dataset_val_cfg: DictConfig, settings: CacheSettings) -> Any:
+def build_held_out(recipe: Any, dataset_val_cfg: DictConfig, settings: CacheSettings) -> Any:
     """The held-out dataset (``dataset_val``), built with the recipe's tokenizer through
     the cache, its side of a held-out fraction only: rows of tokens and labels, unpacked.
     No row left (every answer cut by max_seq_len, say): the run is refused, naming it."""
     from torchtune import config
 
-    with datasets_cached(recipe, settings, side="val") as made:
+    counts: list = []
+    with datasets_cached(recipe, settings, side="val", counts=counts) as made:
         dataset = config.instantiate(dataset_val_cfg, recipe._tokenizer)
+    data_counts.report(str(getattr(recipe, "_output_dir", "")), "val", counts)
     if len(dataset) == 0:
         split = dataset_val_cfg.get("split") if hasattr(dataset_val_cfg, "get") else None
         named = f"dataset_val{f' split {split!r}' if split else ''}"
@@ -161,8 +168,10 @@ def wrap_setup_data(original: Callable, settings: CacheSettings) -> Callable:
 
     @functools.wraps(original)
     def setup_data(self, *args, **kwargs):
-        with datasets_cached(self, settings) as made:
+        counts: list = []
+        with datasets_cached(self, settings, counts=counts) as made:
             loader = original(self, *args, **kwargs)
+        data_counts.report(str(getattr(self, "_output_dir", "")), "train", counts)
         metas = [dataset.rows.meta for dataset in made]
         if metas and not any(meta["rows"] for meta in metas) \
                 and len(getattr(loader, "dataset", ())) == 0:

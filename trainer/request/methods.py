@@ -26,6 +26,8 @@ _CONTROLLER = {
     ("full", False): ("full_finetune_distributed", "_full"),
 }
 MULTINODE = ("full_finetune_distributed", "_full_multinode")
+# Every fine-tuning recipe the choice above names.
+RECIPES = tuple(sorted({recipe for recipe, _ in _CONTROLLER.values()} | {MULTINODE[0]}))
 
 # The config suffixes the controller composes (<family>/<size><suffix>), each with a config
 # torchtune ships for it: the base config `kubetune train` runs, and the one used when a

@@ -40,7 +40,7 @@ _OUTPUT_MODULES = {"lm_head", "output"}
 class TrainOptions:
     """What `kubetune train` was asked for; None: the recipe's default."""
     method: str = "lora"
-    objective: str = "sft"  # what the method optimises (kubetune.trainer.objectives.choice)
+    objective: str = "sft"  # what the method optimises (kubetune.trainer.objectives.registry)
     epochs: int | None = None
     max_steps: int | None = None
     batch_size: int | None = None
@@ -92,7 +92,7 @@ _LORA_OVERRIDES = (
     ("model.lora_rank", "lora_rank"), ("model.lora_alpha", "lora_alpha"),
     ("model.lora_dropout", "lora_dropout"))
 
-# Held-out data: planned from these keys (kubetune.trainer.validation.heldout_set);
+# Held-out data: planned from these keys (kubetune.trainer.validation.held_out_set);
 # run_val_every_n_steps is torchtune main's own key.
 _VALIDATION_OVERRIDES = (
     ("kubetune.val_fraction", "val_fraction"), ("run_val_every_n_steps", "val_every_n_steps"),

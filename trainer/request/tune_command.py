@@ -31,6 +31,9 @@ class TuneRunRequest:
     # Config key -> the environment variable or option that set it (`kubetune train`'s),
     # so that a hint names what the user set (``kubetune.trainer.request.spelling``).
     spellings: dict[str, str] = field(default_factory=dict)
+    # The objective named (``--objective``, KUBETUNE_OBJECTIVE; None: the recipe's),
+    # resolved once by the plan (``kubetune.trainer.objectives.registry.resolve``).
+    objective: str | None = None
 
     def torchrun_option(self, name: str) -> str | None:
         """The value of ``--name`` among the torchrun options (``--a=b`` or ``--a b``)."""

@@ -1,6 +1,6 @@
 """The range of each number a setting or config key may hold: one table, read by the
 trainer's own check of the merged config (``kubetune.trainer.config.validate``,
-``kubetune.trainer.validation.heldout_set``) and by the static check of a runtime's, a
+``kubetune.trainer.validation.held_out_set``) and by the static check of a runtime's, a
 TrainJob's or a shell's ``KUBETUNE_*`` values before any step runs
 (``kubetune.tools.local.settings_check``), so the two cannot disagree. No omegaconf here:
 `kubetune validate` runs without the training stack."""
@@ -29,7 +29,7 @@ VALUE_RULES: dict[str, tuple[str, float, bool]] = {
 # Strictly above the lowest value (a zero learning rate trains nothing).
 POSITIVE = {"optimizer.lr", "model.lora_alpha"}
 
-# The held-out data's settings (kubetune.trainer.validation.heldout_set).
+# The held-out data's settings (kubetune.trainer.validation.held_out_set).
 FRACTION_KEY = "kubetune.val_fraction"
 MAX_FRACTION = 0.5
 FRACTION_RULE = f"the held-out fraction must be more than 0 and at most {MAX_FRACTION}"

@@ -46,7 +46,7 @@ SCANNED_AT_MOST = 256
 
 
 @dataclass(frozen=True)
-class HeldoutPrompt:
+class HeldOutPrompt:
     prompt: list[int]
     reference: list[int]  # the row's answer, end tokens included
 
@@ -70,7 +70,7 @@ def _last_at(tokens: Sequence[int], part: Sequence[int], start: int, end: int) -
 
 
 def split_row(tokens: Sequence[int], labels: Sequence[int], ignore_index: int = IGNORE_INDEX,
-              header: Sequence[int] = ()) -> HeldoutPrompt | None:
+              header: Sequence[int] = ()) -> HeldOutPrompt | None:
     """A row's prompt and reference answer; None for a row without a label or without a
     prompt before its answer. ``header``: the tokens that open an answer (``answer_header``)."""
     span = _last_span(labels, ignore_index)
@@ -84,7 +84,7 @@ def split_row(tokens: Sequence[int], labels: Sequence[int], ignore_index: int = 
             cut = at + len(header)
     if cut == 0 or cut >= end:
         return None
-    return HeldoutPrompt(prompt=[int(t) for t in tokens[:cut]],
+    return HeldOutPrompt(prompt=[int(t) for t in tokens[:cut]],
                          reference=[int(t) for t in tokens[cut:end]])
 
 
@@ -119,8 +119,8 @@ def _row(dataset: Any, index: int) -> tuple[list[int], list[int]]:
     return [int(t) for t in tokens], [int(t) for t in labels]
 
 
-def heldout_prompts(dataset: Any, prompts: int, ignore_index: int, header: Sequence[int],
-                    context: int) -> list[HeldoutPrompt]:
+def held_out_prompts(dataset: Any, prompts: int, ignore_index: int, header: Sequence[int],
+                    context: int) -> list[HeldOutPrompt]:
     """The first ``prompts`` rows, in order, with a prompt that leaves room to answer
     (among the first ``SCANNED_AT_MOST``)."""
     found = []
@@ -270,7 +270,7 @@ def answer(recipe: Any, heldout_dataset: Any, prompts: int, max_new_tokens: int,
     tokenizer, model = recipe._tokenizer, recipe._model
     ignore_index = getattr(getattr(recipe, "_loss_fn", None), "ignore_index", IGNORE_INDEX)
     context = _context(recipe)
-    asked = heldout_prompts(heldout_dataset, prompts, ignore_index, answer_header(tokenizer),
+    asked = held_out_prompts(heldout_dataset, prompts, ignore_index, answer_header(tokenizer),
                             context) if prompts > 0 and max_new_tokens > 0 else []
     if not asked:
         return []

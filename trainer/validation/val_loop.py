@@ -67,24 +67,33 @@ def training_state_kept(model: torch.nn.Module, device: torch.device) -> Iterato
         np.random.set_state(numpy_state)
 
 
-def batch_loss(recipe: Any, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of token losses, labelled tokens) of one batch, as the recipe's train step
-    computes its loss."""
+def shifted_labels(recipe: Any, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch moved to the recipe's device and its labels popped, shifted as the
+    recipe's train step shifts them: (labels, labelled tokens)."""
     from torchtune import utils
 
     utils.batch_to_device(batch, recipe._device)
     labels = batch.pop("labels")
-    logits = recipe._model(**batch)
     labels = torch.hstack((labels[..., 1:], recipe.ignore_labels_cache[: labels.shape[0]]))
-    tokens = (labels != recipe._loss_fn.ignore_index).sum()
-    if not isinstance(logits, list):
+    return labels, (labels != recipe._loss_fn.ignore_index).sum()
+
+
+def token_sum(mean: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """A batch's summed token loss from its mean; a batch with nothing to score (pad
+    rows) adds 0, not the loss's 0/0."""
+    zero = torch.zeros((), dtype=torch.float64, device=mean.device)
+    return torch.where(tokens > 0, mean.double() * tokens, zero)
+
+
+def batch_loss(recipe: Any, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of token losses, labelled tokens) of one batch, as the recipe's train step
+    computes its loss."""
+    labels, tokens = shifted_labels(recipe, batch)
+    logits = recipe._model(**batch)
+    if not isinstance(logits, list):  # a chunked output's loss takes the chunks as they are
         labels = labels.reshape(-1)
         logits = logits.reshape(-1, logits.size(-1))
-    mean = recipe._loss_fn(logits, labels)
-    # A batch with nothing to score (pad rows) adds 0, not the loss's 0/0.
-    total = torch.where(tokens > 0, mean.double() * tokens, torch.zeros((), dtype=torch.float64,
-                                                                         device=mean.device))
-    return total, tokens
+    return token_sum(recipe._loss_fn(logits, labels), tokens), tokens
 
 
 def batch_count(rows: int, batch_size: int, world: int) -> int:

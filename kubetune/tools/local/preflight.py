@@ -86,8 +86,8 @@ def check_combinations(o: Options, option_names: set[str],
         raise BadInputError(f"with --runtime, set {', '.join(o.settings_in_shell)} in the "
                             "TrainJob's spec.trainer.env, not in this shell: the runtime's "
                             "pods get only the TrainJob's env")
-    ignored = sorted(({"method", "objective", "teacher_uri", "export_uri"} | TRAINER_OPTIONS)
-                     & on_command_line)
+    ignored = sorted(({"method", "objective", "teacher_uri", "export_uri", "nproc"}
+                      | TRAINER_OPTIONS) & on_command_line)
     if o.runtime_path is not None and ignored:
         # The option's flag, where its parameter is named otherwise (--teacher: teacher_uri).
         flags = "/".join("--teacher" if name == "teacher_uri" else "--" + name.replace("_", "-")
@@ -168,13 +168,14 @@ def resolve_sources(model_uri: str | None, dataset_uri: str | None,
 
 def resolve_teacher(objective: str, teacher_uri: str | None, cwd: Path) -> str | None:
     """A distillation run's teacher source, absolute and parsed as the model initializer
-    parses it; required by --objective distill and meaningless without it."""
-    from kubetune.trainer.objectives.choice import DISTILL
+    parses it; required by an objective with a teacher and meaningless without one."""
+    from kubetune.trainer.objectives import registry
 
-    if objective == DISTILL and not teacher_uri:
-        raise BadInputError(f"--objective distill needs a teacher: --teacher URI (or "
+    needs = registry.get(objective).needs_teacher
+    if needs and not teacher_uri:
+        raise BadInputError(f"--objective {objective} needs a teacher: --teacher URI (or "
                             f"{env.TEACHER_URI}), a model of the student's tokenizer")
-    if objective != DISTILL and teacher_uri:
+    if not needs and teacher_uri:
         raise BadInputError(f"--teacher is for --objective distill (this run: {objective}): "
                             "add --objective distill or leave --teacher out")
     return _typed(teacher_uri, "--teacher", cwd) if teacher_uri else None
@@ -280,15 +281,24 @@ def check_trainer(tune_run: list[str], step_env: dict[str, str], pvc: Path,
                          output_dir=pvc / "output", export_dir=pvc / "export")
         request = parse_tune_run(argv)
         request.spellings = dict(spellings or {})
+        request.objective = step_env.get(env.OBJECTIVE)  # as the trainer step reads it
         planned = plan(request, here, settings)
     for note in planned.notes:  # the trainer logs them itself when it runs
         log.debug("trainer plan: %s", note)
     return planned.cfg
 
 
-# Trainer arguments naming local data a held-out set or a teacher is read from.
-_NAMED_PATHS = ("dataset_val.data_dir", "dataset_val.data_files",
-                "teacher_checkpointer.checkpoint_dir")
+# Trainer arguments naming local data a held-out set is read from (and, below, those
+# naming a model an objective loads besides the policy: a teacher).
+_NAMED_PATHS = ("dataset_val.data_dir", "dataset_val.data_files")
+
+
+def _path_keys() -> tuple[str, ...]:
+    from kubetune.trainer.objectives import registry
+
+    return _NAMED_PATHS + tuple(f"{section}.checkpoint_dir" for objective in
+                                registry.OBJECTIVES.values()
+                                for section in objective.own_checkpointers)
 
 
 def _named_paths(value: str) -> list[str]:
@@ -311,9 +321,10 @@ def check_named_paths(train_args: list[str], *filled: Path) -> None:
     (with a remote model or dataset the trainer's plan cannot run here, and would find it
     only after the downloads). A path under ``filled`` (the workspace, a container's
     mounts) is the steps' to fill."""
+    keys = _path_keys()
     for arg in train_args:
         key, sep, value = arg.partition("=")
-        if not sep or key not in _NAMED_PATHS:
+        if not sep or key not in keys:
             continue
         for named in _named_paths(value):
             path = Path(named)

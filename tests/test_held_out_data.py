@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetune.trainer.data import holdout
+from kubetune.trainer.data import held_out_rows
 from kubetune.workspace import DATASET_DESCRIPTOR_NAME
 from kubetune.trainer.data.split_files import splits_of
 from tests.support.cli import REPO, clean_env, error_lines, kubetune
@@ -168,7 +168,7 @@ def test_a_fraction_holds_out_rows_by_content(tmp_path, tiny_model_dir):
     import pyarrow.parquet as pq
 
     rows = pq.read_table(source / "data" / SHARD.format(split="train")).to_pylist()
-    held = sum(holdout.held_out(row, 0.2) for row in rows)
+    held = sum(held_out_rows.held_out(row, 0.2) for row in rows)
     result = _dry_run(tiny_model_dir, source, tmp_path, "--val-fraction", "0.2")
     config = planned(result)
     assert config["kubetune"]["holdout"] == {"fraction": 0.2}
@@ -187,19 +187,19 @@ def test_fraction_is_deterministic_disjoint_and_about_its_size():
 
     columns = _rows(400, 3, 7)
     data = Dataset.from_dict(columns)
-    train = holdout.keep_indices(data, 0.1, "train")
-    val = holdout.keep_indices(data, 0.1, "val")
+    train = held_out_rows.keep_indices(data, 0.1, "train")
+    val = held_out_rows.keep_indices(data, 0.1, "val")
     assert set(train).isdisjoint(val) and sorted(train + val) == list(range(400))
     assert 20 <= len(val) <= 60  # 40 expected; a binomial's spread is about 6
-    assert holdout.keep_indices(data, 0.1, "val") == val
+    assert held_out_rows.keep_indices(data, 0.1, "val") == val
     # Chosen by content, not by position: the same rows in another order.
     order = list(range(400))
     random.Random(3).shuffle(order)
     shuffled = data.select(order)
-    again = holdout.keep_indices(shuffled, 0.1, "val")
+    again = held_out_rows.keep_indices(shuffled, 0.1, "val")
     assert sorted(order[i] for i in again) == val
     # A larger fraction holds out a superset: a run with more held out never trains on less.
-    assert set(val) <= set(holdout.keep_indices(data, 0.3, "val"))
+    assert set(val) <= set(held_out_rows.keep_indices(data, 0.3, "val"))
 
 
 @pytest.mark.parametrize("value", ["0.7", "0", "-0.1", "1"])
@@ -284,7 +284,7 @@ def test_a_run_tokenizes_the_train_split_only(tmp_path, tiny_model_dir):
 def test_the_recipe_process_trains_on_one_side_and_measures_the_other(
         tmp_path, tiny_model_dir):
     """The recipe's own ``_setup_data`` (as the bootstrap wraps it) trains on the rows at
-    or above the fraction; ``build_heldout`` measures on exactly the others; each side
+    or above the fraction; ``build_held_out`` measures on exactly the others; each side
     is a cache entry of its own."""
     from types import SimpleNamespace
 
@@ -320,10 +320,10 @@ def test_the_recipe_process_trains_on_one_side_and_measures_the_other(
     setup = tokenized_data.wrap_setup_data(recipe_cls()._setup_data, settings(0.2))
     loader = setup(recipe, cfg_dataset=dataset, shuffle=False, batch_size=4,
                    collate_fn="torchtune.data.padded_collate_sft")
-    val = tokenized_data.build_heldout(recipe, OmegaConf.create(dataset), settings(0.2))
+    val = tokenized_data.build_held_out(recipe, OmegaConf.create(dataset), settings(0.2))
     rows = pq.read_table(data_files["train"][0]).to_pylist()
-    held = {r["input"] for r in rows if holdout.held_out(r, 0.2)}
-    trained = {r["input"] for r in rows if not holdout.held_out(r, 0.2)}
+    held = {r["input"] for r in rows if held_out_rows.held_out(r, 0.2)}
+    trained = {r["input"] for r in rows if not held_out_rows.held_out(r, 0.2)}
     assert 0 < len(held) < 100
     assert prompts(val[i] for i in range(len(val))) == held
     assert prompts(loader.dataset[i] for i in range(len(loader.dataset))) == trained
@@ -331,7 +331,7 @@ def test_the_recipe_process_trains_on_one_side_and_measures_the_other(
     assert len(entries(tmp_path / "cache")) == 2
     # A split held out: all of its rows, none of the training split's.
     test_split = OmegaConf.create({**OmegaConf.to_container(dataset), "split": "test"})
-    measured = tokenized_data.build_heldout(recipe, test_split, settings(None))
+    measured = tokenized_data.build_held_out(recipe, test_split, settings(None))
     assert prompts(measured[i] for i in range(len(measured))) == set(
         _rows(TEST_ROWS, 3, 1)["input"])
 
@@ -390,7 +390,7 @@ def test_a_held_out_set_tokenization_empties_is_refused_naming_it(tmp_path, tiny
         "data_files": {"test": [str(source / "data" / SHARD.format(split="test"))]},
         "split": "test"})
     with pytest.raises(RunRefused) as refused:
-        tokenized_data.build_heldout(recipe, test_split, settings)
+        tokenized_data.build_held_out(recipe, test_split, settings)
     assert str(refused.value).startswith(
         f"the held-out set (dataset_val split 'test') has no usable row: {TEST_ROWS} read")
 

@@ -3,7 +3,7 @@
 In order: the user's own ``dataset_val`` (torchtune main's key: they asked for it by
 name), else the data's own ``validation`` split, else its ``test`` split (never the split
 trained on), else, when asked (KUBETUNE_VAL_FRACTION), a fraction of the training split
-held out by the rows' content (``kubetune.trainer.data.holdout``: every rank and resume
+held out by the rows' content (``kubetune.trainer.data.held_out_rows``: every rank and resume
 agree, and the recipe process drops those rows from training). The result is written
 into the merged config, which is all the recipe process reads (``dataset_val``,
 ``run_val_every_n_steps``, ``kubetune.validation``, ``kubetune.holdout``), and the
@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from kubetune import env
 from kubetune.errors import BadInputError
 from kubetune.trainer.config.component_params import component_params
-from kubetune.trainer.data import dataset_check, dataset_location, holdout
+from kubetune.trainer.data import dataset_check, dataset_location, held_out_rows
 from kubetune.trainer.data.dataset_check import DatasetSample
 from kubetune.trainer.request.spelling import spelling
 # The fraction's range is shared with the static check of a runtime's settings.
@@ -37,8 +37,7 @@ DEFAULT_PROMPTS = 3
 DEFAULT_MAX_NEW_TOKENS = 64
 # The data's own held-out splits, the first one present wins.
 HELDOUT_SPLITS = ("validation", "test")
-# The dataset line's held-out clause begins with one of these (``_describe``); an objective
-# that measures no held-out data cuts it off (``without_held_out_clause``).
+# The dataset line's held-out clause begins with one of these (``_describe``).
 _VALIDATION_ON = "; validation on"
 _NO_HELD_OUT = "; no held-out set"
 
@@ -178,7 +177,7 @@ def _describe(train_split: str | None, found: DatasetSample | None, source: str 
     sliced = rows != (None if found is None else found.total_rows)
     train = f"dataset: training on split '{train_split}'"
     if source == "fraction" and rows is not None:
-        counted = holdout.count_held_out(found.files, fraction, rows) \
+        counted = held_out_rows.count_held_out(found.files, fraction, rows) \
             if exact and not sliced else None
         taken = round(rows * fraction) if counted is None else counted
         about = "" if counted is not None else "about "
@@ -198,11 +197,6 @@ def _describe(train_split: str | None, found: DatasetSample | None, source: str 
         line += (f"{_NO_HELD_OUT} (no validation or test split besides the one trained "
                  f"on; --val-fraction 0.1 or {env.VAL_FRACTION}=0.1 holds a tenth out)")
     return line, rows, exact, val_rows
-
-
-def without_held_out_clause(notes: list[str]) -> list[str]:
-    """``notes`` (``plan``'s lines) with the dataset line's held-out clause cut off."""
-    return [n.split(_VALIDATION_ON)[0].split(_NO_HELD_OUT)[0] for n in notes]
 
 
 def _larger_than_training(val_rows: int | None, train_rows: int | None) -> list[str]:
