@@ -123,9 +123,9 @@ def _workers(request) -> int:
 
 def _run_and_compare(request, cells, sources, serving_python) -> dict[str, dict]:  # noqa: F811
     checkpoints, datasets, root = sources
-    runs = matrix_runner.run_cells(cells, checkpoints, datasets, root / "cells",
-                                   _workers(request))
-    matrix_runner.serve_exports(serving_python, runs, root, _workers(request))
+    with matrix_runner.ExportServer(serving_python, root / "serving.log") as server:
+        runs = matrix_runner.run_cells(cells, checkpoints, datasets, root / "cells",
+                                       _workers(request), after=server.serve)
     got = matrix_runner.results(runs)
     for run in runs:
         if run.cell.key in got and got[run.cell.key]["outcome"] == "failed":
