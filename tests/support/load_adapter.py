@@ -3,19 +3,16 @@ base model the way a user's serving code does, check every tensor an adapter exp
 is the one PEFT loaded, and measure its effect.
 
 Usage: python load_adapter.py BASE_MODEL_DIR ADAPTER_DIR
-       python load_adapter.py --stream   (one {"base": DIR, "export": DIR} a line on stdin,
-                                          an adapter or merged export each; one report a
-                                          line on stdout, as each arrives, until stdin ends)
-Prints one JSON object per export: tensors (and how many PEFT loaded equal), missing /
-unexpected adapter keys, finite, adapter_effect (and, in --stream reports, kind and moved:
-how far the export's logits are from the base's).
+Prints one JSON object: tensors (and how many PEFT loaded equal), missing / unexpected
+adapter keys, finite, adapter_effect. ``report`` (an adapter or merged export; with kind and
+moved: how far the export's logits are from the base's) is what the support matrix's
+serving process (tests/support/serving_requests.py) asks of each export.
 """
 
 import copy
 import functools
 import json
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -81,22 +78,5 @@ def report(base_dir: Path, export_dir: Path) -> dict:
     return merged_report(base_dir, export_dir)
 
 
-def stream() -> None:
-    """Reports on stdout, one a line; anything a library prints goes to stderr. An export
-    that does not load is its own report's error, not the end of the others'."""
-    out, sys.stdout = sys.stdout, sys.stderr
-    for line in iter(sys.stdin.readline, ""):
-        job = json.loads(line)
-        try:
-            result = report(Path(job["base"]), Path(job["export"]))
-        except Exception:
-            result = {"error": traceback.format_exc()[-2000:]}
-        out.write(json.dumps(result) + "\n")
-        out.flush()
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "--stream":
-        stream()
-    else:
-        print(json.dumps(adapter_report(Path(sys.argv[1]), Path(sys.argv[2]))))
+    print(json.dumps(adapter_report(Path(sys.argv[1]), Path(sys.argv[2]))))

@@ -1,8 +1,9 @@
 """Run support-matrix cells (tests/support/support_matrix.py) as a user would: each one a
 TrainJob on the runtime that carries it, run by `kubetune local --runtime` (initializers,
 trainer, exporter, as processes), several cells at once; each export loaded with
-transformers / PEFT as its cell ends, by one serving-venv process for the whole batch
-(`ExportServer`), started before the first cell so that its imports overlap the training.
+transformers / PEFT as its cell ends (`serve`), by the one serving-venv process of the
+whole batch (tests/support/serving_session.py), which wrote the checkpoints before the
+first cell: its imports are paid once and overlap the training.
 
 Every cell trains the same way: 2 optimizer steps of batch 2 per process on 16 short rows
 (two, the fewest in which every LoRA tensor trains: B starts at zero, so the first step
@@ -33,7 +34,6 @@ import math
 import re
 import shutil
 import subprocess
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +43,11 @@ from kubetune.workspace import ANSWERS_NAME
 from tests.support import tiny_tokenizers
 from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.runtimes import initializer_uris, runtime_file, write_trainjob
+from tests.support.serving_session import SERVING_ENV, ServingSession
 from tests.support.support_matrix import (FAST, GANG, LAYOUT, MODEL, OBJECTIVES, SFT, Cell,
                                           runtime_for)
 
 HF_CHECKPOINT = REPO / "tests/support/hf_checkpoint.py"
-LOAD_EXPORTS = REPO / "tests/support/load_adapter.py"
 VOCAB = 320  # the embedding rows; each tokenizer uses the first ones
 STEPS = 2
 ROWS = 16
@@ -72,10 +72,6 @@ TRAIN_ENV = {"KUBETUNE_EPOCHS": "1", "KUBETUNE_MAX_STEPS": str(STEPS),
 VAL_EVERY = STEPS
 PEFT_ENV = {"KUBETUNE_WARMUP_STEPS": "0", "KUBETUNE_LORA_RANK": "8",
             "KUBETUNE_LORA_ALPHA": "16", "KUBETUNE_LORA_TARGET_MODULES": "all-linear"}
-
-
-# The serving venv's processes: no kubetune, no hub.
-SERVING_ENV = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": "/tmp"}
 
 
 def serving(python: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -113,18 +109,24 @@ def checkpoint_name(model: str) -> str:
     return f"{spec.checkpoint}-{spec.tokenizer}"
 
 
-def write_checkpoints(python: Path, root: Path, models: list[str]) -> dict[str, Path]:
+def write_checkpoints(python: Path, root: Path, models: list[str],
+                      session: ServingSession | None = None) -> dict[str, Path]:
     """One transformers-written checkpoint per model (shared by models with the same
-    architecture and tokenizer), at shapes NF4 can quantize, in one serving process."""
+    architecture and tokenizer), at shapes NF4 can quantize, in one serving process
+    (``session``'s where one is given)."""
     dirs = {m: root / checkpoint_name(m) for m in models}
     todo = {d: MODEL[m] for m, d in dirs.items() if not (d / "config.json").is_file()}
     if todo:
-        specs = root / "checkpoints.json"
         root.mkdir(parents=True, exist_ok=True)
-        specs.write_text(json.dumps([[m.checkpoint, str(d), VOCAB, "nf4"]
-                                     for d, m in todo.items()]))
-        written = serving(python, str(HF_CHECKPOINT), "write-many", str(specs))
-        assert written.returncode == 0, written.stderr[-3000:]
+        specs = [[m.checkpoint, str(d), VOCAB, "nf4"] for d, m in todo.items()]
+        if session is not None:
+            written = session.request({"op": "write-many", "specs": specs})
+            assert "error" not in written, written["error"]
+        else:
+            (root / "checkpoints.json").write_text(json.dumps(specs))
+            written = serving(python, str(HF_CHECKPOINT), "write-many",
+                              str(root / "checkpoints.json"))
+            assert written.returncode == 0, written.stderr[-3000:]
         for d, m in todo.items():
             tiny_tokenizers.TOKENIZERS[m.tokenizer](d)
     return dirs
@@ -307,56 +309,16 @@ def run_cells(cells: list[Cell], checkpoints: dict[str, Path], datasets: dict[st
         return list(pool.map(run, ordered))
 
 
-class ExportServer:
-    """One serving-venv process (tests/support/load_adapter.py --stream) for a batch of
-    cells, started before the first: its transformers / PEFT imports, once, overlap the
-    cells' training, and each base model loads once for all its exports. ``serve`` loads
-    an export as a user's serving code does (an adapter with PEFT onto its base, merged
-    weights with transformers) and fills the run's ``served``: ok when the logits are
-    finite and moved from the base's, and the run trained, measured and answered as
-    asked."""
-
-    def __init__(self, python: Path, log: Path, timeout_s: float = 600):
-        self._log = log.open("w")  # transformers' warnings: read back on a failure
-        self._process = subprocess.Popen([str(python), str(LOAD_EXPORTS), "--stream"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._log, text=True, env=SERVING_ENV)
-        self._path, self._timeout_s = log, timeout_s
-        self._lock = threading.Lock()  # one request at a time, from the cells' workers
-
-    def __enter__(self) -> "ExportServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._process.stdin.close()
-        try:
-            self._process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        self._log.close()
-
-    def serve(self, run: CellRun) -> None:
-        if run.export is None:
-            return
-        with self._lock:
-            # A hung load would hang the matrix: killed, its readline returns nothing.
-            timer = threading.Timer(self._timeout_s, self._process.kill)
-            timer.start()
-            try:
-                self._process.stdin.write(json.dumps({"base": str(run.base),
-                                                      "export": str(run.export)}) + "\n")
-                self._process.stdin.flush()
-                line = self._process.stdout.readline()
-            except BrokenPipeError:
-                line = ""
-            finally:
-                timer.cancel()
-        assert line, f"the serving process ended ({run.cell.key}):\n" \
-                     + self._path.read_text()[-3000:]
-        report = json.loads(line)
-        run.served = {**report, "ok": _served_ok(report) and run.steps == STEPS
-                      and run.world_size == _world_size(run.cell) and run.validated}
+def serve(session: ServingSession, run: CellRun) -> None:
+    """Load ``run``'s export as a user's serving code does (an adapter with PEFT onto its
+    base, merged weights with transformers), in the batch's serving process, and fill its
+    ``served``: ok when the logits are finite and moved from the base's, and the run
+    trained, measured and answered as asked."""
+    if run.export is None:
+        return
+    report = session.request({"op": "load", "base": str(run.base), "export": str(run.export)})
+    run.served = {**report, "ok": _served_ok(report) and run.steps == STEPS
+                  and run.world_size == _world_size(run.cell) and run.validated}
 
 
 def _world_size(cell: Cell) -> int:
