@@ -21,6 +21,7 @@ import yaml
 
 from kubetune.errors import BadInputError
 from tests.support import matrix_runner, matrix_table
+from tests.support.serving_session import ServingSession
 from tests.support.support_matrix import (FAST, MODEL, SFT, all_cells, coverage,
                                           dropin_admits, run_cells, runtime_for)
 from tests.test_export_serving import TOLERANCE, serving_python  # noqa: F401 (fixture)
@@ -104,13 +105,22 @@ def test_a_dropin_carries_exactly_the_cells_upstreams_admission_lets_through(tmp
 # -- the runs ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def sources(serving_python, tmp_path_factory):  # noqa: F811
+def serving_session(serving_python, tmp_path_factory):  # noqa: F811
+    """The module's one serving-venv process: it writes the checkpoints, computes
+    transformers' logits and loads every export (transformers imported once)."""
+    log = tmp_path_factory.mktemp("serving") / "serving.log"
+    with ServingSession(serving_python, log) as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def sources(serving_python, serving_session, tmp_path_factory):  # noqa: F811
     """One transformers-written checkpoint per architecture and tokenizer, and the data."""
     from kubetune.tools.demo import write_tiny_dataset
 
     root = tmp_path_factory.mktemp("matrix")
     checkpoints = matrix_runner.write_checkpoints(serving_python, root / "checkpoints",
-                                                  sorted(MODEL))
+                                                  sorted(MODEL), serving_session)
     dataset = write_tiny_dataset(root / "data", rows=matrix_runner.ROWS)
     matrix_runner.write_held_out_split(dataset)
     datasets = {SFT: dataset, **matrix_runner.write_objective_data(root)}
@@ -121,11 +131,11 @@ def _workers(request) -> int:
     return request.config.getoption("--matrix-workers") or os.cpu_count() or 1
 
 
-def _run_and_compare(request, cells, sources, serving_python) -> dict[str, dict]:  # noqa: F811
+def _run_and_compare(request, cells, sources, serving_session) -> dict[str, dict]:
     checkpoints, datasets, root = sources
     runs = matrix_runner.run_cells(cells, checkpoints, datasets, root / "cells",
-                                   _workers(request))
-    matrix_runner.serve_exports(serving_python, runs, root, _workers(request))
+                                   _workers(request),
+                                   after=lambda run: matrix_runner.serve(serving_session, run))
     got = matrix_runner.results(runs)
     for run in runs:
         if run.cell.key in got and got[run.cell.key]["outcome"] == "failed":
@@ -139,7 +149,7 @@ def _differences(got: dict[str, dict], want: dict[str, dict]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_each_checkpoint_loads_with_transformers_logits(sources, serving_python, tmp_path):  # noqa: F811
+def test_each_checkpoint_loads_with_transformers_logits(sources, serving_session):
     """The trainer builds each family from config.json with transformers' numbers (fp32):
     RoPE scaling, tied output, norms, head_dim, soft-capping."""
     import torch
@@ -154,12 +164,9 @@ def test_each_checkpoint_loads_with_transformers_logits(sources, serving_python,
             for d in checkpoints.values()} == set(MODEL_TYPES)
     tokens = torch.randint(0, matrix_runner.VOCAB, (2, 96),
                            generator=torch.Generator().manual_seed(1)).tolist()
-    request = tmp_path / "logits.json"
-    request.write_text(json.dumps({"tokens": tokens, "dirs": sorted(checkpoints)}))
-    result = matrix_runner.serving(serving_python, str(matrix_runner.HF_CHECKPOINT),
-                                   "logits-many", str(request))
-    assert result.returncode == 0, result.stderr[-3000:]
-    wanted = json.loads(result.stdout)
+    wanted = serving_session.request({"op": "logits-many", "tokens": tokens,
+                                      "dirs": sorted(checkpoints)})
+    assert "error" not in wanted, wanted["error"]
     for name, model_dir in checkpoints.items():
         want = torch.tensor(wanted[name])
         got = logits(model_dir, tokens)
@@ -168,15 +175,15 @@ def test_each_checkpoint_loads_with_transformers_logits(sources, serving_python,
 
 
 @pytest.mark.slow
-def test_the_fast_subset_runs_as_recorded(request, sources, serving_python):  # noqa: F811
+def test_the_fast_subset_runs_as_recorded(request, sources, serving_session):
     """Every family, method and topology at least once (support_matrix.FAST)."""
-    got = _run_and_compare(request, list(FAST), sources, serving_python)
+    got = _run_and_compare(request, list(FAST), sources, serving_session)
     assert not _differences(got, expected_results()), "\n".join(_differences(
         got, expected_results()))
 
 
 @pytest.mark.matrix
-def test_the_whole_matrix_runs_as_recorded(request, sources, serving_python):  # noqa: F811
+def test_the_whole_matrix_runs_as_recorded(request, sources, serving_session):
     cells = run_cells()
     if request.config.getoption("--matrix-skip-fast"):
         assert not request.config.getoption("--matrix-write"), \
@@ -186,7 +193,7 @@ def test_the_whole_matrix_runs_as_recorded(request, sources, serving_python):  #
     if chosen:  # a few cells rerun (a new one); --matrix-write records only theirs
         cells = [cell for cell in cells if chosen in cell.key]
         assert cells, f"--matrix-cells {chosen!r}: no run cell's key holds it"
-    got = _run_and_compare(request, cells, sources, serving_python)
+    got = _run_and_compare(request, cells, sources, serving_session)
     if request.config.getoption("--matrix-write"):
         recorded = expected_results() if chosen else {}
         cells = {}

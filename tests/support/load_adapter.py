@@ -3,12 +3,10 @@ base model the way a user's serving code does, check every tensor an adapter exp
 is the one PEFT loaded, and measure its effect.
 
 Usage: python load_adapter.py BASE_MODEL_DIR ADAPTER_DIR
-       python load_adapter.py --many JOBS.json   ([{"base": DIR, "export": DIR}, ...]; an
-                                                  adapter or merged export each: one JSON
-                                                  list of reports)
-Prints one JSON object per export: tensors (and how many PEFT loaded equal), missing /
-unexpected adapter keys, finite, adapter_effect (and, in --many reports, kind and moved:
-how far the export's logits are from the base's).
+Prints one JSON object: tensors (and how many PEFT loaded equal), missing / unexpected
+adapter keys, finite, adapter_effect. ``report`` (an adapter or merged export; with kind and
+moved: how far the export's logits are from the base's) is what the support matrix's
+serving process (tests/support/serving_requests.py) asks of each export.
 """
 
 import copy
@@ -81,8 +79,4 @@ def report(base_dir: Path, export_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--many":
-        jobs = json.loads(Path(sys.argv[2]).read_text())
-        print(json.dumps([report(Path(j["base"]), Path(j["export"])) for j in jobs]))
-    else:
-        print(json.dumps(adapter_report(Path(sys.argv[1]), Path(sys.argv[2]))))
+    print(json.dumps(adapter_report(Path(sys.argv[1]), Path(sys.argv[2]))))
