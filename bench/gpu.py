@@ -78,33 +78,37 @@ class Case:
 
 
 SFT_ARGS = ("--data", "realistic", "--shape", "kubeflow", "--repeats", "1")
+# The smoke's runs: two steps each, the fewest that still give a steady rate after the
+# first and, for DPO and distillation, two losses to compare between the sides (each run
+# is mostly its imports; tests/test_bench_gpu.py runs all of them, one at a time).
+SMOKE_STEPS = ("--steps", "2")
 # The smoke times the launcher's plan (a dry run) in lora-1b only: seconds of CPU each,
 # the same code for every case.
 NO_PLAN = ("--no-plan-timing",)
 QLORA_ARGS = ("--data", "realistic", "--shape", "single", "--repeats", "1", "--method", "qlora")
 CASES = (
     Case("lora-1b", 60_000, 150, "trainer", (*SFT_ARGS, "--steps", "12"),
-         (*SFT_ARGS, "--steps", "3"), size=("--method", "lora")),
+         (*SFT_ARGS, *SMOKE_STEPS), size=("--method", "lora")),
     Case("full-1b", 45_000, 100, "trainer", (*SFT_ARGS, "--method", "full", "--steps", "8"),
-         (*SFT_ARGS, "--method", "full", "--steps", "3", *NO_PLAN), size=("--method", "full")),
+         (*SFT_ARGS, "--method", "full", *SMOKE_STEPS, *NO_PLAN), size=("--method", "full")),
     # One device's QLoRA recipe: what the controller and `kubetune train` pick for QLoRA on
     # one GPU (trainer/request/methods.py); the distributed recipe's NF4 weights fail
     # under FSDP2 with torchao 0.15 (nf4tensor's fsdp_post_all_gather, on CPU at least).
     Case("qlora-1b", 35_000, 100, "trainer",
-         (*QLORA_ARGS, "--steps", "8"), (*QLORA_ARGS, "--steps", "3", *NO_PLAN),
+         (*QLORA_ARGS, "--steps", "8"), (*QLORA_ARGS, *SMOKE_STEPS, *NO_PLAN),
          models=("1B-nf4",),
          size=("--method", "qlora")),
     Case("lora-8b", 13_000, 170, "trainer", (*SFT_ARGS, "--model-size", "8B", "--steps", "6"),
-         (*SFT_ARGS, "--model-size", "8B", "--steps", "3", *NO_PLAN), models=("8B",),
+         (*SFT_ARGS, "--model-size", "8B", *SMOKE_STEPS, *NO_PLAN), models=("8B",),
          size=("--method", "lora")),
     Case("validation", VALIDATION_SHARE, 100, "validation_cost",
          ("--rows", "2000", "--val-rows", "150", "--batch", "4", "--threads", "4"),
-         ("--rows", "48", "--val-rows", "8", "--batch", "8"), size=None),
+         ("--rows", "24", "--val-rows", "8", "--batch", "8"), size=None),
     Case("dpo", None, 110, "dpo", ("--repeats", "3", "--steps", "6", "--rows", "256"),
-         ("--repeats", "1", "--steps", "3", "--rows", "48"),
+         ("--repeats", "1", *SMOKE_STEPS, "--rows", "16"),
          size=("--method", "lora", "--objective", "dpo")),
     Case("distill", None, 130, "distill", ("--repeats", "3", "--steps", "6", "--rows", "256"),
-         ("--repeats", "1", "--steps", "3", "--rows", "48"), models=("1B", "3B"),
+         ("--repeats", "1", *SMOKE_STEPS, "--rows", "16"), models=("1B", "3B"),
          size=("--method", "lora", "--objective", "distill")),
     Case("real-model", None, 120, "real_model", size=None, models=()),
 )

@@ -4,68 +4,37 @@ shows; every relative link points at a file (and heading) that exists."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import REPO, clean_env
+from tests.support.cli import REPO
 from tests.support.doc_blocks import (Block, anchors, missing_shown_line, relative_links,
                                       runnable_blocks)
+from tests.support.readme_demo import (BLOCK_TIMEOUT_S, README, checkout_copy, demo_block,
+                                       readme_demo, run_commands)
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-BLOCK_TIMEOUT_S = 600
-
-
-def checkout_copy(dest: Path) -> Path:
-    """The files a clone has (tracked, plus new ones git does not ignore), and this venv.
-
-    The copy's `.venv` links to the running interpreter's venv, with a fresh `.installed`
-    stamp, so `make demo` there finds it made and installs nothing (the venv's editable
-    install still points at this checkout: the same code)."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, text=True)
-    if listed.returncode != 0:
-        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
-    for name in filter(None, listed.stdout.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    if sys.prefix == sys.base_prefix:
-        pytest.skip("the docs' commands need the venv `make venv` creates")
-    venv = dest / ".venv"
-    venv.mkdir()
-    for entry in Path(sys.prefix).iterdir():
-        if entry.name != ".installed":
-            (venv / entry.name).symlink_to(entry)
-    (venv / ".installed").touch()
-    return dest
+DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 
-def run_block(block: Block, cwd: Path) -> None:
-    script = "set -euo pipefail\n" + "\n".join(block.commands) + "\n"
-    env = clean_env(PATH=f"{cwd / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL"):   # under `make test`: a fresh make
-        env.pop(name, None)
-    try:
-        result = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired as stopped:
+def check_block(block: Block, code: int | None, output: str) -> None:
+    """A block ran as shown: it ended in time, exit 0, and printed every line it shows."""
+    tail = output[-6000:]
+    if code is None:
         pytest.fail(f"{block.where}: still running after {BLOCK_TIMEOUT_S} s\n"
-                    f"{(stopped.stdout or '')[-4000:]}", pytrace=False)
-    tail = result.stdout[-6000:]
-    if result.returncode != 0:
-        pytest.fail(f"{block.where}: exit {result.returncode}\n{tail}", pytrace=False)
-    missing = missing_shown_line(block.shown, result.stdout)
+                    f"{output[-4000:]}", pytrace=False)
+    if code != 0:
+        pytest.fail(f"{block.where}: exit {code}\n{tail}", pytrace=False)
+    missing = missing_shown_line(block.shown, output)
     if missing is not None:
         pytest.fail(f"{block.where}: the output lacks the shown line\n  {missing}\n"
                     f"output:\n{tail}", pytrace=False)
+
+
+def run_block(block: Block, cwd: Path) -> None:
+    check_block(block, *run_commands(block, cwd))
 
 
 def runnable(doc: Path) -> list[Block]:
@@ -74,11 +43,21 @@ def runnable(doc: Path) -> list[Block]:
 
 @pytest.mark.parametrize("doc", [d for d in DOCS if runnable(d)],
                          ids=lambda d: str(d.relative_to(REPO)))
-def test_runnable_blocks_run_as_shown(doc, tmp_path):
+def test_runnable_blocks_run_as_shown(doc, tmp_path, tmp_path_factory):
     # One copy per document, its blocks in order: a block may use what an earlier one made
     # (the laptop run reads the tiny model `make demo` generated).
-    cwd = checkout_copy(tmp_path)
-    for block in runnable(doc):
+    blocks = runnable(doc)
+    if doc == README:
+        # README's `make demo` ran once for this session in its own copy, which
+        # test_pipeline_local reads too (tests/support/readme_demo.py); the later blocks
+        # run in that copy.
+        demo = readme_demo(tmp_path_factory)
+        assert blocks[0].commands == demo_block().commands
+        check_block(blocks[0], demo.returncode, demo.output)
+        cwd, blocks = demo.checkout, blocks[1:]
+    else:
+        cwd = checkout_copy(tmp_path)
+    for block in blocks:
         run_block(block, cwd)
 
 

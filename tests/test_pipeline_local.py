@@ -1,26 +1,29 @@
-"""`kubetune local` end to end on the embedded tiny model: what a newcomer sees and checks."""
+"""`kubetune local` end to end on the embedded tiny model: what a newcomer sees and checks,
+read from README's `make demo` (`kubetune local --workdir kubetune-local`, run once per
+session for this file and test_docs_commands: tests/support/readme_demo.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
 
-from tests.support.cli import clean_env, kubetune
+from tests.support.cli import kubetune
+from tests.support.readme_demo import readme_demo
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("local")
-    term = workdir / "termination-log"
-    result = kubetune("local", "--workdir", str(workdir),
-                      env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)))
-    return workdir, result, term
+    """(its workdir, its exit code and output, its termination log)."""
+    demo = readme_demo(tmp_path_factory)
+    result = subprocess.CompletedProcess(["make", "demo"], demo.returncode, demo.output)
+    return demo.workdir, result, demo.termination_log
 
 
 def _summary(stdout: str) -> dict[str, str]:
@@ -30,7 +33,7 @@ def _summary(stdout: str) -> dict[str, str]:
 
 def test_pipeline_succeeds_and_reports_each_step_with_its_time(demo_run):
     workdir, result, term = demo_run
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-6000:]
     for step in ("dataset-initializer", "model-initializer", "trainer", "exporter"):
         assert re.search(rf"^==> {step}: ok in \d+\.\ds$", result.stdout, re.M), step
     assert not term.exists()  # nothing failed, nothing reported
