@@ -12,8 +12,10 @@ assumes it), no warm-up, and LoRA-family methods on every attention and MLP proj
 the output where `all-linear` reaches it). The held-out loss is measured on 2 held-out rows
 (the data's test split: one batch) on the base before the first step and after the last
 one (`run_val_every_n_steps` = the steps): what the cell checks is that a held-out loss is
-measured at both ends on that family and topology, not its value, and each row and each
-evaluation more is forwards and seconds in every one of the matrix's cells. The held-out
+measured at both ends on that family and topology, not its value. (Measured, under load:
+a cell's recipe process used 10-13 CPU-s where `import torchtune` alone used 10.5, so its
+setup, steps and held-out loss are little beside its imports; the answers were what
+counted, a quarter to a third of a fast-subset cell's CPU on 1 process.) The held-out
 answers (base and tuned, greedy) depend on the family's tokenizer and model, not on the
 method or topology: the fast subset's cells (every family) answer (one prompt of 4 new
 tokens, decoded by the family's tokenizer: on these runs the answers' compute budget cut the
