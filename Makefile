@@ -118,10 +118,13 @@ CI_TORCH_IMAGE := localhost/kubetune-ci-torch:bookworm
 # The images run under podman and under docker (Debian's docker.io, its daemon started by
 # hand, the images copied in from podman's store), as root and as a non-root user.
 IMAGE_REFS = $(foreach name,initializer trainer exporter kubetune,$(IMAGE_REPO)/$(name):$(VERSION))
+# The step images `kubetune local --engine` runs: the non-root user's runs need them in its
+# rootless store, copied there while the build runs beside the tests, not in the images' runs.
+STEP_IMAGE_REFS = $(foreach name,initializer trainer exporter,$(IMAGE_REPO)/$(name):$(VERSION))
 images-test: images-ci-build images-run
 
-# The bases and images, built and loaded into both engines (no venv needed: `.ci/run`
-# builds them while the support matrix trains, the builds waiting mostly on downloads).
+# The bases and images, built and loaded into both engines and the non-root user's store
+# (no venv needed: `.ci/run` builds them beside `make test`, at the least CPU weight).
 images-ci-build:
 	bash images/ci/podman-setup.sh
 	bash images/ci/bases.sh
@@ -130,7 +133,7 @@ images-ci-build:
 	# The builder stages stay behind untagged (a GB each); docker's copy needs that disk.
 	podman image prune -f
 	bash images/ci/docker-setup.sh $(IMAGE_REFS)
-	bash images/ci/rootless-user.sh
+	bash images/ci/rootless-user.sh $(STEP_IMAGE_REFS)
 
 # The built images run as users run them.
 images-run: venv

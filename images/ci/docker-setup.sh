@@ -15,7 +15,9 @@ if ! docker info >/dev/null 2>&1; then
   socket=${DOCKER_HOST:-unix:///var/run/docker.sock}
   # No systemd here: the daemon runs in the background for as long as the machine does.
   nohup dockerd --host "$socket" >/var/log/kubetune-ci-dockerd.log 2>&1 &
-  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  # Up to 10 minutes: CI builds at the least CPU weight beside the tests (.ci/run), and the
+  # daemon starts in the CPU time they leave.
+  for _ in $(seq 600); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null || { tail -20 /var/log/kubetune-ci-dockerd.log; exit 1; }
 fi
 docker version --format 'docker {{.Server.Version}}'

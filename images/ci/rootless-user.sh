@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The non-root user tests/images runs `kubetune local --engine` as (tests/support/
 # other_user.py): rootless podman with its own image store, and docker as a member of the
-# docker group. Run as root, after podman-setup.sh (and docker-setup.sh).
+# docker group. Run as root, after podman-setup.sh (and docker-setup.sh):
+# `rootless-user.sh IMAGE...` also copies those images from root's store into the user's
+# (what tests/images does when they are not there), so the images' tests find them.
 set -euo pipefail
 user=kubetune-rootless
 if ! id "$user" >/dev/null 2>&1; then
@@ -25,3 +27,12 @@ if [ ! -f "$conf" ] && [ "$(printf '5.13\n%s\n' "$kernel" | sort -V | head -n1)"
   chown "$user:" "$conf"
 fi
 runuser -l "$user" -c 'podman info --format "rootless podman {{.Host.Security.Rootless}}, storage {{.Store.GraphDriverName}}"'
+if [ "$#" -gt 0 ]; then
+  # By ID, not by tag: a store a former build filled holds the same tags on other images.
+  inspect="podman image inspect --format {{.Id}} $*"
+  if [ "$(runuser -l "$user" -c "$inspect" 2>/dev/null)" != "$($inspect)" ]; then
+    podman save -m "$@" | runuser -l "$user" -c 'podman load' | tail -5
+    # The images those tags named before, now untagged: GBs of the user's disk.
+    runuser -l "$user" -c 'podman image prune -f' >/dev/null
+  fi
+fi

@@ -384,7 +384,8 @@ def other_user(engine) -> OtherUser:
         if "docker" not in groups:
             pytest.skip(f"{user.name} is not in the docker group")
         return user
-    # Rootless podman keeps its own image store: the images under test, copied there. By
+    # Rootless podman keeps its own image store: the images under test, copied there (in
+    # CI by images/ci/rootless-user.sh, during the build; here when they are not). By
     # ID, not by tag: a store a former build filled holds the same tags on other images.
     refs = [IMAGES[name] for name in ("initializer", "trainer", "exporter")]
     ids = ["podman", "image", "inspect", "--format", "{{.Id}}", *refs]
