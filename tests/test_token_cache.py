@@ -114,7 +114,14 @@ def test_rows_are_torchtunes_and_untrainable_ones_are_counted(tmp_path, tiny_mod
         assert row["tokens"] == kept[index]["tokens"]
         assert row["labels"] == [int(x) for x in kept[index]["labels"]]
         assert row["mask"] == kept[index]["mask"]
-    [line] = [message for message in logged if "dropped" in message]
+    # The drop's own line (the cut rows and the setting to change) ...
+    [line] = [message for message in logged if message.startswith("train: dropped")]
+    # ... and the run's row counts (issue 54), which name the dropped rows too.
+    [counts] = [message for message in logged if " rows read, " in message]
+    dropped = len(upstream) - len(kept)
+    assert counts.startswith(f"train: {len(upstream)} rows read, {dropped} dropped "
+                             f"({dropped} no token to train on (row ")
+    assert counts.endswith(f", {len(kept)} trained")
     assert line.startswith(f"train: dropped {len(upstream) - len(kept)} of {len(upstream)} "
                            "rows with no token to train on after truncation to "
                            "tokenizer.max_seq_len=256")
