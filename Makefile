@@ -27,7 +27,7 @@ IMAGE_BUILD_FLAGS ?= $(if $(filter podman,$(notdir $(ENGINE))),--no-cache)
 IMAGE_BUILD := $(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
 	--build-arg REVISION=$(REVISION) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
-.PHONY: venv demo demo-real test test-profile matrix-test matrix-results clean images images-test images-ci-build images-run image-initializer image-trainer image-exporter image-kubetune release-manifests
+.PHONY: venv warm-start demo demo-real test test-profile matrix-test matrix-results clean images images-test images-ci-build images-run image-initializer image-trainer image-exporter image-kubetune release-manifests
 
 venv: $(VENV)/.installed
 
@@ -59,8 +59,14 @@ demo-real: venv
 # its fixtures): most of a test's time is processes starting and importing torch, on one
 # core each. On 2 cores the suite took 19 minutes this way, 42 one file after another.
 TEST_WORKERS ?= 2
+# The suite's torchtune commands (recipe processes, torchrun, `kubetune local`'s exports)
+# fork from a process that imported torchtune once (tests/support/warm_start.py): one line
+# in the venv's site-packages, inert unless the suite names its server.
+warm-start: venv
+	$(BIN)/python -m tests.support.warm_start --install
+
 # The 20 slowest tests close its output: what a new slow test costs is seen where it lands.
-test: venv
+test: venv warm-start
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(PYTEST_ARGS)
 
 # `make test` profiled (docs/testing.md): pytest's durations, every Python process the
@@ -69,7 +75,7 @@ test: venv
 # per phase into $(PROFILE_DIR)/report.md by bench/suite_profile.py.
 PROFILE_DIR ?= test-profile
 SITE_PACKAGES = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-test-profile: venv
+test-profile: venv warm-start
 	$(BIN)/pip install --quiet py-spy==0.4.3
 	rm -rf $(PROFILE_DIR) && mkdir -p $(PROFILE_DIR)
 	cp tests/support/process_log.py $(SITE_PACKAGES)/_kubetune_process_log.py
@@ -85,10 +91,10 @@ test-profile: venv
 # Every cell of the support matrix (tests/test_support_matrix.py; `make test` runs a fast
 # subset), cells in parallel, one per CPU; matrix-results reruns them and records the
 # outcomes in docs/support-matrix.json and docs/runtimes.md's table.
-matrix-test: venv
+matrix-test: venv warm-start
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py $(PYTEST_ARGS)
 
-matrix-results: venv
+matrix-results: venv warm-start
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py --matrix-write $(PYTEST_ARGS)
 
 images: image-initializer image-trainer image-exporter image-kubetune

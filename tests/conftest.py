@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from kubetune.tools.demo import write_tiny_dataset, write_tiny_model
-from tests.support import s3_server, shared_runs
+from tests.support import s3_server, shared_runs, warm_start
 from tests.support.trained import trained_run  # noqa: F401 (a session fixture)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_start() -> None:
+    """The torchtune commands the suite starts fork from a warm process where `make`
+    installed the hook (tests/support/warm_start.py)."""
+    warm_start.start()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kubetune.errors import EXIT_TRANSIENT
+from tests.support import warm_start
 from tests.support.cli import REPO, clean_env, error_lines
 from tests.support.processes import assert_no_orphans, processes_mentioning
 
@@ -37,8 +38,9 @@ def local_command(workdir: Path) -> list[str]:
 
 def start_local(tmp_path: Path, workdir: Path) -> subprocess.Popen:
     with open(tmp_path / "first.out", "w") as out, open(tmp_path / "first.err", "w") as err:
-        return subprocess.Popen(local_command(workdir), env=clean_env(), cwd=REPO, stdout=out,
-                                stderr=err)
+        # Cold: the test stops the first run's processes, found by their command lines.
+        return subprocess.Popen(local_command(workdir), env=warm_start.cold(clean_env()),
+                                cwd=REPO, stdout=out, stderr=err)
 
 
 def logged_steps(output: Path) -> list[int]:

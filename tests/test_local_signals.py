@@ -22,6 +22,7 @@ import pytest
 from kubetune.errors import EXIT_TRANSIENT
 from kubetune.tools.local.steps import Step, run_process
 from kubetune.trainer.checkpointing import resume
+from tests.support import warm_start
 from tests.support.cli import REPO, clean_env, error_lines
 from tests.support.processes import assert_no_orphans, processes_mentioning
 
@@ -36,6 +37,11 @@ TRAIN_ARGS = [
 ]
 
 
+def local_env(term: Path) -> dict[str, str]:
+    # Cold: what these tests check is processes, their signals and what `ps` shows left.
+    return warm_start.cold(clean_env(KUBETUNE_TERMINATION_LOG=str(term)))
+
+
 def start_local(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     workdir = tmp_path / "run"
     term = tmp_path / "termination-log"
@@ -43,7 +49,7 @@ def start_local(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kubetune.entrypoints", "local", "--workdir", str(workdir),
-             *TRAIN_ARGS], env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)), cwd=REPO,
+             *TRAIN_ARGS], env=local_env(term), cwd=REPO,
             stdout=out, stderr=subprocess.PIPE, text=True)
     return proc, workdir, term
 
@@ -125,7 +131,7 @@ def start_piped(tmp_path: Path, reader: list[str]) -> tuple[subprocess.Popen, Pa
     with open(tmp_path / "stderr", "w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kubetune.entrypoints", "local", "--workdir", str(workdir),
-             *TRAIN_ARGS], env=clean_env(KUBETUNE_TERMINATION_LOG=str(term)), cwd=REPO,
+             *TRAIN_ARGS], env=local_env(term), cwd=REPO,
             stdout=subprocess.PIPE, stderr=stderr, process_group=0)
     with open(tmp_path / "reader.out", "w") as out:
         subprocess.Popen(reader, stdin=proc.stdout, stdout=out, cwd=tmp_path,
@@ -182,7 +188,7 @@ def test_ctrl_c_under_tee_names_sigint_on_the_users_terminal(tmp_path):
         os.chdir(REPO)
         os.execve("/bin/bash", ["bash", "-c", f"{shlex.join(command)} 2>&1 | tee "
                                 f"{shlex.quote(str(tmp_path / 'log'))}"],
-                  clean_env(KUBETUNE_TERMINATION_LOG=str(term)))
+                  local_env(term))
     shown: list[bytes] = []
 
     def read_terminal() -> None:

@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 
 from kubetune.remote.trainjob_status import MAX_METRICS, StatusReporter
-from tests.support import status_server
+from tests.support import status_server, warm_start
 from tests.support.trainer import SHORT, make_pvc, tune_run
 
 # The warm-up set as the config's own (100 steps): one the user sets is kept however long.
@@ -105,10 +105,11 @@ def test_reporter_sends_the_first_update_then_only_the_latest_per_interval(serve
     assert sent == [0, 100]
 
 
-def _train(tmp_path, tiny_model_dir, tiny_dataset_dir, **env):
+def _train(tmp_path, tiny_model_dir, tiny_dataset_dir, cold_start=False, **env):
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, tiny_dataset_dir)
+    run_env = warm_start.cold(pvc.env(**env)) if cold_start else pvc.env(**env)
     result = tune_run(pvc, *TRAIN_ARGS[:3], *pvc.runtime_args(), *TRAIN_ARGS[3:],
-                      env=pvc.env(**env))
+                      env=run_env)
     return pvc, result
 
 
@@ -117,7 +118,9 @@ def reported_run(tmp_path_factory, tiny_model_dir, tiny_dataset_dir):
     tmp_path = tmp_path_factory.mktemp("reported")
     server = status_server.start(tmp_path / "status")
     try:
-        pvc, result = _train(tmp_path, tiny_model_dir, tiny_dataset_dir, **server.env())
+        # Cold: its log is checked for the libraries' import-time noise too.
+        pvc, result = _train(tmp_path, tiny_model_dir, tiny_dataset_dir, cold_start=True,
+                             **server.env())
     finally:
         server.stop()
     return pvc, result, server.requests
