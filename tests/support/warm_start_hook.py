@@ -37,7 +37,7 @@ def _target(argv: list[str]) -> dict | None:
         return None
     # A runtime's `kubetune export`, its command as an image runs it.
     if rest and os.path.basename(rest[0]) == "kubetune" and _exports(rest[1:]):
-        return {"path": os.path.abspath(rest[0]), "args": rest[1:], "flags": flags}
+        return {"script": os.path.abspath(rest[0]), "args": rest[1:], "flags": flags}
     return None
 
 

@@ -150,7 +150,9 @@ def child_main(request: dict, conn: socket.socket, stdio: list[int]) -> None:
     os.environ.update(request["env"])
     sys.orig_argv = request["orig_argv"]
     safe_path = "-P" in request["flags"] or bool(request["env"].get("PYTHONSAFEPATH"))
-    sys.path[:] = request["path"] if safe_path else [request["cwd"], *request["path"]]
+    # What `python -m` (the working directory) or `python SCRIPT` (its directory) puts first.
+    first = os.path.dirname(request["script"]) if "script" in request else request["cwd"]
+    sys.path[:] = request["path"] if safe_path else [first, *request["path"]]
     unbuffered = "-u" in request["flags"] or bool(request["env"].get("PYTHONUNBUFFERED"))
     _fresh_stdio(request["streams"], unbuffered)
     _fresh_state(request["env"])
@@ -162,8 +164,8 @@ def child_main(request: dict, conn: socket.socket, stdio: list[int]) -> None:
         sys.modules.pop(request["module"], None)
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     else:
-        sys.argv = [request["path"], *request["args"]]
-        runpy.run_path(request["path"], run_name="__main__")
+        sys.argv = [request["script"], *request["args"]]
+        runpy.run_path(request["script"], run_name="__main__")
     sys.exit(0)  # the interpreter's own exit: atexit, threads, flushes, as a cold one's
 
 
