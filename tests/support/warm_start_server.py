@@ -75,6 +75,9 @@ def zygote_main(control: socket.socket, env: dict[str, str]) -> None:
     os.environ.update(env)
     for module in WARM_IMPORTS:
         __import__(module)
+    # Nothing the imports printed may wait in a buffer a child would flush as its own.
+    sys.stdout.flush()
+    sys.stderr.flush()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -200,9 +203,40 @@ def _fresh_stdio(streams: dict[str, dict], unbuffered: bool) -> None:
         made[name] = io.TextIOWrapper(binary, encoding=spec["encoding"], errors=spec["errors"],
                                       line_buffering=line_buffering and not unbuffered,
                                       write_through=unbuffered and fd != 0)
+    old = {id(sys.stdout): "stdout", id(sys.stderr): "stderr"}
     for name, stream in made.items():
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+    # The libraries' log handlers made while the zygote imported them (torchtune's, at
+    # its import) hold the zygote's streams. A cold process makes them later, after the
+    # recipe process has put its own streams in place (the progress bar's line ending):
+    # each now writes to whatever sys.stdout or sys.stderr is when it writes.
+    import logging
+
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager
+                                      .loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            name = old.get(id(getattr(handler, "stream", None)))
+            if isinstance(handler, logging.StreamHandler) and name:
+                handler.stream = _Current(name)
+
+
+class _Current:
+    """sys.stdout or sys.stderr, whichever object it is at the time of each write."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self.name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+    def __getattr__(self, attr: str):
+        return getattr(getattr(sys, self.name), attr)
 
 
 def _fresh_state(env: dict[str, str]) -> None:
