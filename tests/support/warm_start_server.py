@@ -58,6 +58,11 @@ def refusal(request: dict) -> str | None:
     env = request["env"]
     if env.get("KUBETUNE_LOG_LEVEL", "").lower() == "debug":
         return "debug: the libraries' import-time lines are what it shows"
+    # Code that runs at interpreter start (test_secrets probes the recipe's environment
+    # so): a fork never starts an interpreter.
+    for entry in env.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and os.path.isfile(os.path.join(entry, "sitecustomize.py")):
+            return "a sitecustomize on PYTHONPATH runs at interpreter start"
     return None
 
 
