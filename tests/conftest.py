@@ -14,8 +14,8 @@ from tests.support.trained import trained_run  # noqa: F401 (a session fixture)
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_start() -> None:
-    """The torchtune commands the suite starts fork from a warm process where `make`
-    installed the hook (tests/support/warm_start.py)."""
+    """The torchtune and kubetune commands the suite starts fork from a warm process where
+    `make` installed the hook (tests/support/warm_start.py)."""
     warm_start.start()
 
 

@@ -28,7 +28,6 @@ import pytest
 from tests.support import user_chat_shapes as shapes
 from tests.support.cli import clean_env, error_lines, kubetune
 from tests.support.runtimes import runtime_file
-from tests.support.warm_cli import kubetune_warm
 from tests.test_bad_inputs_steps import (S3_KEYS, Ctx, Row, _index, _safetensors, export_env,
                                          model_env, uri_env)
 from tests.test_bad_inputs_trainer import Row as TrainerRow
@@ -331,11 +330,7 @@ def test_a_mistake_is_one_line_naming_its_culprit(row: Row, request, tmp_path, m
                     KUBETUNE_RETRY_BASE_DELAY_S="0.01")
     env.update(row.env(ctx))
     args = [*row.args, *row.extra["args"](ctx)] if "args" in row.extra else row.args
-    # The steps that import torch and torchtune run in a child of the warm process
-    # (tests/support/warm_cli.py): the same exit code, lines and termination log, without
-    # the imports; the others start as a pod's process would, for as little.
-    run = kubetune_warm if args[0] in ("export", "train") else kubetune
-    result = run(*args, env=env, timeout=300)
+    result = kubetune(*args, env=env, timeout=300)
     report = result.stdout[-2000:] + result.stderr[-3000:]
     assert result.returncode == row.code, report
     assert "Traceback" not in result.stderr, report
@@ -478,13 +473,12 @@ def test_data_that_crashed_or_was_refused_now_trains(kind, write, dropped, tmp_p
     data = tmp_path / "data"
     data.mkdir()
     write(data)
-    # The launcher in a child of the warm process; the recipe process it starts is its own.
-    result = kubetune_warm("train", "--model-dir", str(tiny_model_dir), "--dataset-dir",
-                           str(data), "--output-dir", str(tmp_path / "out"), "--epochs", "1",
-                           "max_steps_per_epoch=1", "batch_size=4",
-                           "gradient_accumulation_steps=1", "dtype=fp32",
-                           env=clean_env(KUBETUNE_TOKEN_CACHE_DIR=str(tmp_path / "c")),
-                           timeout=600)
+    result = kubetune("train", "--model-dir", str(tiny_model_dir), "--dataset-dir",
+                      str(data), "--output-dir", str(tmp_path / "out"), "--epochs", "1",
+                      "max_steps_per_epoch=1", "batch_size=4",
+                      "gradient_accumulation_steps=1", "dtype=fp32",
+                      env=clean_env(KUBETUNE_TOKEN_CACHE_DIR=str(tmp_path / "c")),
+                      timeout=600)
     report = result.stdout[-2000:] + result.stderr[-3000:]
     assert result.returncode == 0, report
     assert "Traceback" not in result.stderr, report

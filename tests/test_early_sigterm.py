@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import warm_start
 from tests.support.cli import REPO, clean_env
 from tests.support.trainer import make_pvc
 
@@ -58,7 +59,8 @@ def test_a_sigterm_just_after_launch_leaves_one_termination_line(how, tmp_path, 
         env = clean_env(STORAGE_URI=str(tiny_model_dir), OUTPUT_PATH=str(tmp_path / "model"),
                         KUBETUNE_TERMINATION_LOG=str(term))
         step = "model-initializer"
-    result = terminate_early(command, env)
+    # Cold: the subject is the process's start, which a warm start skips.
+    result = terminate_early(command, warm_start.cold(env))
     assert result.returncode == TRANSIENT, (result.returncode, result.stderr[-2000:])
     assert term.is_file(), result.stderr[-2000:]
     [line] = term.read_text().splitlines()

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import hub_write_server
-from tests.support.cli import REPO, error_lines
+from tests.support.cli import REPO, error_lines, kubetune
 from tests.support.trained import TrainedRun
-from tests.support.warm_cli import kubetune_warm
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +57,8 @@ def assert_no_token(tmp_path: Path, *results: subprocess.CompletedProcess) -> No
 
 def test_export_to_the_hub_is_one_commit_and_a_rerun_is_a_no_op(trained_run, hub, tmp_path):
     env = hub_env(trained_run, hub, tmp_path)
-    result = kubetune_warm("export", "--export-uri", "hf://kubetune-test/tiny-lora",
-                           "--export-format", "both", env=env)
+    result = kubetune("export", "--export-uri", "hf://kubetune-test/tiny-lora",
+                      "--export-format", "both", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert hub.count("POST", "/api/repos/create") == 1  # created, as it was absent
     assert hub.count("POST", "/commit/") == 1
@@ -75,8 +74,8 @@ def test_export_to_the_hub_is_one_commit_and_a_rerun_is_a_no_op(trained_run, hub
         assert hashlib.sha256(files[entry["path"]]).hexdigest() == entry["sha256"]
 
     hub.reset_log()
-    again = kubetune_warm("export", "--export-uri", "hf://kubetune-test/tiny-lora",
-                          "--export-format", "both", env=env)
+    again = kubetune("export", "--export-uri", "hf://kubetune-test/tiny-lora",
+                     "--export-format", "both", env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing to upload" in again.stderr
     assert hub.count("POST") == 0  # no create, pre-upload or commit
@@ -86,7 +85,7 @@ def test_export_to_the_hub_is_one_commit_and_a_rerun_is_a_no_op(trained_run, hub
 
 def test_a_branch_is_created_and_main_is_left_alone(trained_run, hub, tmp_path):
     env = hub_env(trained_run, hub, tmp_path, KUBETUNE_EXPORT_REVISION="candidate")
-    result = kubetune_warm("export", "--export-uri", "hf://kubetune-test/branched", env=env)
+    result = kubetune("export", "--export-uri", "hf://kubetune-test/branched", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "adapter_model.safetensors" in hub.files("kubetune-test/branched", "candidate")
     assert hub.files("kubetune-test/branched", "main") == {}
@@ -100,7 +99,7 @@ def test_a_branch_is_created_and_main_is_left_alone(trained_run, hub, tmp_path):
 def test_a_token_that_cannot_write_is_refused_before_anything_is_uploaded(
         trained_run, hub, tmp_path, token, expected):
     env = hub_env(trained_run, hub, tmp_path, token=token)
-    result = kubetune_warm("export", "--export-uri", "hf://kubetune-test/refused", env=env)
+    result = kubetune("export", "--export-uri", "hf://kubetune-test/refused", env=env)
     assert result.returncode == 65, result.stderr[-2000:]
     [line] = error_lines(result)
     assert expected in line
@@ -129,7 +128,7 @@ def test_killed_mid_commit_leaves_the_repo_untouched_and_a_rerun_completes(train
         hub.state.hold_commits.clear()
     assert hub.files("kubetune-test/killed") == {}
     hub.state.abandon_held = False
-    result = kubetune_warm("export", "--export-uri", "hf://kubetune-test/killed", env=env)
+    result = kubetune("export", "--export-uri", "hf://kubetune-test/killed", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "manifest.json" in hub.files("kubetune-test/killed")
 
@@ -138,7 +137,7 @@ def test_a_hub_answering_503_is_retried(trained_run, hub, tmp_path):
     env = hub_env(trained_run, hub, tmp_path)
     hub.state.fail_commits = 1
     hub.reset_log()
-    result = kubetune_warm("export", "--export-uri", "hf://kubetune-test/flaky", env=env)
+    result = kubetune("export", "--export-uri", "hf://kubetune-test/flaky", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert hub.count("POST", "/commit/") == 2
     assert "manifest.json" in hub.files("kubetune-test/flaky")

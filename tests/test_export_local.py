@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import warm_start
 from tests.support.cli import REPO, error_lines, kubetune
 from tests.support.trained import TrainedRun
-from tests.support.warm_cli import kubetune_warm
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +24,15 @@ pytestmark = pytest.mark.slow
 def export(run: TrainedRun, dest: Path, *args: str, output_dir: Path | None = None,
            termination_log: Path | None = None, warm: bool = True
            ) -> subprocess.CompletedProcess:
-    """`kubetune export` to ``dest``: in a child of the warm process (tests/support/
-    warm_cli.py), or with ``warm=False`` a process of its own, where its start-up or its
-    exit as a whole process is what a test reads."""
+    """`kubetune export` to ``dest``: started warm in the suite (tests/support/
+    warm_start.py), or with ``warm=False`` cold, where its start-up (the libraries'
+    import-time lines) is what a test reads."""
     extra = {"KUBETUNE_TERMINATION_LOG": str(termination_log)} if termination_log else {}
     if output_dir is not None:
         extra["KUBETUNE_OUTPUT_DIR"] = str(output_dir)
-    return (kubetune_warm if warm else kubetune)("export", "--export-uri", str(dest), *args,
-                                                 env=run.env(**extra))
+    env = run.env(**extra)
+    return kubetune("export", "--export-uri", str(dest), *args,
+                    env=env if warm else warm_start.cold(env))
 
 
 def sha256(path: Path) -> str:
@@ -165,8 +166,8 @@ def test_an_adapter_that_does_not_reproduce_the_merged_model_is_refused(trained_
     weights = {k: v * 1.5 if "lora_B" in k else v for k, v in weights.items()}
     save_file(weights, str(checkpoint / "adapter_model.safetensors"))
     log = tmp_path / "termination-log"
-    # Its own process: the exporter's refusal as a pod sees it, exit code and termination
-    # log (the other refusals here run in the warm process's children).
+    # Cold: the exporter's refusal as a pod sees it, exit code and termination log, from
+    # the process's start (the other refusals here start warm).
     result = export(trained_run, tmp_path / "dest" / "export", output_dir=output,
                     termination_log=log, warm=False)
     assert result.returncode == 65
@@ -240,8 +241,8 @@ def test_killed_export_leaves_nothing_visible_and_a_rerun_completes(trained_run,
 
 def test_logits_check_is_skipped_for_a_base_model_over_the_size_bound(trained_run, tmp_path):
     dest = tmp_path / "export"
-    result = kubetune_warm("export", "--export-uri", str(dest),
-                           env=trained_run.env(KUBETUNE_EXPORT_VERIFY_MAX_BYTES="1000"))
+    result = kubetune("export", "--export-uri", str(dest),
+                      env=trained_run.env(KUBETUNE_EXPORT_VERIFY_MAX_BYTES="1000"))
     assert result.returncode == 0, result.stderr[-2000:]
     verification = json.loads((dest / "manifest.json").read_text())["verification"]
     assert verification["logits"].startswith("skipped: the base model takes")
@@ -331,8 +332,8 @@ def test_a_hub_base_model_is_named_by_repo_id_and_resolved_revision(trained_run,
                   resolved_revision="0123456789abcdef0123456789abcdef01234567")
     (model / ".kubetune-manifest.json").write_text(json.dumps(record))
     dest = tmp_path / "export"
-    result = kubetune_warm("export", "--export-uri", str(dest), "--model-dir", str(model),
-                           env=trained_run.env())
+    result = kubetune("export", "--export-uri", str(dest), "--model-dir", str(model),
+                      env=trained_run.env())
     assert result.returncode == 0, result.stderr[-2000:]
     config = json.loads((dest / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "kubetune/tiny-llama3"

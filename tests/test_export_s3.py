@@ -18,7 +18,6 @@ from tests.support import http_proxy
 from tests.support.cli import REPO, clean_env, error_lines, kubetune
 from tests.support.fault_proxy import FaultProxy
 from tests.support.trained import TrainedRun
-from tests.support.warm_cli import kubetune_warm
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +84,7 @@ def test_export_to_s3_is_whole_resumable_and_a_rerun_is_a_no_op(trained_run, s3,
     assert partial and "runs/tiny/manifest.json" not in partial  # a reader sees no export
 
     proxy.reset()
-    first = kubetune_warm("export", "--export-uri", uri, env=env)
+    first = kubetune("export", "--export-uri", uri, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     stored = objects(s3, bucket)
     manifest = json.loads(stored["runs/tiny/manifest.json"])
@@ -99,7 +98,7 @@ def test_export_to_s3_is_whole_resumable_and_a_rerun_is_a_no_op(trained_run, s3,
     assert proxy.count("PUT") == len(listed) - len(partial) + 1
 
     proxy.reset()
-    again = kubetune_warm("export", "--export-uri", uri, env=env)
+    again = kubetune("export", "--export-uri", uri, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing to upload" in again.stderr
     assert proxy.count("PUT") == proxy.count("DELETE") == proxy.count("POST") == 0
@@ -109,7 +108,7 @@ def test_export_to_s3_is_whole_resumable_and_a_rerun_is_a_no_op(trained_run, s3,
 
 def test_missing_bucket_is_one_line_exit_65(trained_run, s3, proxy, tmp_path):
     env = s3_env(trained_run, s3, proxy, tmp_path)
-    result = kubetune_warm("export", "--export-uri", "s3://no-such-bucket-kubetune/x", env=env)
+    result = kubetune("export", "--export-uri", "s3://no-such-bucket-kubetune/x", env=env)
     assert result.returncode == 65, result.stderr[-2000:]
     [line] = error_lines(result)
     assert "bucket no-such-bucket-kubetune does not exist" in line
@@ -132,11 +131,11 @@ def test_a_different_export_replaces_the_previous_one_whole(trained_run, s3, pro
     bucket = f"exports-{uuid.uuid4().hex[:8]}"
     s3.client().create_bucket(Bucket=bucket)
     env = s3_env(trained_run, s3, proxy, tmp_path)
-    first = kubetune_warm("export", "--export-uri", f"s3://{bucket}/m", "--no-verify-logits",
-                          env=env)
+    first = kubetune("export", "--export-uri", f"s3://{bucket}/m", "--no-verify-logits",
+                     env=env)
     assert first.returncode == 0, first.stderr[-2000:]
-    second = kubetune_warm("export", "--export-uri", f"s3://{bucket}/m", "--export-format",
-                           "merged", "--no-verify-logits", env=env)
+    second = kubetune("export", "--export-uri", f"s3://{bucket}/m", "--export-format",
+                      "merged", "--no-verify-logits", env=env)
     assert second.returncode == 0, second.stderr[-2000:]
     stored = objects(s3, bucket)
     manifest = json.loads(stored["m/manifest.json"])
@@ -214,7 +213,7 @@ def test_credentials_that_cannot_write_are_refused_and_nothing_is_visible(traine
 
     env = trained_run.env(**read_only_s3, KUBETUNE_TERMINATION_LOG=str(tmp_path / "log"),
                           KUBETUNE_RETRY_MAX_ATTEMPTS="2")
-    result = kubetune_warm("export", "--export-uri", "s3://readonly/run", env=env)
+    result = kubetune("export", "--export-uri", "s3://readonly/run", env=env)
     assert result.returncode == 65, result.stderr[-3000:]
     [line] = error_lines(result)
     assert "may not write" in line and "s3://readonly/run" in line
@@ -239,7 +238,7 @@ def test_a_throttled_upload_is_retried_like_a_download(trained_run, s3, faults, 
     faults.clear()
     faults.fault("status", f"/{bucket}/run/*", times=1, method="PUT", status=400, code=code)
     env = s3_env(trained_run, s3, faults, tmp_path)
-    result = kubetune_warm("export", "--export-uri", f"s3://{bucket}/run", env=env)
+    result = kubetune("export", "--export-uri", f"s3://{bucket}/run", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"S3 answered {code}; retry 1/1" in result.stderr
     puts = [r.path for r in faults.requests if r.method == "PUT"]
@@ -256,7 +255,7 @@ def test_role_arn_is_assumed_and_its_credentials_sign_the_upload(trained_run, s3
     faults.clear()
     env = s3_env(trained_run, s3, faults, tmp_path, ROLE_ARN=ROLE,
                  AWS_ENDPOINT_URL_STS=faults.url)
-    result = kubetune_warm("export", "--export-uri", f"s3://{bucket}/run", env=env)
+    result = kubetune("export", "--export-uri", f"s3://{bucket}/run", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r.method for r in faults.requests if r.path == "/"] == ["POST"]  # AssumeRole
     signers = {r.access_key_id for r in faults.requests if r.method == "PUT"}
@@ -271,8 +270,8 @@ def test_a_refused_role_is_the_initializers_one_line(trained_run, s3, faults, tm
     faults.clear()
     faults.fault("status", "/", times=10, method="POST", status=403, code="AccessDenied")
     sts = {"ROLE_ARN": ROLE, "AWS_ENDPOINT_URL_STS": faults.url}
-    export = kubetune_warm("export", "--export-uri", f"s3://{bucket}/run",
-                           env=s3_env(trained_run, s3, faults, tmp_path, **sts))
+    export = kubetune("export", "--export-uri", f"s3://{bucket}/run",
+                      env=s3_env(trained_run, s3, faults, tmp_path, **sts))
     init = kubetune("init-model", env=clean_env(
         **{**s3.env(), "ENDPOINT": faults.url}, **sts, STORAGE_URI=f"s3://{bucket}/model",
         OUTPUT_PATH=str(tmp_path / "model"),

@@ -20,7 +20,6 @@ from kubetune.trainer.objectives import registry
 from kubetune.trainer.request.topology import Topology
 from tests.support.cli import clean_env, kubetune
 from tests.support.trainer import make_pvc, tune_run
-from tests.support.warm_cli import kubetune_warm
 
 KD_SINGLE = ["knowledge_distillation_single_device", "--config",
              "llama3_2/8B_to_1B_KD_lora_single_device"]
@@ -192,11 +191,10 @@ def _dry_run(tmp_path: Path, model: Path, data: Path, teacher: Path | None):
     if teacher is not None:
         ws.mkdir(exist_ok=True)
         (ws / "teacher").symlink_to(teacher)
-    # In a child of the warm process (tests/support/warm_cli.py): the launcher's imports.
-    return kubetune_warm("train", "--objective", "distill", "--model-dir", str(model),
-                         "--dataset-dir", str(data), "--output-dir", str(tmp_path / "out"),
-                         "--dry-run", env=clean_env(KUBETUNE_WORKSPACE=str(ws),
-                                                    KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
+    return kubetune("train", "--objective", "distill", "--model-dir", str(model),
+                    "--dataset-dir", str(data), "--output-dir", str(tmp_path / "out"),
+                    "--dry-run", env=clean_env(KUBETUNE_WORKSPACE=str(ws),
+                                               KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
 
 
 def _error_line(result) -> str:

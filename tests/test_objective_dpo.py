@@ -21,7 +21,6 @@ from tests.support.cli import REPO, clean_env, kubetune
 from tests.support.preference_data import (REFUSAL, SHAPES, hh_rlhf, pairs, trl_conversational,
                                            trl_standard, whole_conversations, write_rows)
 from tests.support.trainer import make_pvc, tune_run
-from tests.support.warm_cli import kubetune_warm
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
 
 LN2 = math.log(2)
@@ -158,12 +157,11 @@ def test_the_logger_reads_a_summed_loss_as_the_mean_and_keeps_the_rewards(tmp_pa
 
 def test_sft_data_for_dpo_is_refused_naming_the_columns(tmp_path, tiny_model_dir,
                                                         tiny_dataset_dir):
-    # In a child of the warm process (tests/support/warm_cli.py): the launcher's imports.
-    result = kubetune_warm("train", "--objective", "dpo", "--model-dir", str(tiny_model_dir),
-                           "--dataset-dir", str(tiny_dataset_dir), "--output-dir",
-                           str(tmp_path / "out"), "--dry-run",
-                           env=clean_env(KUBETUNE_WORKSPACE=str(tmp_path / "ws"),
-                                         KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
+    result = kubetune("train", "--objective", "dpo", "--model-dir", str(tiny_model_dir),
+                 "--dataset-dir", str(tiny_dataset_dir), "--output-dir",
+                 str(tmp_path / "out"), "--dry-run",
+                 env=clean_env(KUBETUNE_WORKSPACE=str(tmp_path / "ws"),
+                               KUBETUNE_TERMINATION_LOG=str(tmp_path / "tl")))
     assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
     [line] = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert "has columns input, output: DPO needs preference data, columns chosen and " \
@@ -261,7 +259,7 @@ def test_full_dpo_distributed_gets_the_given_checkpoint_as_its_reference(tmp_pat
     assert pvc.complete()
     # The exporter takes a full DPO run as a full SFT one: a merged model, its chat
     # template checked against the pairs the trainer recorded.
-    exported = kubetune_warm("export", env=pvc.env())
+    exported = kubetune("export", env=pvc.env())
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert "reproduces the" in exported.stderr and "exported merged" in exported.stderr
     assert (pvc.root / "export" / "model.safetensors.index.json").is_file()

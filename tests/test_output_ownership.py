@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import clean_env, error_lines, kubetune
-from tests.support.warm_cli import kubetune_warm
 
 MANIFEST = ".kubetune-manifest.json"
 
@@ -148,9 +147,9 @@ def test_a_dangling_symlink_at_output_path_is_refused_and_kept(kind, tmp_path, t
 def test_a_dangling_symlink_as_export_destination_is_refused_and_kept(tmp_path, trained_run):
     out, target = tmp_path / "export", tmp_path / "not-mounted" / "export"
     out.symlink_to(target)
-    result = kubetune_warm("export", env=clean_env(
-        KUBETUNE_WORKSPACE=str(trained_run.workspace), EXPORT_URI=str(out),
-        KUBETUNE_TERMINATION_LOG=str(tmp_path / "termination-log")), timeout=300)
+    result = kubetune("export", env=clean_env(
+   KUBETUNE_WORKSPACE=str(trained_run.workspace), EXPORT_URI=str(out),
+   KUBETUNE_TERMINATION_LOG=str(tmp_path / "termination-log")), timeout=300)
     line = one_line_65(result, out)
     assert f"export destination {out} is a symlink to {target}, which does not exist" in line
     assert out.is_symlink() and os.readlink(out) == str(target)
@@ -178,8 +177,8 @@ def test_a_symlink_as_export_destination_is_filled_where_it_points(tmp_path, tra
     target.mkdir(parents=True)
     out = tmp_path / "export"
     out.symlink_to(target)
-    result = kubetune_warm("export", env=clean_env(
-        KUBETUNE_WORKSPACE=str(trained_run.workspace), EXPORT_URI=str(out)), timeout=300)
+    result = kubetune("export", env=clean_env(
+   KUBETUNE_WORKSPACE=str(trained_run.workspace), EXPORT_URI=str(out)), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert out.is_symlink() and (target / "manifest.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "export"]

@@ -12,10 +12,9 @@ import pytest
 import yaml
 
 from kubetune.tools.demo import write_tiny_alpaca_dataset, write_tiny_dataset
-from tests.support.cli import clean_env
+from tests.support.cli import clean_env, kubetune
 from tests.support.runtimes import runtime_file
 from tests.support.sdk_trainjob import sdk_trainjob_spec, use_local_sources
-from tests.support.warm_cli import kubetune_warm
 
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`")
 
@@ -49,10 +48,8 @@ def _run(tmp_path: Path, spec: dict) -> tuple:
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
         "metadata": {"name": "sdk-form"},
         "spec": {"runtimeRef": {"name": "torchtune-llama3.2-1b"}, **spec}}))
-    # `kubetune local` itself in a child of the warm process (tests/support/warm_cli.py):
-    # its steps run as their own processes, as ever.
-    result = kubetune_warm("local", "--workdir", str(tmp_path / "run"), "--runtime",
-                           str(RUNTIME), "--trainjob", str(job), env=clean_env())
+    result = kubetune("local", "--workdir", str(tmp_path / "run"), "--runtime",
+                      str(RUNTIME), "--trainjob", str(job), env=clean_env())
     ws = tmp_path / "run" / "workspace"
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())

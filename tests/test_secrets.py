@@ -26,7 +26,6 @@ from tests.support.cli import clean_env, kubetune
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hub_server import HubServer, local_tree
 from tests.support.trained import TRAIN_ARGS
-from tests.support.warm_cli import kubetune_warm
 
 TOKEN = "hf_CanaryTokenValue0123456789"
 TWO_LINE_TOKEN = "hf_CanaryLineOne0123\nCanaryLineTwo4567\n"
@@ -86,10 +85,7 @@ class Scene:
                         KUBETUNE_TERMINATION_LOG=str(self.root / f"termination-{name}"),
                         KUBETUNE_RETRY_BASE_DELAY_S="0.05", KUBETUNE_RETRY_MAX_ATTEMPTS="2",
                         KUBETUNE_HTTP_TIMEOUT_S="10", **extra)
-        # An export in a child of the warm process (tests/support/warm_cli.py): its output,
-        # termination log and files are its own; only torch's import is shared.
-        result = (kubetune_warm if args[0] == "export" else kubetune)(*args, env=env,
-                                                                      timeout=600)
+        result = kubetune(*args, env=env, timeout=600)
         self.results[name] = result
         return result
 

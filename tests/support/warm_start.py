@@ -1,13 +1,13 @@
-"""Warm starts for the suite's torchtune commands (tests/support/warm_start_server.py says
-what they are and what they leave out).
+"""Warm starts for the suite's torchtune and kubetune commands (tests/support/
+warm_start_hook.py names them; warm_start_server.py says what a warm start leaves out).
 
 ``make test`` and ``make matrix-test`` write the venv's `.pth` line
 (``python -m tests.support.warm_start --install``); each pytest process then starts one
 server (``start``, from conftest) and names it in ``TESTS_WARM_START``, which every
 process the suite starts inherits. Without the `.pth` (pytest run by hand) every command
 starts cold, as a user's does. A test whose subject is a process's start (its import-time
-output, finding it among the machine's processes by its command line) runs its command
-with ``cold(env)``.
+output, a signal just after it starts, finding it among the machine's processes by its
+command line) runs its command with ``cold(env)``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def pth_line() -> str:
     # One line that costs an environment lookup when no server is named.
     return (f"import os; os.environ.get({ENV!r}) and os.path.isfile({str(HOOK)!r}) and "
             f"exec(compile(open({str(HOOK)!r}).read(), {str(HOOK)!r}, 'exec'), "
-            f"{{'__name__': 'tests_warm_start_hook'}})\n")
+            f"{{'__name__': 'tests_warm_start_hook', '__file__': {str(HOOK)!r}}})\n")
 
 
 def install() -> None:

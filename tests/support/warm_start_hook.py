@@ -1,8 +1,8 @@
 """The stub half of a warm start: run by the venv's `kubetune-tests-warm-start.pth` at
 every interpreter start of the suite (``make test`` and ``make matrix-test`` write it), it
 does nothing unless ``TESTS_WARM_START`` names a warm-start server
-(tests/support/warm_start_server.py) and this process is one of the commands that import
-torchtune (``WARM``). Then it hands the server its command, environment, working
+(tests/support/warm_start_server.py) and this process is one of the warm commands
+(``WARM_MODULES``, ``WARM_SCRIPTS``). Then it hands the server its command, environment, working
 directory, umask and standard streams; the server forks a process that imported
 torchtune already, which runs the command in this one's place. This process stays what
 its parent started and waits on: it passes on the signals it gets and ends as that
@@ -16,10 +16,20 @@ command the usual way: a warm start only saves the imports.
 import os
 
 
+# The commands that fork warm: the torchtune ones (the recipe process, torchrun, plain
+# torchtune's CLI), whose imports are 3-4 CPU-seconds, and kubetune's own steps (the
+# launcher, `kubetune local`, the initializers, the exporter), which import datasets,
+# pyarrow and, for the exporter, torchtune: about a second each, hundreds per suite run.
+WARM_MODULES = ("kubetune.trainer.recipe_process.bootstrap", "torch.distributed.run",
+                "torchtune._cli.tune", "kubetune.entrypoints", "kubetune.entrypoints.tune")
+# The venv's console scripts of those commands.
+WARM_SCRIPTS = ("kubetune", "tune", "tune-torchtune")
+
+
 def _target(argv: list[str]) -> dict | None:
-    """What the command runs, where it is one of the warm ones: ``python [-u] [-P] -m
-    MODULE ...`` or the ``kubetune`` script, with the arguments after it."""
-    warm_modules = ("kubetune.trainer.recipe_process.bootstrap", "torch.distributed.run")
+    """What the command runs, where it is one of the warm ones: ``python [-u] [-P] [-B]
+    -m MODULE ...``, one of ``WARM_SCRIPTS`` or a bench script (the bench's CPU smoke:
+    tests/test_bench_gpu.py), with the arguments after it."""
     flags = []
     i = 1
     while i < len(argv) and argv[i] in ("-u", "-P", "-B"):
@@ -27,26 +37,19 @@ def _target(argv: list[str]) -> dict | None:
         i += 1
     rest = argv[i:]
     if len(rest) >= 2 and rest[0] == "-m":
-        module, args = rest[1], rest[2:]
-        # An export as a step of `kubetune local` (the tests' own `kubetune export` calls
-        # choose for themselves: tests/support/warm_cli.py, or a process of its own).
-        local_step = os.environ.get("KUBETUNE_LOCAL_RUN") == "1"
-        if module in warm_modules or (module == "kubetune.entrypoints" and local_step
-                                      and _exports(args)):
-            return {"module": module, "args": args, "flags": flags}
+        if rest[1] in WARM_MODULES:
+            return {"module": rest[1], "args": rest[2:], "flags": flags}
         return None
-    # A runtime's `kubetune export`, its command as an image runs it.
-    if rest and os.path.basename(rest[0]) == "kubetune" and _exports(rest[1:]):
+    if rest and _warm_script(rest[0]):
         return {"script": os.path.abspath(rest[0]), "args": rest[1:], "flags": flags}
     return None
 
 
-def _exports(args: list[str]) -> bool:
-    """``kubetune [global options] export ...``: the exporter imports torchtune."""
-    for arg in args:
-        if not arg.startswith("-"):
-            return arg == "export"
-    return False
+def _warm_script(path: str) -> bool:
+    if os.path.basename(path) in WARM_SCRIPTS:
+        return True
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "bench")
+    return path.endswith(".py") and os.path.dirname(os.path.abspath(path)) == bench
 
 
 def _stream(fd: int) -> dict | None:
