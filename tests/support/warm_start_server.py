@@ -168,6 +168,7 @@ def zygote_main(control: socket.socket, env: dict[str, str]) -> None:
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
+    """Every child that ended; those in ``children`` tell their stubs how."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -270,7 +271,7 @@ def _exit(code: int) -> None:
             if stream is not None:
                 stream.flush()
         except BaseException:
-            code = code or 120  # what the interpreter exits with when stdout's flush fails
+            code = code or 120  # what the interpreter exits with when a flush at exit fails
     if code == -signal.SIGINT:  # an uncaught Ctrl-C: the interpreter dies by SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -360,17 +361,6 @@ def _fresh_state(env: dict[str, str]) -> None:
 
 # -- the manager: one zygote per environment at import -----------------------------------
 
-def _reap_retired() -> None:
-    """The zygotes that ended after being let go (their zombies)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 class Manager:
     def __init__(self, address: str) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -391,7 +381,7 @@ class Manager:
             if self.listener in readable:
                 conn, _ = self.listener.accept()
                 self.handle(conn)
-            _reap_retired()
+            _reap({})  # the zygotes that ended after being let go (no stub waits on them)
 
     def handle(self, conn: socket.socket) -> None:
         try:
