@@ -26,12 +26,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`
 
 # checkpoint -> (builder, tokenizer builder, checkpointer, checkpointer model_type)
 EFFECTIVE = {
-    "qwen3": ("kubetune.trainer.models.qwen3.lora_qwen3",
+    "qwen3": ("kubetune.trainer.models.decoder.lora_decoder",
               "torchtune.models.qwen2_5.qwen2_5_tokenizer",
-              "kubetune.trainer.models.qwen_weights.Qwen3HFCheckpointer", "QWEN3"),
-    "gemma2": ("kubetune.trainer.models.gemma2.lora_gemma2",
+              "kubetune.trainer.models.decoder_weights.DecoderHFCheckpointer", "CONFIG_DECODER"),
+    "gemma2": ("kubetune.trainer.models.decoder.lora_decoder",
                "torchtune.models.gemma.gemma_tokenizer",
-               "kubetune.trainer.models.gemma2.Gemma2HFCheckpointer", "GEMMA2"),
+               "kubetune.trainer.models.decoder_weights.DecoderHFCheckpointer", "CONFIG_DECODER"),
     "phi3": ("torchtune.models.phi3.lora_phi3", "torchtune.models.phi3.phi3_mini_tokenizer",
              "kubetune.trainer.models.phi3_weights.Phi3HFCheckpointer", "PHI3_MINI"),
     "phi4": ("torchtune.models.phi3.lora_phi3", "torchtune.models.phi4.phi4_tokenizer",

@@ -44,10 +44,10 @@ class Family:
 
 FAMILIES = {
     "qwen3": Family("qwen3", "bpe", tiny_tokenizers.QWEN3_SPECIAL,
-                    "kubetune.trainer.models.qwen3.lora_qwen3",
-                    "kubetune.trainer.models.qwen_weights.Qwen3HFCheckpointer", "all-linear"),
-    "gemma2": Family("gemma2", "spm", (), "kubetune.trainer.models.gemma2.lora_gemma2",
-                     "kubetune.trainer.models.gemma2.Gemma2HFCheckpointer", "all-linear",
+                    "kubetune.trainer.models.decoder.lora_decoder",
+                    "kubetune.trainer.models.decoder_weights.DecoderHFCheckpointer", "all-linear"),
+    "gemma2": Family("gemma2", "spm", (), "kubetune.trainer.models.decoder.lora_decoder",
+                     "kubetune.trainer.models.decoder_weights.DecoderHFCheckpointer", "all-linear",
                      token_ids=True),
     # Phi-4's tokenizer files; DoRA on a subset of each fused module's parts, so the
     # fused PEFT adapter has zero blocks and base-norm magnitudes where a part has none.
@@ -169,7 +169,7 @@ def lora_run_through_the_runtime(model_dir: Path, dataset_dir: Path, tmp_path: P
     ws = tmp_path / "run" / "workspace"
     assert json.loads((ws / "output" / "summary.json").read_text())["steps"] == 3
     merged = yaml.safe_load((ws / "output" / "kubetune-config.yaml").read_text())
-    assert merged["model"]["_component_"] == "kubetune.trainer.models.qwen3.lora_qwen3"
+    assert merged["model"]["_component_"] == "kubetune.trainer.models.decoder.lora_decoder"
     assert merged["checkpointer"]["_component_"] == FAMILIES["qwen3"].checkpointer
     # The runtime's exporter, with the variable the steps inherit as pods their image's.
     assert (ws / "export" / "adapter" / "adapter_model.safetensors").is_file()

@@ -39,6 +39,7 @@ QWEN3_TOKENS = json.dumps({"added_tokens": [
     {"id": 151643 + i, "content": t, "special": True} for i, t in enumerate(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
          "<think>", "</think>"])]})
+DECODER = "kubetune.trainer.models.decoder.lora_decoder"
 CASES = {
     "llama3.1 with rope scaling, 4 shards": (
         {"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
@@ -72,11 +73,20 @@ CASES = {
         {"model_type": "qwen3", "head_dim": 128, "tie_word_embeddings": False,
          "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}},
         {"vocab.json": "{}", "merges.txt": "#version: 0.2\n", "tokenizer.json": QWEN3_TOKENS},
-        2, "kubetune.trainer.models.qwen3.lora_qwen3", "QWEN3", "qwen2_5_tokenizer"),
+        2, DECODER, "CONFIG_DECODER", "qwen2_5_tokenizer"),
     "gemma2": ({"model_type": "gemma2", "head_dim": 64, "query_pre_attn_scalar": 64,
                 "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
                 "sliding_window": 4096}, {"tokenizer.model": "sentencepiece"}, 1,
-               "kubetune.trainer.models.gemma2.lora_gemma2", "GEMMA2", "gemma_tokenizer"),
+               DECODER, "CONFIG_DECODER", "gemma_tokenizer"),
+    # Gemma 3 as Google's hub config writes it (rope_theta and rope_local_base_freq, a
+    # sliding_window_pattern, no layer_types), with only a tokenizer.json.
+    "gemma3_text, hub config": (
+        {"model_type": "gemma3_text", "head_dim": 64, "query_pre_attn_scalar": 64,
+         "sliding_window": 512, "sliding_window_pattern": 3, "rope_theta": 1000000.0,
+         "rope_local_base_freq": 10000.0, "tie_word_embeddings": True},
+        {"tokenizer.json": QWEN3_TOKENS}, 1, DECODER, "CONFIG_DECODER", "fast_tokenizer"),
+    "olmo2": ({"model_type": "olmo2", "tie_word_embeddings": False},
+              {"tokenizer.json": QWEN3_TOKENS}, 1, DECODER, "CONFIG_DECODER", "fast_tokenizer"),
     "phi3 (sentencepiece)": ({"model_type": "phi3", "rope_scaling": None},
                              {"tokenizer.model": "sentencepiece"}, 2,
                              "torchtune.models.phi3.lora_phi3", "PHI3_MINI",
@@ -108,12 +118,21 @@ def test_dry_run_builds_from_the_checkpoint(tmp_path, tiny_dataset_dir, case):
         assert "apply_lora_to_output" not in cfg["model"]  # its builder ties the output
     if case.startswith("qwen3"):
         assert cfg["model"]["head_dim"] == 128 and cfg["model"]["rope_base"] == 1e6
-        assert cfg["checkpointer"]["_component_"].endswith("Qwen3HFCheckpointer")
+        assert cfg["checkpointer"]["_component_"].endswith("DecoderHFCheckpointer")
+        assert cfg["model"]["qk_norm"] == "head"
         assert cfg["tokenizer"]["special_tokens_path"].endswith("tokenizer.json")
     if case == "gemma2":
-        assert cfg["model"]["hidden_capping_value"] == 50.0
-        assert cfg["model"]["final_capping_value"] == 30.0
+        assert cfg["model"]["attn_softcap"] == 50.0
+        assert cfg["model"]["final_softcap"] == 30.0
+        assert cfg["model"]["sliding_layers"] == [1, 0, 1]  # Gemma 2 alternates
         assert "apply_lora_to_output" not in cfg["model"]
+    if case.startswith("gemma3"):
+        assert cfg["model"]["sliding_layers"] == [1, 1, 0]
+        assert cfg["model"]["rope_base"] == 1e6 and cfg["model"]["sliding_rope_base"] == 1e4
+        assert cfg["model"]["norm"] == "rms_one_plus" and cfg["model"]["embed_scale"] == 16.0
+        assert "apply_lora_to_output" not in cfg["model"]
+    if case == "olmo2":
+        assert cfg["model"]["placement"] == "post" and cfg["model"]["qk_norm"] == "projection"
     if case.startswith("llama3.2"):
         assert cfg["model"]["tie_word_embeddings"] is True
         assert cfg["model"]["scale_factor"] == (1 if "plain" in case else 32)
@@ -126,7 +145,7 @@ def test_dry_run_builds_from_the_checkpoint(tmp_path, tiny_dataset_dir, case):
 REFUSED = {
     "qwen3 with YaRN": ({"model_type": "qwen3", "rope_scaling": {"rope_type": "yarn",
                                                                   "factor": 4.0}},
-                        "qwen3 checkpoint: rope type 'yarn' (context extension)"),
+                        "qwen3 checkpoint: rope type 'yarn' is not supported"),
     "phi-3.5 longrope": ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}},
                          "phi3 checkpoint: rope type 'longrope'"),
     "llama with linear RoPE scaling": (
@@ -136,11 +155,18 @@ REFUSED = {
         {"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                                                  "original_max_position_embeddings": 4096}},
         "llama checkpoint: llama3 RoPE original_max_position_embeddings 4096"),
-    "qwen3 moe": ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' in config.json is "
-                                                "not supported"),
-    "gemma2 without soft-capping": ({"model_type": "gemma2", "attn_logit_softcapping": None,
-                                     "final_logit_softcapping": 30.0},
-                                    "gemma2 checkpoint: logit soft-capping is off"),
+    "qwen3 moe": ({"model_type": "qwen3_moe", "num_experts": 128},
+                  "model_type 'qwen3_moe' in config.json: num_experts: mixture-of-experts "
+                  "layers are not supported"),
+    "hybrid linear attention": (
+        {"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention",
+                                                     "linear_attention"]},
+        "linear-attention, convolution or Mamba layers are not supported"),
+    "latent attention": ({"model_type": "deepseek_v3", "kv_lora_rank": 512},
+                         "kv_lora_rank: latent attention (MLA) is not supported"),
+    "a type no row names": ({"model_type": "acme_lm"},
+                            "no family row names it; add one in "
+                            "kubetune/model_family/families.py"),
 }
 
 

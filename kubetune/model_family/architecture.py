@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kubetune.errors import BadInputError
+from kubetune.model_family import families, features, weight_names
 
 LORA_KEYS = ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output", "lora_rank",
              "lora_alpha", "lora_dropout", "use_dora", "quantize_base")
@@ -55,13 +56,19 @@ class Architecture:
             parts.append(f"RoPE scaled x{d['scale_factor']}")
         if self.shape.get("tie_word_embeddings"):
             parts.append("tied output")
+        if d.get("sliding_window"):
+            parts.append(f"sliding window {d['sliding_window']} on "
+                         f"{sum(d['sliding_layers'])} of {d['num_layers']} layers")
+        if d.get("qk_norm"):
+            parts.append("q/k norms")
         return ", ".join(parts)
 
     @property
     def permutes_qk(self) -> bool:
         """Whether torchtune holds q/k rows in the interleaved RoPE layout (converting
-        from HF permutes them); Qwen and Phi-3 keep HF's rotate-half rows as they are."""
-        return self.family not in ("qwen2", "qwen3", "phi3")
+        from HF permutes them); Qwen2, Phi-3 and the config-built decoder keep HF's
+        rotate-half rows as they are."""
+        return self.family in ("llama3", "llama3_1", "llama3_2", "mistral", "gemma")
 
     def component(self, lora: bool) -> str:
         name = f"lora_{self.builder}" if lora else self.builder
@@ -122,6 +129,8 @@ def model_type_of(cfg: dict) -> str | None:
 def architecture_of(cfg: dict) -> Architecture:
     model_type = model_type_of(cfg)
     _check_supported(cfg, model_type)  # before the dimensions another family may lack
+    if model_type not in TORCHTUNE_TYPES:
+        return _config_decoder(cfg)
     dims = _common_dims(cfg)
     if model_type == "llama":
         return _llama(cfg, dims)
@@ -138,29 +147,58 @@ def architecture_of(cfg: dict) -> Architecture:
         dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
         dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
         return Architecture("gemma", "gemma", "GEMMA", dims)
-    if model_type == "qwen3":
-        return _qwen3(cfg, dims)
-    if model_type == "gemma2":
-        return _gemma2(cfg, dims)
     if model_type == "phi3":
         return _phi3(cfg, dims)
     raise AssertionError(model_type)  # _check_supported listed it
 
 
-SUPPORTED = "llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (Phi-3 4k, Phi-4)"
-MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3")
+# Families torchtune's own builders and checkpointers run (drop-in configs name them);
+# every other supported type is a row of kubetune.model_family.families, built from its
+# config.json by kubetune.trainer.models.decoder.
+TORCHTUNE_TYPES = ("llama", "qwen2", "mistral", "gemma", "phi3")
+DECODER_PACKAGE = "kubetune.trainer.models.decoder"
+DECODER_CHECKPOINTER = "kubetune.trainer.models.decoder_weights.DecoderHFCheckpointer"
+
+
+def supported_types() -> tuple[str, ...]:
+    return tuple(sorted({*TORCHTUNE_TYPES, *families.model_types()}))
+
+
+def supported_line() -> str:
+    return ", ".join(supported_types()) + " (phi3: Phi-3 4k, Phi-4)"
+
+
+def decoder_family(cfg: dict) -> tuple[families.FamilyRow, dict, dict]:
+    """A config-built family's row, its builder arguments and its HF -> torchtune keys."""
+    row = families.row_of(model_type_of(cfg) or "")
+    if row is None:
+        raise BadInputError(f"model_type {model_type_of(cfg)!r} has no row in "
+                            f"{features.WHERE_ROWS}")
+    spec = features.decoder_spec(cfg, row)
+    return row, spec, weight_names.hf_to_tune_keys(spec, row)
+
+
+def _config_decoder(cfg: dict) -> Architecture:
+    row, spec, _ = decoder_family(cfg)
+    return Architecture(row.model_type, "decoder", "CONFIG_DECODER", spec,
+                        package=DECODER_PACKAGE, checkpointer=DECODER_CHECKPOINTER)
 
 
 def _check_supported(cfg: dict, model_type: str | None) -> None:
-    if model_type in MODEL_TYPES:
-        return
     if model_type is None:
         raise BadInputError("config.json names no model_type and no *ForCausalLM "
-                            f"architecture: is it a causal LM's? supported: {SUPPORTED}")
+                            f"architecture: is it a causal LM's? supported: {supported_line()}")
+    blocking = features.blocking_feature(cfg)
     named = "" if cfg.get("model_type") else \
         f" (from config.json's architectures {cfg.get('architectures')!r})"
-    raise BadInputError(f"model_type {model_type!r}{named or ' in config.json'} is not "
-                        f"supported; supported: {SUPPORTED}")
+    where = named or " in config.json"
+    if blocking is not None:
+        raise BadInputError(f"model_type {model_type!r}{where}: {blocking}")
+    if model_type in TORCHTUNE_TYPES or families.row_of(model_type) is not None:
+        return
+    raise BadInputError(f"model_type {model_type!r}{where} is not supported: its features "
+                        "may all be known, but no family row names it; add one in "
+                        f"{features.WHERE_ROWS}; supported: {supported_line()}")
 
 
 # torchtune's Llama3ScaledRoPE fixes these; Llama 3.1, 3.2 and 3.3 all ship them.
@@ -196,39 +234,6 @@ def _llama(cfg: dict, dims: dict) -> Architecture:
     if rope == "llama3":
         return Architecture("llama3_1", "llama3_1", "LLAMA3", dims)
     return Architecture("llama3", "llama3", "LLAMA3", dims)
-
-
-def _qwen3(cfg: dict, dims: dict) -> Architecture:
-    if cfg.get("attention_bias"):
-        raise _refuse("qwen3", "attention_bias is true", "Qwen3 checkpoints have none")
-    if cfg.get("use_sliding_window"):
-        raise _refuse("qwen3", "use_sliding_window is true", "set it false in config.json")
-    if _rope_type(cfg) != "default":
-        raise _refuse("qwen3", f"rope type {_rope_type(cfg)!r} (context extension)",
-                      "remove rope_scaling from config.json to train at the native length")
-    dims["rope_base"] = float(dims.get("rope_base", 1_000_000.0))
-    dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
-    dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
-    dims["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-    return Architecture("qwen3", "qwen3", "QWEN3", dims, package="kubetune.trainer.models.qwen3",
-                        checkpointer="kubetune.trainer.models.qwen_weights.Qwen3HFCheckpointer")
-
-
-def _gemma2(cfg: dict, dims: dict) -> Architecture:
-    attn_cap, final_cap = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
-    if attn_cap is None or final_cap is None:
-        raise _refuse("gemma2", "logit soft-capping is off (null in config.json)",
-                      "use the checkpoint's original attn/final_logit_softcapping")
-    dims["rope_base"] = float(dims.get("rope_base", 10_000.0))
-    dims["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
-    dims["head_dim"] = int(cfg.get("head_dim") or dims["embed_dim"] // dims["num_heads"])
-    dims["hidden_capping_value"] = float(attn_cap)
-    dims["final_capping_value"] = float(final_cap)
-    dims["sliding_window_size"] = int(cfg.get("sliding_window") or dims["max_seq_len"])
-    if cfg.get("query_pre_attn_scalar") is not None:
-        dims["query_pre_attn_scalar"] = int(cfg["query_pre_attn_scalar"])
-    return Architecture("gemma2", "gemma2", "GEMMA2", dims, package="kubetune.trainer.models.gemma2",
-                        checkpointer="kubetune.trainer.models.gemma2.Gemma2HFCheckpointer")
 
 
 def _phi3(cfg: dict, dims: dict) -> Architecture:

@@ -15,12 +15,15 @@ from typing import Any, Iterator
 
 @contextlib.contextmanager
 def patched(target: Any, table_name: str | None = None, *, updates: dict | None = None,
-            attribute: str | None = None, value: Any = None) -> Iterator[None]:
-    """``updates`` merged into ``target.<table_name>`` (a dict), or ``target.<attribute>``
-    set to ``value``; both restored on exit."""
+            attribute: str | None = None, value: Any = None,
+            replace: bool = False) -> Iterator[None]:
+    """``updates`` merged into ``target.<table_name>`` (a dict; ``replace``: the table's
+    whole content), or ``target.<attribute>`` set to ``value``; both restored on exit."""
     if table_name is not None:
         table = getattr(target, table_name)
         saved = dict(table)
+        if replace:
+            table.clear()
         table.update(updates or {})
         try:
             yield

@@ -76,6 +76,47 @@ FAMILIES = {
                 "final_logit_softcapping": 30.0, "sliding_window": 256,
                 "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0,
                 "bos_token_id": 2, "eos_token_id": 1}),
+    # The config-built families (kubetune/model_family/families.py). Windows of 4 tokens
+    # and a sliding layer beside a full one, so a sequence of 16 tells the layers apart.
+    # Gemma 3: (1 + w) norms before and after each block, q/k norms per head, RoPE 1M on
+    # full layers and 10k on sliding ones, query_pre_attn_scalar apart from head_dim.
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                    {"head_dim_factor": 2, "sliding_window": 4, "query_pre_attn_scalar": 24,
+                     "layer_types": ["sliding_attention", "full_attention"],
+                     "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0,
+                     "bos_token_id": 2, "eos_token_id": 1}),
+    # OLMo 2: norms after each block only, q/k norms over the whole projection.
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
+              {"tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1,
+               "eos_token_id": 2}),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM",
+              {"tie_word_embeddings": False, "sliding_window": 4, "pad_token_id": 0,
+               "layer_types": ["sliding_attention", "full_attention"], "bos_token_id": 1,
+               "eos_token_id": 2}),
+    # Granite: embedding, attention, residual and logit multipliers.
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                {"embedding_multiplier": 12.0, "attention_multiplier": 0.0625,
+                 "residual_multiplier": 0.22, "logits_scaling": 8.0,
+                 "tie_word_embeddings": True}),
+    # SmolLM3: every other layer without RoPE (NoPE).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                {"no_rope_layers": [1, 0], "tie_word_embeddings": True, "pad_token_id": 0,
+                 "bos_token_id": 1, "eos_token_id": 2}),
+    # StarCoder 2: LayerNorm with biases, a plain GeLU MLP (c_fc/c_proj), biases on every
+    # projection, a window on every layer.
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM",
+                   {"sliding_window": 4, "use_bias": True, "tie_word_embeddings": True,
+                    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    "ministral": ("MinistralConfig", "MinistralForCausalLM",
+                  {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
+                   "tie_word_embeddings": False, "head_dim_factor": 1}),
+    "helium": ("HeliumConfig", "HeliumForCausalLM",
+               {"tie_word_embeddings": False, "head_dim_factor": 1, "pad_token_id": 0, "bos_token_id": 1,
+                "eos_token_id": 2}),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM",
+                 {"tie_word_embeddings": False, "attention_bias": True,
+                  "attention_out_bias": False, "pad_token_id": 0, "bos_token_id": 1,
+                  "eos_token_id": 2}),
     # Phi-3 / Phi-4: fused qkv_proj and gate_up_proj in HF, split in torchtune.
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              {"rope_theta": 10_000.0, "pad_token_id": 0, "bos_token_id": 1,

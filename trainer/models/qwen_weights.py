@@ -1,15 +1,9 @@
-"""Qwen checkpoints in the Hugging Face layout: Qwen3 weights to ``kubetune.trainer.models.qwen3``
-and back, and the checkpointers that read and write Qwen2 and Qwen3 in that layout.
+"""Qwen2 checkpoints in the Hugging Face layout: torchtune's own QWEN2 builders and
+conversion, with the one place its QWEN2 path is wrong corrected. (Qwen3 is a row of
+``kubetune.model_family.families``, built by ``kubetune.trainer.models.decoder``.)
 
-A Qwen3 state dict is a Qwen2 one without q/k/v biases plus one norm per q and k head.
 torchtune keeps Qwen's RoPE in HF's rotate-half layout (``Qwen2RotaryPositionalEmbeddings``),
-so no weight is permuted, and its QWEN2 conversion (tied output, sharding, index) is right
-for Qwen3 once it knows the two norm keys (``kubetune.model_family.convert.QWEN3_KEYS``,
-shared with the exporter's conversion). ``Qwen3HFCheckpointer`` is torchtune's
-``FullModelHFCheckpointer`` run as QWEN2 with those keys added for the call, so loading,
-shard layout, index and copied files stay torchtune's.
-
-The PEFT adapter is the one place torchtune's QWEN2 path is wrong (for Qwen2 as for Qwen3):
+so no weight is permuted. The PEFT adapter is wrong:
 ``tune_to_peft_adapter_weights`` permutes LoRA B of q/k from the interleaved RoPE layout
 of Llama-style models into HF's, but these rows were never interleaved. The checkpointer
 undoes that permutation on the adapter it writes, so ``adapter_model.safetensors`` is what
@@ -24,10 +18,8 @@ from typing import Iterator
 
 import torch
 from torchtune.models import convert_weights
-from torchtune.models.qwen2 import _convert_weights as qwen2_convert
 from torchtune.training.checkpointing._checkpointer import FullModelHFCheckpointer
 
-from kubetune.model_family.convert import QWEN3_KEYS
 from kubetune.model_family.scoped import patched
 
 
@@ -76,25 +68,4 @@ class Qwen2HFCheckpointer(FullModelHFCheckpointer):
 
     def save_checkpoint(self, *args, **kwargs) -> None:
         with rotate_half_adapter(_head_dim(self._config)):
-            return super().save_checkpoint(*args, **kwargs)
-
-
-class Qwen3HFCheckpointer(FullModelHFCheckpointer):
-    """``FullModelHFCheckpointer`` for Qwen3 checkpoints (``model_type: QWEN3``): torchtune's
-    QWEN2 path, knowing Qwen3's norm keys, its PEFT adapter in HF rows."""
-
-    def __init__(self, *args, model_type: str = "QWEN3", **kwargs) -> None:
-        if model_type != "QWEN3":
-            raise ValueError(f"Qwen3HFCheckpointer reads QWEN3 checkpoints, not {model_type}")
-        super().__init__(*args, model_type="QWEN2", **kwargs)
-        self._config.setdefault("tie_word_embeddings", False)
-        self._config.setdefault("num_key_value_heads", self._config["num_attention_heads"])
-
-    def load_checkpoint(self):
-        with patched(qwen2_convert, "_FROM_HF", updates=QWEN3_KEYS):
-            return super().load_checkpoint()
-
-    def save_checkpoint(self, *args, **kwargs) -> None:
-        with patched(qwen2_convert, "_FROM_HF", updates=QWEN3_KEYS), \
-                rotate_half_adapter(_head_dim(self._config)):
             return super().save_checkpoint(*args, **kwargs)
