@@ -23,6 +23,9 @@ WHERE_ROWS = "kubetune/model_family/families.py (docs/extending.md#a-model-famil
 def blocking_feature(cfg: dict) -> str | None:
     """The feature in ``cfg`` that no family row can express, as one clause; None where
     every feature is one the decoder builder knows."""
+    if cfg.get("vision_config") or cfg.get("audio_config"):
+        return ("vision_config: multimodal checkpoints are not supported; their text model "
+                "alone (e.g. model_type gemma3_text) is")
     if cfg.get("is_encoder_decoder"):
         return "is_encoder_decoder: encoder-decoder models are not supported"
     for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):

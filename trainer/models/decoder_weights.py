@@ -26,6 +26,7 @@ from kubetune.model_family.scoped import patched
 from kubetune.model_family.weight_names import module_names, tune_to_hf_targets
 
 MODEL_TYPE = "CONFIG_DECODER"
+TUNE_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3", "output")
 PEFT_PREFIX = "base_model.model."
 _ADAPTER_KEY = re.compile(r"^(?:layers\.(\d+)\.)?(.+)\.(lora_a\.weight|lora_b\.weight|magnitude)$")
 _PEFT_NAMES = {"lora_a.weight": "lora_A.weight", "lora_b.weight": "lora_B.weight",
@@ -52,10 +53,13 @@ def peft_adapter_weights(state: dict[str, torch.Tensor], spec: dict, row) -> dic
 def peft_adapter_config(adapter_config: dict[str, Any], spec: dict, row,
                         base_model_name_or_path: str | None = None) -> dict[str, Any]:
     targets = tune_to_hf_targets(spec, row)
-    unknown = [t for t in adapter_config["target_modules"] if t not in targets]
+    unknown = [t for t in adapter_config["target_modules"] if t not in TUNE_TARGETS]
     if unknown:
         raise ValueError(f"unknown LoRA target modules {unknown}")
-    adapter_config["target_modules"] = [targets[t] for t in adapter_config["target_modules"]]
+    # torchtune's recipes name w1, w2 and w3 for "the MLP" whatever its shape: a plain MLP
+    # (StarCoder 2's c_fc, c_proj) has no w3, so no adapter sits there.
+    adapter_config["target_modules"] = [targets[t] for t in adapter_config["target_modules"]
+                                        if t in targets]
     if base_model_name_or_path:
         adapter_config["base_model_name_or_path"] = base_model_name_or_path
     return adapter_config
