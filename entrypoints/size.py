@@ -86,6 +86,10 @@ def _text(result: dict, line: str) -> str:
     ])
 
 
+def _parameters(count: int) -> str:
+    return f"{count / 1e9:.1f}B" if count >= 1e8 else f"{count / 1e6:.1f}M"
+
+
 def _teacher(objective: "Objective", method: str, teacher: str | None):
     """The teacher a distillation run holds beside the student (None otherwise); refused where
     the objective and the teacher do not go together, or the method has no KD recipe."""
@@ -150,7 +154,10 @@ def size(model: str, method: str, objective: str, teacher: str | None, max_seq_l
     checkpoint_bytes = sized.checkpoint_bytes
     if teacher_sized and checkpoint_bytes is not None:
         checkpoint_bytes += teacher_sized.checkpoint_bytes or 0
-    label = f"{sized.label} ({arch.family}, {sized.parameters / 1e9:.1f}B parameters)"
+    # The shape behind the estimate (layers, width, vocabulary, a tied output, windows):
+    # with a 262k vocabulary the output alone can outweigh the layers (Gemma 3 270M).
+    label = (f"{sized.label} ({arch.family}, {_parameters(sized.parameters)} parameters: "
+             f"{arch.summary})")
     request = sizing.Request(
         label=label, dims=arch.shape, method=method,
         seq_len=max_seq_len or min(int(arch.dims.get("max_seq_len", 2048)), 2048),

@@ -82,11 +82,41 @@ def register(row: FamilyRow) -> FamilyRow:
     return row
 
 
+# Rows from installed packages: an entry point in this group names a FamilyRow or a list
+# of them (docs/extending.md#a-model-family-of-your-own), loaded at the first look-up.
+ENTRY_POINT_GROUP = "kubetune.model_families"
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    from kubetune.errors import BadInputError
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            found = ep.load()
+        except Exception as exc:  # a broken plugin is the installer's to fix, named
+            raise BadInputError(f"model family plugin {ep.name} ({ep.value}) failed to "
+                                f"import: {type(exc).__name__}: {exc}") from None
+        for row in (found if isinstance(found, (list, tuple)) else [found]):
+            if not isinstance(row, FamilyRow):
+                raise BadInputError(f"model family plugin {ep.name} ({ep.value}) gives "
+                                    f"{type(row).__name__}, not a kubetune FamilyRow")
+            register(row)
+
+
 def row_of(model_type: str) -> FamilyRow | None:
+    _load_plugins()
     return _ROWS.get(model_type)
 
 
 def model_types() -> tuple[str, ...]:
+    _load_plugins()
     return tuple(sorted(_ROWS))
 
 

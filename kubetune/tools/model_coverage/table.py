@@ -29,7 +29,9 @@ def classify(configs: dict[str, dict]) -> dict[str, dict]:
         try:
             arch = architecture_of(cfg)
         except BadInputError as refused:
-            table[model_type] = {"status": "refused", "reason": str(refused)}
+            # The list of supported types the line ends with is the table itself.
+            table[model_type] = {"status": "refused",
+                                 "reason": str(refused).split("; supported: ")[0]}
             continue
         builder = "config-built decoder" if arch.package == DECODER_PACKAGE else \
             f"torchtune's {arch.family}"
