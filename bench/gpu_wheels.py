@@ -7,7 +7,7 @@ into ``bench/gpu-wheels/`` (git-ignored; the device tool's ``carry`` takes it al
 with the tree): torchtune, torchao, torchdata, omegaconf and antlr4, datasets,
 huggingface_hub 2.x and its HTTP client, gguf, and the pure-Python packages they import
 that a plain torch + CUDA image may not have. Left out: what that image is known to hold
-and what is large or compiled (torch, numpy, pyarrow, tokenizers, sentencepiece, ...:
+and what is large or compiled (torch, numpy, pyarrow, sentencepiece, ...:
 ``LENT_IMAGE_HAS``; /work/.library/device/KINDS.md lists the image's packages), and what
 training never imports (boto3: the initializers' S3 client). Prints the folder's total.
 
@@ -35,8 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / "bench" / "gpu-wheels"
 # Installed whatever the lent machine has: the versions kubetune pins and was tested with
 # (the image's huggingface_hub is 1.x, ours 2.x).
+# tokenizers too: the image's 0.23.2 declares huggingface_hub < 2, ours (0.23.3) < 3;
+# torchtune needs it and the resolve against the image's pins found the clash
+# (tests/test_gpu_resolve.py). Its wheel is abi3 and links no torch: ~3 MiB.
 OURS = ("torchtune", "torchao", "torchdata", "omegaconf", "antlr4-python3-runtime",
-        "datasets", "huggingface-hub", "gguf")
+        "datasets", "huggingface-hub", "gguf", "tokenizers")
 # gguf is no dependency of ours (the real-model bench reads GGUF files): its version here.
 EXTRA = {"gguf": "0.19.0"}
 # In the lent image (KINDS.md, 2026-11), or large and compiled: not carried. pyarrow's
@@ -47,11 +50,27 @@ EXTRA = {"gguf": "0.19.0"}
 # each in only where the image's misses a carried wheel's requirement.
 LENT_IMAGE_HAS = {
     "torch", "triton", "numpy", "pandas", "pyarrow", "sympy", "mpmath", "networkx", "pillow",
-    "matplotlib", "contourpy", "fonttools", "kiwisolver", "cycler", "pyparsing", "tokenizers",
+    "matplotlib", "contourpy", "fonttools", "kiwisolver", "cycler", "pyparsing",
     "sentencepiece", "tiktoken", "safetensors", "psutil", "pyyaml", "regex", "xxhash", "lxml",
     "cryptography", "cffi", "protobuf", "jinja2", "markupsafe", "tzdata", "aiohttp", "yarl",
     "multidict", "frozenlist", "aiosignal", "propcache", "aiohappyeyeballs", "setuptools",
 }
+# The lent image's versions where a reading gives one (KINDS.md's pip list, 2026-11:
+# python3 is CPython 3.12.3): what the carried set must resolve against
+# (tests/test_gpu_resolve.py). The image's other packages (KINDS.md's name list) have no
+# version read: the resolve leaves them free and cannot check them.
+LENT_PYTHON = "3.12"
+LENT_IMAGE_PINS = {
+    "torch": "2.11.0", "torchaudio": "2.11.0", "torchvision": "0.26.0", "triton": "3.6.0",
+    "transformers": "5.17.0", "huggingface-hub": "1.33.0", "accelerate": "1.15.0",
+    "safetensors": "0.8.0", "tokenizers": "0.23.2", "sentencepiece": "0.2.2",
+    "tiktoken": "0.14.0", "numpy": "2.5.2", "sentence-transformers": "6.0.1",
+    "torchmetrics": "1.9.0", "pytorch-lightning": "2.6.6",
+}
+# What bench/gpu_peft.py (the transformers + PEFT baseline) imports: the image's own,
+# without the carried site (bench/gpu.py's baseline_env).
+BASELINE_NEEDS = ("torch", "transformers", "peft", "accelerate", "tokenizers",
+                  "huggingface-hub", "safetensors")
 # Never imported by a training run (the initializers' S3 client): not carried.
 NOT_NEEDED = {"boto3", "botocore", "s3transfer", "jmespath"}
 # The lent image's python3, as pip names its wheels.
@@ -105,6 +124,29 @@ def carried_set() -> dict[str, str]:
                              "checkout whose .venv has the train extra (make venv)") from None
         todo += _needs(requires(name) or [])
     return chosen
+
+
+def overlay_resolve_input() -> tuple[list[str], list[str]]:
+    """(requirements, constraints) of the bench's own processes on the lent machine: the
+    carried set at its versions over the image's pinned packages. ``install`` replaces
+    OURS whatever the image has, so the image's pins on those are dropped; the rest
+    constrain whatever the carried set pulls in (torch above all). A constraint adds no
+    package: the image's transformers 5.17, which needs huggingface_hub < 2, is left out
+    unless something carried needs it (then it conflicts with the carried 2.x, rightly:
+    under the overlay it would import that 2.x)."""
+    chosen = carried_set()
+    requirements = [f"{name}=={version}" for name, version in sorted(chosen.items())]
+    constraints = [f"{name}=={version}" for name, version in sorted(LENT_IMAGE_PINS.items())
+                   if name not in OURS]
+    return requirements, constraints
+
+
+def baseline_resolve_input() -> tuple[list[str], list[str]]:
+    """(requirements, constraints) of the baseline's process: the image's own packages,
+    nothing carried."""
+    requirements = [f"{name}=={LENT_IMAGE_PINS[name]}" if name in LENT_IMAGE_PINS else name
+                    for name in BASELINE_NEEDS]
+    return requirements, [f"{n}=={v}" for n, v in sorted(LENT_IMAGE_PINS.items())]
 
 
 def fetch(folder: Path) -> None:
