@@ -26,6 +26,12 @@ so; a failing case is a row with its error, and the next one runs):
   real-model  bench/real_model.py's trainers (ours, plain torchtune, transformers + PEFT)
               where that bench exists, run without arguments: its last JSON line is read
 
+lora-1b and dpo also run what a user would run instead, a plain transformers + PEFT script
+(bench/gpu_peft.py) on the same model, rows, batch, sequence length and LoRA settings,
+after ours and in a Python of its own (``--baseline-python``: on a GPU this one without
+PYTHONPATH, the lent image's own transformers, peft and huggingface_hub 1.x; in the smoke
+the tests' .venv-serving): ours' tokens/s and peak memory over its, in the same table.
+
 Per case: ours' tokens/s against its target scaled by the card's dense bf16 peak over an
 H100's (the scale is printed: 1.00 on an H100 or H200), ours over plain torchtune's
 tokens/s, ours' peak CUDA memory against 90% of the card, and `kubetune size`'s estimate
@@ -63,6 +69,9 @@ H100_BF16_FLOPS = 989e12
 PEAK_SHARE = 0.90  # ours' peak CUDA memory at most this share of the card
 SIZE_TOLERANCE = 0.10  # `kubetune size` within this of the measured peak
 VALIDATION_SHARE = 0.05
+# Issue 64: every case at least this times transformers + PEFT's tokens/s, and no more
+# peak memory than it.
+PEFT_SPEEDUP = 1.3
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class Case:
     smoke_args: tuple[str, ...] = ()  # --cpu-smoke arguments
     models: tuple[str, ...] = ("1B",)  # written before it runs (MODELS)
     size: tuple[str, ...] | None = ()  # `kubetune size` arguments; None: no prediction
+    baseline: str | None = None  # bench/gpu_peft.py's mode: transformers + PEFT's same run
 
 
 SFT_ARGS = ("--data", "realistic", "--shape", "kubeflow", "--repeats", "1")
@@ -88,7 +98,7 @@ NO_PLAN = ("--no-plan-timing",)
 QLORA_ARGS = ("--data", "realistic", "--shape", "single", "--repeats", "1", "--method", "qlora")
 CASES = (
     Case("lora-1b", 60_000, 150, "trainer", (*SFT_ARGS, "--steps", "12"),
-         (*SFT_ARGS, *SMOKE_STEPS), size=("--method", "lora")),
+         (*SFT_ARGS, *SMOKE_STEPS), size=("--method", "lora"), baseline="sft"),
     Case("full-1b", 45_000, 100, "trainer", (*SFT_ARGS, "--method", "full", "--steps", "8"),
          (*SFT_ARGS, "--method", "full", *SMOKE_STEPS, *NO_PLAN), size=("--method", "full")),
     # One device's QLoRA recipe: what the controller and `kubetune train` pick for QLoRA on
@@ -106,13 +116,31 @@ CASES = (
          ("--rows", "24", "--val-rows", "8", "--batch", "8"), size=None),
     Case("dpo", None, 110, "dpo", ("--repeats", "3", "--steps", "6", "--rows", "256"),
          ("--repeats", "1", *SMOKE_STEPS, "--rows", "16"),
-         size=("--method", "lora", "--objective", "dpo")),
+         size=("--method", "lora", "--objective", "dpo"), baseline="dpo"),
     Case("distill", None, 130, "distill", ("--repeats", "3", "--steps", "6", "--rows", "256"),
          ("--repeats", "1", *SMOKE_STEPS, "--rows", "16"), models=("1B", "3B"),
          size=("--method", "lora", "--objective", "distill")),
     Case("real-model", None, 120, "real_model", size=None, models=()),
 )
 SMOKE_CAP_S = 300  # a hang, not a slow neighbour: the test asserts every case ran
+# transformers + PEFT's run of a case (bench/gpu_peft.py), after ours and within the budget:
+# loading the 1B model and 8 steps of 8 micro-batches, or 6 DPO steps.
+BASELINE_CAP_S = 90
+# bench/gpu_peft.py's arguments per mode, GPU and smoke: the batch, accumulation and
+# sequence length the case's ours runs with (bench/trainer.py's SDK arguments on
+# llama3_2/1B_lora; bench/dpo.py's); fewer steps than ours on a GPU (its rate is steady
+# after the first), the smoke's two.
+BASELINE_ARGS = {
+    "sft": (("--steps", "6", "--batch", "4", "--accumulation", "8", "--max-seq-len", "2048"),
+            ("--steps", "2", "--batch", "4", "--accumulation", "8", "--max-seq-len", "2048")),
+    "dpo": (("--steps", "6", "--batch", "4", "--max-seq-len", "1024"),
+            ("--steps", "2", "--batch", "8", "--max-seq-len", "512")),
+}
+# TRL's DPOTrainer is not run: trl is not in the lent image and not carried (it would
+# need a site of its own, without the carried huggingface_hub 2.x the image's
+# transformers 5.17 cannot import beside); the DPO baseline is the same loss written
+# against transformers + PEFT, reference by disabling the adapter, as TRL runs a PEFT model.
+TRL_NOTE = "TRL not carried: a plain DPO loop on transformers + PEFT"
 MIN_CASE_S = 40  # a GPU case given less than this is skipped, not started
 
 
@@ -127,6 +155,10 @@ class Row:
     met: bool | None = None
     peak_gib: float | None = None
     size_gib: float | None = None
+    peft: float | None = None  # transformers + PEFT's tokens/s (bench/gpu_peft.py)
+    peft_ratio: float | None = None  # ours' tokens/s over it
+    peft_memory_ratio: float | None = None  # ours' peak over its (CUDA, or RSS on CPU)
+    peft_note: str = ""
     seconds: float = 0.0
     note: str = ""
     raw: dict = field(default_factory=dict)
@@ -182,11 +214,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--only", type=lambda s: set(s.split(",")), default=None,
                         help="comma-separated case names (default: every case)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kubetune-bench-gpu"))
+    parser.add_argument("--baseline-python", type=Path, default=None,
+                        help="the Python of the transformers + PEFT baseline (default: "
+                             "this one, less PYTHONPATH, on a GPU; .venv-serving's in the "
+                             "smoke)")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write gpu.json, gpu.md and gpu-logs.tar.gz here")
     args = parser.parse_args()
     if args.budget is None:
         args.budget = 1800.0 if args.cpu_smoke else 500.0
+    if args.baseline_python is None:
+        args.baseline_python = (REPO / ".venv-serving" / "bin" / "python" if args.cpu_smoke
+                                else Path(sys.executable))
     unknown = (args.only or set()) - {c.name for c in CASES}
     if unknown:
         parser.error(f"--only: no case {', '.join(sorted(unknown))} (cases: "
@@ -253,6 +292,10 @@ def run_case(case: Case, args: argparse.Namespace, card: dict, workdir: Path,
         row.raw["run_plan_gib"] = run_plan_gib(workdir / case.name / "ours.log")
         if case.size is not None and models:
             row.size_gib = size_estimate(case, models, card, smoke)
+        if case.baseline:
+            run_baseline(case, row, args, models[0], workdir,
+                         min(BASELINE_CAP_S if not smoke else SMOKE_CAP_S,
+                             left - (time.monotonic() - start)))
     except CaseFailed as failed:
         row.note = str(failed)
     except Exception as error:  # noqa: BLE001 (a bench's changed output, say: the row says
@@ -324,12 +367,12 @@ def ensure_model(name: str, workdir: Path, device: str, smoke: bool, cap: float)
     return model
 
 
-def run_capped(command: list[str], cap: float, log: Path) -> dict:
+def run_capped(command: list[str], cap: float, log: Path, env: dict | None = None) -> dict:
     """Run ``command`` in its own process group for at most ``cap`` seconds (then the
     whole group is stopped: no run holds the GPU into the next case); its JSON result."""
     with open(log.with_suffix(".out"), "w") as out, open(log.with_suffix(".err"), "w") as err:
         child = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=err,
-                                 start_new_session=True, env=bench_env())
+                                 start_new_session=True, env=env or bench_env())
         try:
             child.wait(timeout=max(cap, 1))
         except subprocess.TimeoutExpired:
@@ -343,6 +386,81 @@ def run_capped(command: list[str], cap: float, log: Path) -> dict:
         return last_json(stdout)
     except ValueError:
         raise CaseFailed("printed no JSON result (see its log)") from None
+
+
+def run_baseline(case: Case, row: Row, args: argparse.Namespace, model: Path, workdir: Path,
+                 cap: float) -> None:
+    """transformers + PEFT's run of ``case`` (bench/gpu_peft.py) in the baseline's own
+    Python, after ours (one process at a time: the GPU is the other's); its tokens/s and
+    peak against ours'. A failure is the baseline column's note: ours' row stands."""
+    inputs = (["--rows", str(sft_rows(workdir))] if case.baseline == "sft" else
+              ["--pairs", str(workdir / case.name / "pairs" / "train.jsonl")])
+    command = [str(args.baseline_python), str(BENCH / "gpu_peft.py"), case.baseline,
+               "--model", str(model), *inputs,
+               *BASELINE_ARGS[case.baseline][1 if args.cpu_smoke else 0]]
+    if cap < (5 if args.cpu_smoke else MIN_CASE_S):
+        row.peft_note = f"skipped: {max(cap, 0):.0f} s of the budget left"
+        return
+    if not args.baseline_python.is_file():
+        row.peft_note = f"skipped: no baseline Python at {args.baseline_python}"
+        return
+    try:
+        result = run_capped(command, cap, workdir / "logs" / f"{case.name}-peft",
+                            baseline_env(args.cpu_smoke))
+    except CaseFailed as failed:
+        row.peft_note = f"transformers + PEFT {failed}"
+        return
+    row.raw["peft"] = result
+    row.peft = result["tokens_per_s"]
+    if row.measured:
+        row.peft_ratio = row.measured / row.peft
+    ours_peak = ours_peak_bytes(workdir / case.name / "ours" / "metrics.jsonl")
+    theirs = (result["peak_cuda_reserved_gib"] * 2 ** 30 if result["peak_cuda_reserved_gib"]
+              else result["peak_rss"])
+    if ours_peak and theirs:
+        row.peft_memory_ratio = ours_peak / theirs
+    if ours_peak and row.peak_gib is None and not args.cpu_smoke:
+        row.peak_gib = ours_peak / 2 ** 30  # bench/dpo.py reports only a ratio to plain's
+    if case.baseline == "dpo":
+        row.peft_note = TRL_NOTE
+
+
+def sft_rows(workdir: Path) -> Path:
+    """The SFT dataset's parquet rows as JSON lines (input, output), shard by shard: the
+    baseline's Python reads no parquet (the smoke's venv has no pyarrow)."""
+    import pyarrow.parquet as pq
+
+    target = workdir / "dataset" / "rows.jsonl"
+    if not target.is_file():
+        with open(target.with_suffix(".tmp"), "w") as out:
+            for shard in sorted((workdir / "dataset" / "data").glob("*.parquet")):
+                for record in pq.read_table(shard, columns=["input", "output"]).to_pylist():
+                    out.write(json.dumps(record) + "\n")
+        target.with_suffix(".tmp").rename(target)
+    return target
+
+
+def ours_peak_bytes(metrics: Path) -> float | None:
+    """The largest peak ours' metric logger recorded: CUDA reserved on a GPU, the
+    recipe process's resident memory on CPU (kubetune's metric_logger.py)."""
+    if not metrics.is_file():
+        return None
+    peaks = [json.loads(line).get("peak_memory_bytes") for line in
+             metrics.read_text().splitlines() if '"peak_memory_bytes"' in line]
+    peaks = [p for p in peaks if isinstance(p, (int, float))]
+    return max(peaks) if peaks else None
+
+
+def baseline_env(smoke: bool) -> dict:
+    # Without PYTHONPATH: on a lent GPU it names bench/gpu.sh's carried site, whose
+    # huggingface_hub 2.x the image's transformers 5.17 refuses (it needs < 2) and whose
+    # torchao peft refuses to import beside. Offline: the model is a local directory.
+    env = {k: v for k, v in bench_env().items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TQDM_DISABLE="1",
+               TOKENIZERS_PARALLELISM="false")
+    if smoke:
+        env["OMP_NUM_THREADS"] = "1"  # as the smoke's ours runs (--threads 1)
+    return env
 
 
 def bench_env() -> dict:
@@ -451,12 +569,15 @@ def size_estimate(case: Case, models: list[Path], card: dict, smoke: bool) -> fl
 
 def judge(row: Row, case: Case, card: dict) -> None:
     """Whether the row meets its targets; None where a number is missing (or on CPU)."""
-    if row.measured is None or row.target is None:
+    peft = [] if card["device"] == "cpu" or row.peft_ratio is None else [
+        row.peft_ratio >= PEFT_SPEEDUP,
+        *([row.peft_memory_ratio <= 1.0] if row.peft_memory_ratio is not None else [])]
+    if row.measured is None or (row.target is None and not peft):
         return
     if case.name == "validation":
         row.met = row.measured <= row.target
         return
-    checks = [row.measured >= row.target]
+    checks = [*peft, *([row.measured >= row.target] if row.target is not None else [])]
     if row.peak_gib is not None and card["memory_gib"]:
         checks.append(row.peak_gib <= PEAK_SHARE * card["memory_gib"])
         if row.size_gib is not None:

@@ -3,8 +3,8 @@ reason it has none."""
 
 from __future__ import annotations
 
-HEADER = ("| case | measured | target | met | ours / plain torchtune | peak memory "
-          "| `kubetune size` | s | note |")
+HEADER = ("| case | measured | target | met | ours / plain torchtune "
+          "| ours / transformers + PEFT | peak memory | `kubetune size` | s | note |")
 
 
 def _tps(value: float | None) -> str:
@@ -35,6 +35,19 @@ def _ratio(row) -> str:
     return f"{row.ratio:.2f}x{spread} of {_tps(row.plain)}"
 
 
+def _peft(row) -> str:
+    """Ours over transformers + PEFT's same run: tokens/s, then peak memory (CUDA reserved;
+    resident memory on CPU); the baseline's reason where it has no number; a dash for a
+    case with no baseline."""
+    note = f" ({row.peft_note})" if row.peft_note and row.peft is not None else ""
+    if row.peft is None:
+        return row.peft_note or "—"
+    speed = f"{row.peft_ratio:.2f}x" if row.peft_ratio is not None else "—"
+    memory = (f"; memory {row.peft_memory_ratio:.2f}x" if row.peft_memory_ratio is not None
+              else "")
+    return f"{speed} of {_tps(row.peft)}{memory}{note}"
+
+
 def _peak(row, card: dict) -> str:
     if row.peak_gib is None:
         return "— (CPU)" if card["memory_gib"] is None and row.measured is not None else "—"
@@ -62,10 +75,10 @@ def markdown(rows: list, card: dict, total_s: float, budget_s: float) -> str:
     lines = [f"Card: {card['name']}; bf16 peak {card['peak_text']}; tokens/s targets are "
              f"stated for an H100-class card and scaled here by {card['scale']:.2f}. "
              f"{total_s:.0f} s of a {budget_s:.0f} s budget.", "", HEADER,
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         cells = [row.case, _measured(row), _target(row), _met(row), _ratio(row),
-                 _peak(row, card), _size(row), f"{row.seconds:.0f}",
+                 _peft(row).replace("|", "/"), _peak(row, card), _size(row), f"{row.seconds:.0f}",
                  row.note.replace("|", "/") or ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import REPO, clean_env
+from tests.test_export_serving import serving_python  # noqa: F401 (the fixture)
 
 TRAINED = ("lora-1b", "full-1b", "qlora-1b", "lora-8b", "dpo", "distill")
+# The cases bench/gpu_peft.py runs transformers + PEFT's same run of (issue 64).
+BASELINED = ("lora-1b", "dpo")
 
 
 def _gpu_bench():
@@ -55,23 +58,39 @@ def test_a_gpu_row_meets_its_target_only_within_the_cards_memory_and_the_size_es
     assert not judged(measured=59_000.0).met
     assert not judged(peak_gib=127.0, size_gib=127.0).met  # over 90% of the card
     assert not judged(size_gib=44.5).met  # kubetune size 11% over the peak
+    # issue 64: at least 1.3x transformers + PEFT's tokens/s, and no more memory than it
+    assert judged(peft=40_000.0, peft_ratio=1.525, peft_memory_ratio=0.8).met
+    assert not judged(peft=50_000.0, peft_ratio=1.22, peft_memory_ratio=0.8).met
+    assert not judged(peft=40_000.0, peft_ratio=1.525, peft_memory_ratio=1.1).met
+    dpo = next(c for c in gpu.CASES if c.name == "dpo")  # no tokens/s target of its own
+    row = gpu.Row("dpo", measured=9_000.0, peft=8_000.0, peft_ratio=1.125,
+                  peft_memory_ratio=0.9)
+    gpu.judge(row, dpo, card)
+    assert row.met is False
     from gpu_table import markdown  # bench/ is on sys.path once gpu.py is loaded
 
     text = markdown([judged(), judged(size_gib=44.5)], card, 300.0, 500.0)
-    assert "| lora-1b | 61,000 tokens/s | ≥ 60,000 | yes | 6.78x of 9,000 tokens/s " \
+    assert "| lora-1b | 61,000 tokens/s | ≥ 60,000 | yes | 6.78x of 9,000 tokens/s | — " \
            "| 40.0 GiB (29% of the card) | 42.0 GiB (+5% of the peak) |" in text
+    with_peft = judged(peft=40_000.0, peft_ratio=1.525, peft_memory_ratio=0.8)
+    assert "| 6.78x of 9,000 tokens/s | 1.52x of 40,000 tokens/s; memory 0.80x | " \
+           in markdown([with_peft], card, 300.0, 500.0)
+    failed = judged(peft_note="transformers + PEFT timed out: stopped after its cap of 90 s")
+    assert "| transformers + PEFT timed out: stopped after its cap of 90 s |" \
+           in markdown([failed], card, 300.0, 500.0)
     assert "| NO |" in text and "+11% of the peak" in text
 
 
 @pytest.mark.slow
-def test_cpu_smoke_fills_every_row_of_the_table(tmp_path):
+def test_cpu_smoke_fills_every_row_of_the_table(tmp_path, serving_python):
     # 15 training processes (each case's plain and ours, the held-out run twice), one at a
     # time, two steps each (bench/gpu.py's SMOKE_STEPS): most of their CPU is torch and
     # torchtune imported in each (2 steps for 3 took 9% off the cases' CPU seconds).
     env = clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env.pop("OUT", None)
     done = subprocess.run(["bash", "bench/gpu.sh", "--cpu-smoke", "--workdir",
-                           str(tmp_path / "work"), "--out", str(tmp_path / "out")],
+                           str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+                           "--baseline-python", str(serving_python)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "out" / "gpu.json").read_text())
@@ -85,6 +104,19 @@ def test_cpu_smoke_fills_every_row_of_the_table(tmp_path):
         assert row["measured"] > 0 and row["plain"] > 0 and row["ratio"] > 0, case
         assert row["raw"]["same_batches"], case
         assert row["size_gib"] is not None and row["size_gib"] >= 0, case  # GiB, 0.1 steps
+    # transformers + PEFT trained the same model on the same kind of rows, in the serving
+    # venv's own Python (peft never imported beside torchao), and both ratios are there
+    for case in BASELINED:
+        row = rows[case]
+        assert row["peft"] > 0 and row["peft_ratio"] > 0 and row["peft_memory_ratio"] > 0, row
+        peft = row["raw"]["peft"]
+        assert peft["device"] == "cpu" and peft["steps"] == 2 and min(peft["tokens_per_step"]) > 0
+        assert peft["versions"]["peft"] and peft["versions"]["torch"].startswith("2.13")
+        assert all(loss == loss and loss > 0 for loss in peft["losses"]), peft  # finite
+    assert rows["lora-1b"]["peft_note"] == ""
+    assert rows["dpo"]["peft_note"].startswith("TRL not carried")
+    assert rows["dpo"]["raw"]["peft"]["losses"][0] == pytest.approx(0.6931, abs=1e-3)  # ln 2
+    assert all(rows[case]["peft"] is None for case in rows if case not in BASELINED)
     # the held-out set was evaluated during the run; its share of 6 tiny steps is noise
     # (a few hundred ms either way), so only a share is asked for, not its size
     validation = rows["validation"]
@@ -100,3 +132,4 @@ def test_cpu_smoke_fills_every_row_of_the_table(tmp_path):
     for case in rows:
         assert f"| {case} |" in table
     assert "| real-model | — |" in table and "skipped: " in table
+    assert "| ours / transformers + PEFT |" in table
