@@ -7,8 +7,8 @@ only). Two environments, as bench/gpu.sh makes them: the bench's own processes (
 carried site on PYTHONPATH over the image) and the transformers + PEFT baseline (the image
 alone). What a resolve cannot see is in docs/trainer.md#gpu-performance.
 
-Needs the package index this machine installs from (`make venv`'s; tests/support/
-uv_settings.py): without one the test fails, saying so."""
+Needs the package index this machine installs from (`make venv`'s, through
+kubetune/tools/uv_settings.py): without one the test fails, saying so."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import REPO
-from tests.support.uv_settings import uv_environment
+from kubetune.tools.uv_settings import uv_environment
 
 pytestmark = pytest.mark.slow  # seconds of index round trips, not a training step
 # The lent image's python3 (3.12.3) on its glibc (2.39: PLATFORMS in gpu_wheels.py).
