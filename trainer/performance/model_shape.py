@@ -25,7 +25,9 @@ def parameter_count(dims: dict) -> int:
     heads, kv, ff = dims["num_heads"], dims["num_kv_heads"], dims["intermediate_dim"]
     hd = head_dim(dims)
     attention = d * heads * hd * 2 + d * kv * hd * 2
-    per_layer = attention + 3 * d * ff + 2 * d
+    # A plain MLP (StarCoder 2's up and down) has two matrices, a gated one three.
+    mlp = (2 if dims.get("mlp") == "plain" else 3) * d * ff
+    per_layer = attention + mlp + 2 * d
     embeddings = vocab * d * (1 if dims.get("tie_word_embeddings") else 2)
     return layers * per_layer + embeddings + d
 
@@ -35,9 +37,12 @@ def linear_shapes(dims: dict) -> dict[str, tuple[int, int]]:
     d, heads, kv, ff = (dims["embed_dim"], dims["num_heads"], dims["num_kv_heads"],
                         dims["intermediate_dim"])
     hd = head_dim(dims)
-    return {"q_proj": (d, heads * hd), "k_proj": (d, kv * hd), "v_proj": (d, kv * hd),
-            "output_proj": (heads * hd, d), "w1": (d, ff), "w3": (d, ff), "w2": (ff, d),
-            "output": (d, dims["vocab_size"])}
+    shapes = {"q_proj": (d, heads * hd), "k_proj": (d, kv * hd), "v_proj": (d, kv * hd),
+              "output_proj": (heads * hd, d), "w1": (d, ff), "w3": (d, ff), "w2": (ff, d),
+              "output": (d, dims["vocab_size"])}
+    if dims.get("mlp") == "plain":
+        del shapes["w3"]
+    return shapes
 
 
 def quantizable_count(dims: dict) -> int:
