@@ -89,10 +89,11 @@ test-profile: venv warm-start
 	cat $(PROFILE_DIR)/report.md
 
 # Every cell of the support matrix (tests/test_support_matrix.py; `make test` runs a fast
-# subset), cells in parallel, one per CPU; matrix-results reruns them and records the
-# outcomes in docs/support-matrix.json and docs/runtimes.md's table.
+# subset), cells in parallel, one per CPU, and the real Gemma 3 270M (tests/test_real_gemma3.py,
+# too slow for `make test`); matrix-results reruns the cells and records the outcomes in
+# docs/support-matrix.json and docs/runtimes.md's table.
 matrix-test: venv warm-start
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py tests/test_real_gemma3.py $(PYTEST_ARGS)
 
 matrix-results: venv warm-start
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m matrix tests/test_support_matrix.py --matrix-write $(PYTEST_ARGS)
