@@ -27,6 +27,8 @@ HYPERPARAMETERS = (
     ("model.use_dora", "DoRA"),
     ("model.quantize_base", "QLoRA (NF4 base)"), ("tokenizer.max_seq_len", "max sequence length"),
     ("dataset.packed", "packed"), ("dtype", "dtype"), ("seed", "seed"),
+    # Saved as the recipe ran it (null resolved to the run's steps: saved_config.record_ran).
+    ("run_val_every_n_steps", "evaluated every (optimizer steps)"),
 )
 
 

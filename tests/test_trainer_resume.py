@@ -65,12 +65,13 @@ def deterministic_env(pvc: Pvc, **extra: str) -> dict[str, str]:
 
 
 def train_args(pvc: Pvc, *extra: str) -> list[str]:
+    warmup = [] if any(e.startswith("lr_scheduler.num_warmup_steps=") for e in extra) \
+        else ["lr_scheduler.num_warmup_steps=2"]
     return [*pvc.runtime_args(), "dataset=torchtune.datasets.instruct_dataset",
             "dataset.source=parquet", f"dataset.data_dir={pvc.dataset / 'data'}",
             "batch_size=4", "gradient_accumulation_steps=1", "seed=1", "dtype=fp32",
             # Large enough steps that a wrong resume moves the weights by far more than 1e-5.
-            "optimizer.lr=3e-3", f"lr_scheduler._component_={COSINE}",
-            "lr_scheduler.num_warmup_steps=2", *extra]
+            "optimizer.lr=3e-3", f"lr_scheduler._component_={COSINE}", *warmup, *extra]
 
 
 def trained_steps(pvc: Pvc) -> list[dict]:
@@ -200,7 +201,10 @@ def test_full_finetune_on_two_processes_resumes_exactly(tmp_path, tiny_model_dir
     assert_same_training(pvc, reference, "epoch_1", adapter=False)
 
 
-PACKED = ["epochs=2", "dataset.packed=True", "tokenizer.max_seq_len=96", "batch_size=2"]
+# No warm-up: this run's steps are compared with plain torchtune's, whose warm-up runs step
+# 1 at a learning rate of 0 where ours starts above it (warmup_cap.py).
+PACKED = ["epochs=2", "dataset.packed=True", "tokenizer.max_seq_len=96", "batch_size=2",
+          "lr_scheduler.num_warmup_steps=0"]
 
 
 def packed_lora(pvc: Pvc) -> list[str]:
@@ -287,6 +291,10 @@ def test_the_other_recipes_resume_exactly(tmp_path, tiny_model_dir, small_datase
     env = {"PET_NNODES": "1", "PET_NPROC_PER_NODE": str(processes), "PET_NODE_RANK": "0"}
     reference = reference_run(tmp_path, tiny_model_dir, small_dataset_dir, args, env)
     assert len(trained_steps(reference)) == 6  # 24 rows, 8 per step: 3 steps x 2 epochs
+    # The warm-up of 2 starts above zero (warmup_cap.py): steps 1 and 2 at 1/2 and 2/2 of
+    # the peak, where torchtune's own schedule runs step 1 at 0.
+    lrs = [m["lr"] for m in trained_steps(reference)]
+    assert lrs[:3] == pytest.approx([1.5e-3, 3e-3, 3e-3]), lrs
 
     pvc = make_pvc(tmp_path / "pvc", tiny_model_dir, small_dataset_dir)
     assert stop_after(tmp_path, pvc, args(pvc), deterministic_env(pvc, **env), 1, "first") < 6

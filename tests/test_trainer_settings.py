@@ -11,6 +11,7 @@ publishes, the learning rate in metrics.jsonl, the config the trainer plans.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import yaml
 
 from kubetune.tools.demo.alpaca_like import write_alpaca_like
 from kubetune.trainer.config.recipe_config import load_config
+from kubetune.workspace import validation_record
 from tests.support.cli import clean_env, kubetune
 from tests.support.runtimes import runtime_file, write_trainjob
 from tests.support.trainer import Pvc, make_pvc, tune_run
@@ -111,7 +113,8 @@ def test_a_drop_in_runtimes_trainjob_env_acts_on_its_tune_run(tmp_path, tiny_mod
 
 @pytest.fixture(scope="module")
 def byo_model_run(tmp_path_factory, tiny_model_dir):
-    """The byo-model runtime on its defaults, 40 alpaca-like rows, the rank set alone."""
+    """The byo-model runtime on its defaults, 40 alpaca-like rows (a tenth held out), the
+    rank set alone."""
     root = tmp_path_factory.mktemp("byo-40")
     dataset = root / "rows-40"
     # Alpaca's token counts for the tiny models' byte-level tokenizer.
@@ -120,7 +123,10 @@ def byo_model_run(tmp_path_factory, tiny_model_dir):
         "initializer": {"model": {"storageUri": f"file://{tiny_model_dir}"},
                         "dataset": {"storageUri": f"file://{dataset}"}},
         "trainer": {"env": [{"name": "KUBETUNE_LORA_RANK", "value": "8"},
-                            {"name": "KUBETUNE_DTYPE", "value": "fp32"}]}})
+                            {"name": "KUBETUNE_DTYPE", "value": "fp32"},
+                            # A held-out set on the runtime's cadence (null: resolved by
+                            # the recipe, which the saved config must then say).
+                            {"name": "KUBETUNE_VAL_FRACTION", "value": "0.1"}]}})
     result = kubetune("local", "--workdir", str(root / "run"), "--runtime",
                       str(runtime_file("kubetune-byo-model")), "--trainjob", str(job),
                       env=clean_env(), timeout=900)
@@ -150,3 +156,51 @@ def test_a_short_run_on_the_runtimes_defaults_reaches_its_learning_rate(byo_mode
               if "lr_scheduler.num_warmup_steps: 100 -> " in line]
     assert len(capped) == 1, result.stdout[-3000:]
     assert "warm-up (lr_scheduler.num_warmup_steps" not in result.stdout  # no warning left
+
+
+@pytest.mark.slow
+def test_the_saved_config_and_card_hold_what_the_recipe_ran(byo_model_run):
+    """Issue 62: the fits the recipe made (the warm-up capped to the run, the held-out
+    cadence resolved from null) are what kubetune-config.yaml and the card say, and step
+    1 trains at a learning rate above zero."""
+    result, pvc = byo_model_run
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    said = re.search(r"lr_scheduler\.num_warmup_steps: 100 -> (\d+)", result.stdout)
+    assert said, result.stdout[-3000:]
+    warmup = int(said.group(1))
+    saved = yaml.safe_load((pvc.output / "kubetune-config.yaml").read_text())
+    assert saved["lr_scheduler"]["num_warmup_steps"] == warmup
+    assert {"key": "lr_scheduler.num_warmup_steps", "planned": 100,
+            "ran": warmup} in saved["kubetune"]["fitted"]
+    # What ran, from the steps' own learning rates: the warm-up the config names (this
+    # run's few steps cap it to none), so step 1 at the peak (tests/test_trainer_resume.py
+    # checks a warm-up of 2 steps).
+    peak = saved["optimizer"]["lr"]
+    lrs = [m["lr"] for m in pvc.metrics() if "loss" in m]
+    assert len(lrs) > warmup
+    assert lrs[:warmup + 1] == pytest.approx(
+        [peak * (i + 1) / warmup for i in range(warmup)] + [peak])
+    # The held-out cadence the runtime leaves null: the one the evaluations kept.
+    record = validation_record.read(pvc.output)
+    assert record is not None and record.evaluations
+    assert saved["run_val_every_n_steps"] == record.every_n_steps > 0
+    assert {"key": "run_val_every_n_steps", "planned": None,
+            "ran": record.every_n_steps} in saved["kubetune"]["fitted"]
+    steps = [int(e["step"]) for e in record.evaluations]
+    assert any(step % record.every_n_steps == 0 for step in steps if step), steps
+    card = (pvc.root / "export" / "README.md").read_text()
+    assert f"| warmup steps | `{warmup}` |" in card, card
+    assert f"| evaluated every (optimizer steps) | `{record.every_n_steps}` |" in card, card
+
+
+@pytest.mark.slow
+def test_one_line_names_the_lora_settings_and_dtype_with_why(byo_model_run):
+    result, _ = byo_model_run
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    said = [line for line in result.stdout.splitlines() if "training with lora:" in line]
+    assert len(said) == 1, result.stdout[-3000:]
+    assert re.search(r"rank 8 \(set by [^)]*LORA_RANK[^)]*\), alpha 16 \(the config's "
+                     r"alpha/rank ratio kept for the rank set\), on q_proj, v_proj[^(]* "
+                     r"\(the config's\); dtype fp32 \(set by [^)]*DTYPE[^)]*\)", said[0]), said
+    # Before the recipe starts (its setup's warm-up line comes before step 1).
+    assert result.stdout.index(said[0]) < result.stdout.index("lr_scheduler.num_warmup_steps:")

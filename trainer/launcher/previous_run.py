@@ -22,7 +22,7 @@ from kubetune.workspace import COMPLETION_MARKER_NAME, TRAINER_CONFIG_NAME, TRAI
 from kubetune.workspace.trainer_output import (completed_fingerprint, parse_config,
                                                read_config_text)
 from kubetune.trainer.checkpointing import resume
-from kubetune.trainer.config.saved_config import without_credentials
+from kubetune.trainer.config.saved_config import as_planned, without_credentials
 from kubetune.trainer.planning.plan import RunPlan
 
 log = logging.getLogger("trainer")
@@ -60,7 +60,7 @@ def _inputs(text: object) -> dict[str, str]:
 def what_changed(plan_: RunPlan) -> str:
     """The differences between the earlier run in plan_.output_dir and this one, a few."""
     output_dir = plan_.output_dir
-    saved = parse_config(read_config_text(output_dir, TRAINER_CONFIG_NAME))
+    saved = as_planned(parse_config(read_config_text(output_dir, TRAINER_CONFIG_NAME)))
     changes = []
     method = _method_before(output_dir)
     if method and method != plan_.method:

@@ -30,6 +30,7 @@ from kubetune.trainer.planning.config_source import (builder_named, config_for, 
                                                      user_config_file)
 from kubetune.trainer.planning.our_sections import our_sections
 from kubetune.trainer.planning.resume_plan import inputs_digest, resume_or_start
+from kubetune.trainer.planning.settings_line import settings_line
 from kubetune.trainer.request import methods, topology
 from kubetune.trainer.request.settings import DEFAULT_GRACE_PERIOD_S, LauncherSettings
 from kubetune.trainer.request.tune_command import TuneRunRequest
@@ -166,6 +167,8 @@ def plan(request: TuneRunRequest, workspace: Workspace,
         notes.append("activation offloading needs CUDA: off on cpu")
     notes += _data_and_sections(request, workspace, m, checkpoint, method, hw, topo,
                                 checkpoint_bytes, fitted.teacher)
+    notes.append(settings_line(cfg, m.base, method, request.config, m.user_keys,
+                               request.spellings, hw.notes))
     fingerprint, resumed = resume_or_start(cfg, notes, inputs_digest(
         checkpoint.model_dir, workspace.dataset_dir,
         fitted.teacher.model_dir if fitted.teacher is not None else None))

@@ -12,11 +12,11 @@ from kubetune.workspace import TRAINER_CONFIG_NAME
 from kubetune.workspace.initializer_manifest import InitializerManifest
 from kubetune.workspace.trainer_output import parse_config, read_config_text
 from kubetune.trainer.checkpointing import resume
-from kubetune.trainer.config.saved_config import without_credentials
+from kubetune.trainer.config.saved_config import as_planned, without_credentials
 
 def _not_resumed(earlier: resume.ResumeRecord, cfg: DictConfig) -> str:
     """Why a restart does not continue the checkpoint it finds: never silently."""
-    saved = parse_config(read_config_text(Path(cfg.output_dir), TRAINER_CONFIG_NAME))
+    saved = as_planned(parse_config(read_config_text(Path(cfg.output_dir), TRAINER_CONFIG_NAME)))
     changes = resume.config_changes(saved, without_credentials(cfg)) if saved else ""
     where = Path(cfg.output_dir) / (earlier.checkpoint or earlier.epoch_dir)
     return (f"not resuming from {where} ({earlier.epochs_run} epoch(s) + "

@@ -28,8 +28,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kubetune.phase_progress import PhaseProgress
-from kubetune.workspace import validation_record
+from kubetune.workspace import TRAINER_CONFIG_NAME, validation_record
 from kubetune.workspace.validation_record import ValidationRecord
+from kubetune.trainer.config.saved_config import record_ran
 from kubetune.trainer.data.token_cache.settings import CacheSettings
 from kubetune.trainer.recipe_process import held_out_measure, tokenized_data
 from kubetune.trainer.recipe_process.step_guard import Guard
@@ -124,6 +125,10 @@ class HeldOut:
         every_n = every_n_steps(cfg.get("run_val_every_n_steps"), total)
         if every_n == 0:
             return None
+        if guard.rank == 0:
+            # null (about ten per run) resolved to this run's steps: the saved config says
+            # the cadence that ran.
+            record_ran(guard.output_dir / TRAINER_CONFIG_NAME, "run_val_every_n_steps", every_n)
         dataset = tokenized_data.build_held_out(recipe, dataset_val, data)
         if len(dataset) == 0:
             return None  # A refuses an empty held-out split in the plan (exit 65)

@@ -1,6 +1,6 @@
 """The recipe class's own methods, wrapped (never rewritten): its data set up through the
 token cache (``tokenized_data``), with empty micro-batches harmless (``empty_batches``), a
-warm-up capped (``warmup_cap``) and samples recorded (``sample_capture``); its setup
+warm-up capped and started above zero (``warmup_cap``) and samples recorded (``sample_capture``); its setup
 handing the step guard the recipe and the progress logger its plan; every save checked
 first (``run_sanity``: nothing trained, or garbage, is never saved) and vouched for by the
 step guard after, through the recipe's own ``save_checkpoint`` or torchtune's
@@ -20,6 +20,7 @@ from kubetune.trainer.recipe_process import (empty_batches, few_steps, held_out,
                                              sample_capture, save_progress, tokenized_data,
                                              warmup_cap)
 from kubetune.trainer.recipe_process.step_guard import Guard
+from kubetune.workspace import TRAINER_CONFIG_NAME
 
 
 def defines_save(cls: type) -> bool:
@@ -34,9 +35,11 @@ def install(cls: type, guard: Guard, data: CacheSettings | None = None,
     if data is not None and hasattr(cls, "_setup_data"):
         cls._setup_data = tokenized_data.wrap_setup_data(cls._setup_data, data)
     empty_batches.install(cls)
-    if cap_warmup and hasattr(cls, "_setup_lr_scheduler"):
-        # Its step count comes from the data loader, so from the rows the cache kept.
-        cls._setup_lr_scheduler = warmup_cap.wrap_setup_lr_scheduler(cls._setup_lr_scheduler)
+    if hasattr(cls, "_setup_lr_scheduler"):
+        # Its step count comes from the data loader, so from the rows the cache kept; every
+        # warm-up, capped or not, starts above zero.
+        cls._setup_lr_scheduler = warmup_cap.wrap_setup_lr_scheduler(
+            cls._setup_lr_scheduler, guard.output_dir / TRAINER_CONFIG_NAME, cap_warmup)
     if hasattr(cls, "_setup_data"):
         # Outside the cache: its recorder sees the rows the cache tokenizes in this process,
         # and draws the first ones again from the rows the cache was made from
