@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kubetune.tools.demo.smollm2 import DEMO_PINS, demo_python, write_smollm2
+from kubetune.tools.demo.smollm2 import (DEMO_PINS, InstallError, demo_python, install,
+                                         write_smollm2)
 
 pytestmark = pytest.mark.slow
 
@@ -34,3 +35,13 @@ def test_a_fresh_clone_installs_the_converter_and_converts_smollm2(tmp_path, cap
     assert config["model_type"] == "llama" and config["tie_word_embeddings"] is True
     assert (model / "model.safetensors").stat().st_size > 200e6  # 135M bf16 weights
     assert (model / "tokenizer.json").is_file()
+
+
+def test_a_failed_install_is_one_line_naming_what_and_where(tmp_path) -> None:
+    """No network, or an index without the pin: one line, the installer's own reason in it."""
+    with pytest.raises(InstallError) as failed:
+        install(Path(sys.executable), ["kubetune-no-such-package==9.9"])
+    said = str(failed.value)
+    assert "\n" not in said and said.startswith("installing kubetune-no-such-package==9.9 into ")
+    assert "kubetune-no-such-package" in said.split("failed (", 1)[1]
+    assert said.endswith("(make demo-real TORCH_INDEX_URL=... for torch's)")

@@ -58,13 +58,15 @@ def install(python: Path, packages: list[str], index_url: str | None = None) -> 
     last lines are the error's."""
     command, env = _install_command(python)
     index = ["--index-url", index_url] if index_url else []
-    print(f"installing {' '.join(packages)} into {python.parent.parent}", flush=True)
+    named = " ".join(package for package in packages if not package.startswith("-"))
+    print(f"installing {named} into {python.parent.parent}", flush=True)
     done = subprocess.run([*command, *index, *packages], capture_output=True, text=True,
                           timeout=1200, env=env)
     if done.returncode != 0:
-        said = [line.strip() for line in (done.stderr + done.stdout).splitlines()
+        said = [line.strip().removeprefix("error: ") for line in
+                (done.stderr + done.stdout).splitlines()
                 if line.strip() and "is ignored" not in line]
-        raise InstallError(f"installing {' '.join(packages)} into {python.parent.parent} "
+        raise InstallError(f"installing {named} into {python.parent.parent} "
                            f"failed ({' / '.join(said[-3:]) or f'exit {done.returncode}'}): "
                            "check the network or the package index pip is set up with "
                            "(make demo-real TORCH_INDEX_URL=... for torch's)")
