@@ -126,7 +126,9 @@ def byo_model_run(tmp_path_factory, tiny_model_dir):
                             {"name": "KUBETUNE_DTYPE", "value": "fp32"},
                             # A held-out set on the runtime's cadence (null: resolved by
                             # the recipe, which the saved config must then say).
-                            {"name": "KUBETUNE_VAL_FRACTION", "value": "0.1"}]}})
+                            {"name": "KUBETUNE_VAL_FRACTION", "value": "0.1"},
+                            # Its losses only: no answers generated (the costly part).
+                            {"name": "KUBETUNE_VAL_PROMPTS", "value": "0"}]}})
     result = kubetune("local", "--workdir", str(root / "run"), "--runtime",
                       str(runtime_file("kubetune-byo-model")), "--trainjob", str(job),
                       env=clean_env(), timeout=900)
