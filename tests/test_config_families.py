@@ -222,3 +222,46 @@ def test_a_feature_read_wrong_is_seen(written, serving_python, tmp_path):
             got = model(torch.tensor(tokens))
         diff, limit = _close(got, torch.tensor(want[str(written[name])]))
         assert diff > 10 * limit, f"{name} {change}: only {diff} from transformers' logits"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [4, 64])
+def test_windows_hold_under_the_recipes_per_document_attention(written, serving_python, tmp_path,
+                                                               window):
+    """The recipe process builds its model after our CPU per-document attention is
+    installed (trainer/recipe_process/document_attention.py): a batch of several sequences
+    with a window shorter than them (4) and one longer (64, so the window changes nothing)
+    gives transformers' logits there too. A window's mask once reached that call as one
+    sequence's, and a batch of two was read as a pack of one."""
+    import torch
+    from safetensors.torch import load_file
+    from torchtune.models.convert_weights import get_mapped_key
+    from torchtune.modules import attention
+
+    from kubetune.model_family.architecture import decoder_family
+    from kubetune.trainer.models.decoder import decoder
+    from kubetune.trainer.recipe_process import document_attention
+
+    name = "gemma3_text"
+    config = json.loads((written[name] / "config.json").read_text())
+    config["sliding_window"] = window
+    model_dir = tmp_path / "model"
+    shutil.copytree(written[name], model_dir)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    tokens = _tokens()
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps({"tokens": tokens, "dirs": [str(model_dir)]}))
+    want = torch.tensor(json.loads(_serving(serving_python, "logits-many", str(specs)))[str(model_dir)])
+    chooser = attention._sdpa_or_flex_attention
+    try:
+        assert document_attention.install()
+        _, spec, keys = decoder_family(config)
+        model = decoder(**spec).eval()
+    finally:
+        attention._sdpa_or_flex_attention = chooser
+    state = load_file(model_dir / "model.safetensors")
+    model.load_state_dict({get_mapped_key(k, keys): v for k, v in state.items()}, strict=False)
+    with torch.no_grad():
+        got = model(torch.tensor(tokens))
+    diff, limit = _close(got, want)
+    assert diff <= limit, f"window {window}: {diff} from transformers' logits"

@@ -80,8 +80,12 @@ class AttentionCall:
                                  "block mask: set dataset.packed false")
             return self.inner(q, k, v, mask=self._windowed_block_mask(mask),
                               dropout_p=dropout_p, is_causal=is_causal)
-        if self.window:
+        if self.window and self.window < k.shape[-2]:
+            # (A window as long as the keys changes nothing: the call stays as it was.)
             mask = self._windowed(mask, q.shape[-2], k.shape[-2], is_causal, q.device)
+            # One mask per sequence, as torchtune's calls (and our per-document call,
+            # which reads each sequence's documents from it) expect.
+            mask = mask.expand(q.shape[0], -1, -1)
             is_causal = False
         if not self.softcap:
             return self.inner(q, k, v, mask=mask, dropout_p=dropout_p, is_causal=is_causal)
