@@ -95,20 +95,6 @@ def test_logits_match_transformers_in_fp32(gemma3_dir, serving_python, tmp_path)
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
-# Found with this checkpoint (not the tiny random gemma3_text, whose runs fit its own
-# shapes): a sliding layer with no mask (an unpacked batch) gets from
-# trainer/models/decoder_parts.py's AttentionCall a band mask of batch 1, (1, s, s); on CPU
-# trainer/recipe_process/document_attention.py's per_document call reads any (b, s, s)
-# block-causal mask as a pack, and where s <= the window the band is the causal mask: it
-# attends sequence 0 only and returns a batch of 1 for q's batch of 8, and output_proj
-# fails ("mat1 and mat2 shapes cannot be multiplied (208x128 and 1024x640)"). Strict: the
-# fix turns these into passes, and the marker goes.
-BATCH_OF_ONE_MASK = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="AttentionCall's (1, s, s) window mask read by document_attention as a pack of one "
-           "sequence: a batch of 8 attends as 1")
-
-
 @pytest.fixture(scope="module")
 def real_run(gemma3_dir, tmp_path_factory) -> Path:  # noqa: F811
     root = tmp_path_factory.mktemp("gemma3")
@@ -121,14 +107,12 @@ def real_run(gemma3_dir, tmp_path_factory) -> Path:  # noqa: F811
     return root / "run" / "workspace"
 
 
-@BATCH_OF_ONE_MASK
 def test_held_out_loss_falls_from_the_base(real_run):
     record = read_validation(real_run / "output")
     assert record.base is not None and record.best is not None
     assert record.best["val_loss"] < 0.5 * record.base["val_loss"]
 
 
-@BATCH_OF_ONE_MASK
 def test_tuned_answers_take_the_trained_format(real_run):
     record = answers_record.read(real_run / "output")
     assert record is not None and record.prompts
@@ -136,7 +120,6 @@ def test_tuned_answers_take_the_trained_format(real_run):
     assert all(FORMAT.match(p.tuned or "") for p in record.prompts), record.prompts
 
 
-@BATCH_OF_ONE_MASK
 def test_the_export_answers_in_the_format_through_its_own_chat_template(real_run,
                                                                          serving_python,  # noqa: F811
                                                                          tmp_path):
