@@ -64,7 +64,7 @@ def test_kubetune_size_reads_its_config(gemma3_dir):  # noqa: F811
 
 
 def test_a_dry_run_plans_the_config_built_decoder(gemma3_dir, tmp_path):  # noqa: F811
-    data = write_format_dataset(tmp_path / "data", count=16)
+    data = write_format_dataset(tmp_path / "data")
     result = kubetune("train", "--model-dir", str(gemma3_dir), "--dataset-dir", str(data),
                       "--output-dir", str(tmp_path / "out"), "--method", "lora", "--dry-run")
     assert result.returncode == 0, result.stderr[-3000:]
