@@ -5,15 +5,13 @@ it the same checkpoint is refused in one line that says where a row goes."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.cli import REPO, clean_env, error_lines, kubetune
+from tests.support.example_packages import install_example
 from tests.test_export_serving import serving_python  # noqa: F401 (fixture)
 from tests.test_model_families import write_checkpoint
 
@@ -22,12 +20,7 @@ EXAMPLE = REPO / "examples" / "model-family"
 
 @pytest.fixture(scope="module")
 def plugin_path(tmp_path_factory) -> str:
-    target = tmp_path_factory.mktemp("family-site")
-    source = shutil.copytree(EXAMPLE, tmp_path_factory.mktemp("family-src") / "family")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--target", str(target),
-                    str(source)], check=True, capture_output=True, cwd=target)
-    return str(target)
+    return install_example(EXAMPLE, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

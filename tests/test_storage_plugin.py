@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-import subprocess
-import sys
 import tarfile
 
 import pytest
 
 from tests.support.cli import REPO, clean_env, error_lines, kubetune
+from tests.support.example_packages import install_example
 
 EXAMPLE = REPO / "examples" / "storage-plugin"
 
 
 @pytest.fixture(scope="module")
 def plugin_path(tmp_path_factory) -> str:
-    target = tmp_path_factory.mktemp("plugin-site")
-    # A copy: setuptools writes build/ and *.egg-info beside the sources it builds.
-    source = shutil.copytree(EXAMPLE, tmp_path_factory.mktemp("plugin-src") / "plugin")
-    # --no-build-isolation: build with the setuptools already installed, never the network.
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--target", str(target),
-                    str(source)], check=True, capture_output=True, cwd=target)
-    return str(target)
+    return install_example(EXAMPLE, tmp_path_factory)
 
 
 def test_installed_plugin_adds_a_scheme_to_init_model(plugin_path, tmp_path, tiny_model_dir):
