@@ -9,5 +9,6 @@ files the request names where they fit), ``model_shaped`` (a config's settings f
 own model: FSDP sharding and offload, tensor parallelism), ``chat_template_plan`` (the
 chat format conversations train in, checked before the first step), ``our_sections``
 (our metric logger and the ``kubetune`` section the recipe process reads),
-``resume_plan`` (the fingerprint, and the earlier run to resume); ``train_plan`` plans
+``resume_plan`` (the fingerprint, and the earlier run to resume), ``settings_line`` (the
+one line before step 1 naming the LoRA settings and the dtype, each with why); ``train_plan`` plans
 `kubetune train`'s options the same way, on the recipe their objective and method need."""
