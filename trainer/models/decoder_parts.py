@@ -142,24 +142,16 @@ class _PostProjected:
     head, or the whole projection) and multiplied by ``multiplier``."""
 
     norm: nn.Module | None
+    norm_size: int
     multiplier: float
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
         if self.norm is not None:
-            size = _norm_size(self.norm)
-            out = self.norm(out.unflatten(-1, (-1, size))).flatten(-2)
+            out = self.norm(out.unflatten(-1, (-1, self.norm_size))).flatten(-2)
         if self.multiplier != 1.0:
             out = out * self.multiplier
         return out
-
-
-def _norm_size(norm: nn.Module) -> int:
-    for attribute in ("normalized_shape", ):
-        if hasattr(norm, attribute):
-            shape = getattr(norm, attribute)
-            return int(shape[0] if isinstance(shape, (tuple, list)) else shape)
-    return int(norm.scale.shape[0])
 
 
 class PostProjectedLinear(_PostProjected, nn.Linear):
@@ -184,6 +176,8 @@ def post_projected(proj: nn.Module, norm: nn.Module | None, multiplier: float) -
         return proj
     proj.__class__ = _POST_PROJECTED[type(proj)]
     proj.norm = norm
+    # Every norm kind here has one weight of its size: read once, not at each forward.
+    proj.norm_size = next(norm.parameters()).shape[0] if norm is not None else 0
     proj.multiplier = multiplier
     return proj
 
